@@ -1,0 +1,351 @@
+"""Load new silver Delta versions into ClickHouse, exactly once.
+
+For each Delta version v after the last one loaded, the rows v inserted (change
+data feed) are sorted by Kafka coordinates and cut into chunks of `batch_size`.
+Chunk i is inserted with `insert_deduplication_token = <pipeline>/<table>/<delta
+table id>/<v>/<i>`; after every chunk of v is in, v goes into a ledger table in
+ClickHouse. A crash anywhere re-runs to the same result: chunks already inserted
+are dropped by ClickHouse's block deduplication, the ledger moves only after a
+whole version, and nothing is skipped.
+
+chDB (the embedded engine) allows one process per on-disk path, so clients are
+opened late and closed early (`open_client` is a context manager).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from riverhouse.platform.faults import crash_point
+from riverhouse.platform.settings import redact_dsn
+from riverhouse.platform.spec import PipelineSpec
+from riverhouse.platform.tables import open_table
+
+LEDGER_TABLE = "riverhouse_ledger"
+DEDUP_WINDOW_BLOCKS = 10_000
+CLICKHOUSE_TYPES = {
+    "string": "String",
+    "int": "Int32",
+    "long": "Int64",
+    "float": "Float32",
+    "double": "Float64",
+    "boolean": "Bool",
+    "timestamp": "DateTime64(6, 'UTC')",
+    "date": "Date32",
+}
+# Server error codes worth retrying: overload, timeouts, network, lost insert status.
+TRANSIENT_CODES = {3, 159, 164, 202, 209, 210, 241, 242, 252, 319, 425, 999, 1000}
+CODE_RE = re.compile(r"Code:\s*(\d+)")
+
+
+class ClickHouseLoadError(RuntimeError):
+    """A permanent problem (schema mismatch, bad DSN...): retrying will not help."""
+
+
+class TransientClickHouseError(RuntimeError):
+    pass
+
+
+def quote(identifier: str) -> str:
+    return "`" + identifier.replace("`", "``") + "`"
+
+
+def is_transient(exc: BaseException) -> bool:
+    text = str(exc)
+    if "EmbeddedServer" in text or "already in use" in text.lower() or "lock" in text.lower() and "chdb" in text.lower():
+        return True
+    match = CODE_RE.search(text)
+    if match:
+        return int(match.group(1)) in TRANSIENT_CODES
+    from clickhouse_connect.driver.exceptions import OperationalError
+
+    return isinstance(exc, OperationalError | ConnectionError | TimeoutError)
+
+
+def with_retries(action: Callable[[], Any], what: str, attempts: int = 6, base_delay_s: float = 0.5,
+                 log: Callable[[str], None] | None = None) -> Any:
+    """Run `action`, retrying transient errors with exponential backoff; permanent ones raise at once."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return action()
+        except ClickHouseLoadError:
+            raise
+        except Exception as exc:
+            if not is_transient(exc) or attempt == attempts:
+                kind = "transient error persisted" if is_transient(exc) else "failed"
+                raise ClickHouseLoadError(f"{what} {kind}: {_first_line(exc)}") from exc
+            delay = base_delay_s * 2 ** (attempt - 1)
+            if log:
+                log(f"{what}: transient error ({_first_line(exc)}), retry {attempt}/{attempts - 1} in {delay:.1f}s")
+            time.sleep(delay)
+    raise AssertionError("unreachable")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:400]
+
+
+@contextmanager
+def open_client(dsn: str, attempts: int = 8) -> Iterator[Any]:
+    """A clickhouse-connect client for `chdb:///path` or `http(s)://user:pass@host:port/db`."""
+    import clickhouse_connect
+
+    if dsn.startswith("chdb://"):
+        Path(dsn[len("chdb://"):]).mkdir(parents=True, exist_ok=True)
+    elif not dsn.startswith(("http://", "https://", "clickhouse://", "clickhouses://")):
+        raise ClickHouseLoadError(
+            f"unsupported ClickHouse DSN {redact_dsn(dsn)!r}: use chdb:///path or http(s)://user:pass@host:port/db"
+        )
+
+    def connect() -> Any:
+        return clickhouse_connect.get_client(dsn=dsn)
+
+    client = with_retries(connect, f"connecting to ClickHouse at {redact_dsn(dsn)}", attempts=attempts)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def expected_columns(spec: PipelineSpec) -> list[tuple[str, str]]:
+    src = spec.sink_source
+    out = []
+    for f in src.fields:
+        typ = CLICKHOUSE_TYPES[f.type]
+        not_null = f.name in src.required_fields or f.name in spec.sink.order_by
+        out.append((f.name, typ if not_null else f"Nullable({typ})"))
+    return out
+
+
+def qualified_table(spec: PipelineSpec) -> str:
+    return (quote(spec.sink.database) + "." if spec.sink.database else "") + quote(spec.sink.table)
+
+
+def create_table_sql(spec: PipelineSpec) -> str:
+    columns = ",\n  ".join(f"{quote(n)} {t}" for n, t in expected_columns(spec))
+    order_by = ", ".join(quote(c) for c in spec.sink.order_by)
+    return (
+        f"CREATE TABLE IF NOT EXISTS {qualified_table(spec)} (\n  {columns}\n) ENGINE = MergeTree\n"
+        f"ORDER BY ({order_by})\nSETTINGS non_replicated_deduplication_window = {DEDUP_WINDOW_BLOCKS}"
+    )
+
+
+def _ledger(spec: PipelineSpec) -> str:
+    return (quote(spec.sink.database) + "." if spec.sink.database else "") + quote(LEDGER_TABLE)
+
+
+def _normalize_type(typ: str) -> str:
+    typ = typ.replace(" ", "")
+    typ = re.sub(r"^LowCardinality\((.*)\)$", r"\1", typ)
+    return typ.replace("Nullable(LowCardinality(", "Nullable((")
+
+
+def ensure_schema(client: Any, spec: PipelineSpec) -> None:
+    """Create the sink and ledger tables, or check an existing sink table against the spec."""
+    if spec.sink.database:
+        client.command(f"CREATE DATABASE IF NOT EXISTS {quote(spec.sink.database)}")
+    client.command(
+        f"CREATE TABLE IF NOT EXISTS {_ledger(spec)} (pipeline String, target String, table_id String, "
+        "delta_version UInt64, rows UInt64, chunks UInt32, loaded_at DateTime64(3, 'UTC') DEFAULT now64(3)) "
+        "ENGINE = MergeTree ORDER BY (pipeline, target, table_id, delta_version)"
+    )
+    client.command(create_table_sql(spec))
+    database = spec.sink.database or client.command("SELECT currentDatabase()")
+    rows = client.query(
+        "SELECT name, type FROM system.columns WHERE database = %(db)s AND table = %(t)s ORDER BY position",
+        parameters={"db": database, "t": spec.sink.table},
+    ).result_rows
+    actual = {name: typ for name, typ in rows}
+    problems = []
+    for name, typ in expected_columns(spec):
+        if name not in actual:
+            problems.append(f"column {name} is missing (expected {typ})")
+        elif _normalize_type(actual[name]) != _normalize_type(typ):
+            problems.append(f"column {name} is {actual[name]}, expected {typ}")
+    engine = client.query(
+        "SELECT engine, engine_full FROM system.tables WHERE database = %(db)s AND name = %(t)s",
+        parameters={"db": database, "t": spec.sink.table},
+    ).result_rows
+    if engine:
+        name, full = engine[0]
+        if "MergeTree" not in name:
+            problems.append(f"engine is {name}; exactly-once loading needs a MergeTree-family table")
+        elif not name.startswith(("Replicated", "Shared")):
+            match = re.search(r"non_replicated_deduplication_window\s*=\s*(\d+)", full)
+            if not match or int(match.group(1)) == 0:
+                problems.append(
+                    "non_replicated_deduplication_window is 0, so retried inserts could double rows: "
+                    f"ALTER TABLE {qualified_table(spec)} MODIFY SETTING "
+                    f"non_replicated_deduplication_window = {DEDUP_WINDOW_BLOCKS}"
+                )
+    if problems:
+        raise ClickHouseLoadError(
+            f"ClickHouse table {qualified_table(spec)} does not match pipeline {spec.name!r}: "
+            + "; ".join(problems)
+            + ". Fix the table, or drop it and let Riverhouse create it."
+        )
+
+
+@dataclass
+class LoadResult:
+    table: str
+    versions_loaded: list[int] = field(default_factory=list)
+    rows_loaded: int = 0
+    chunks: int = 0
+    last_loaded_version: int | None = None
+    delta_version: int | None = None
+    seconds: float = 0.0
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "table": self.table,
+            "versions_loaded": len(self.versions_loaded),
+            "rows_loaded": self.rows_loaded,
+            "chunks": self.chunks,
+            "last_loaded_version": self.last_loaded_version,
+            "delta_version": self.delta_version,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def last_loaded_version(client: Any, spec: PipelineSpec, table_id: str) -> int | None:
+    rows = client.query(
+        f"SELECT max(delta_version), count() FROM {_ledger(spec)} "
+        "WHERE pipeline = %(p)s AND target = %(t)s AND table_id = %(id)s",
+        parameters={"p": spec.name, "t": spec.sink.table, "id": table_id},
+    ).result_rows
+    if not rows or rows[0][1] == 0:
+        other = client.query(
+            f"SELECT count() FROM {_ledger(spec)} WHERE pipeline = %(p)s AND target = %(t)s AND table_id != %(id)s",
+            parameters={"p": spec.name, "t": spec.sink.table, "id": table_id},
+        ).result_rows[0][0]
+        if other:
+            raise ClickHouseLoadError(
+                f"ClickHouse table {qualified_table(spec)} was loaded from another Delta table than "
+                f"the current silver table (it was re-created). Loading would mix both: drop the ClickHouse "
+                f"table and its rows in {LEDGER_TABLE}, or run `riverhouse reset {spec.name}`."
+            )
+        return None
+    return int(rows[0][0])
+
+
+def _version_rows(silver_path: str, start: int, end: int, columns: list[str]) -> pa.Table:
+    table = open_table(silver_path)
+    assert table is not None
+    reader = table.load_cdf(starting_version=start, ending_version=end)
+    changes = pa.RecordBatchReader.from_stream(reader).read_all()
+    # delta-rs returns string_view columns; clickhouse-connect and compute kernels want string.
+    wanted = [*columns, "_change_type", "_topic", "_partition", "_offset", "_commit_version"]
+    changes = changes.select(wanted)
+    target = pa.schema(
+        [pa.field(f.name, pa.string()) if pa.types.is_string_view(f.type) else f for f in changes.schema]
+    )
+    changes = changes.cast(target)
+    changes = changes.filter(pc.equal(changes.column("_change_type"), "insert"))
+    return changes.drop_columns(["_change_type"])
+
+
+def load_new_versions(
+    spec: PipelineSpec,
+    dsn: str,
+    silver_path: str,
+    log: Callable[[str], None] | None = None,
+) -> LoadResult:
+    """Load every silver version after the last one in the ledger; returns what was loaded."""
+    started = time.monotonic()
+    result = LoadResult(table=spec.sink.table)
+    silver = open_table(silver_path)
+    if silver is None:
+        raise ClickHouseLoadError(f"silver table {silver_path} does not exist yet: run the ingest first")
+    table_id = silver.metadata().id
+    current = silver.version()
+    result.delta_version = current
+    columns = [f.name for f in spec.sink_source.fields]
+    with open_client(dsn) as client:
+        with_retries(lambda: ensure_schema(client, spec), "preparing the ClickHouse tables", log=log)
+        last = with_retries(lambda: last_loaded_version(client, spec, table_id), "reading the ledger", log=log)
+        result.last_loaded_version = last
+        first = 0 if last is None else last + 1
+        if first > current:
+            result.seconds = time.monotonic() - started
+            return result
+        changes = _version_rows(silver_path, first, current, columns)
+        versions = changes.column("_commit_version").to_numpy(zero_copy_only=False) if changes.num_rows else []
+        by_version: dict[int, list[int]] = {}
+        for index, version in enumerate(versions):
+            by_version.setdefault(int(version), []).append(index)
+        for version in range(first, current + 1):
+            indices = by_version.get(version, [])
+            rows = changes.take(pa.array(indices, pa.int64())) if indices else changes.slice(0, 0)
+            rows = rows.sort_by([("_topic", "ascending"), ("_partition", "ascending"), ("_offset", "ascending")])
+            rows = rows.select(columns)
+            chunks = _insert_version(client, spec, table_id, version, rows, log)
+            crash_point("before_ledger_write")
+            with_retries(
+                lambda v=version, n=rows.num_rows, c=chunks: client.insert(
+                    _ledger(spec),
+                    [[spec.name, spec.sink.table, table_id, v, n, c]],
+                    column_names=["pipeline", "target", "table_id", "delta_version", "rows", "chunks"],
+                ),
+                f"recording Delta version {version} in {LEDGER_TABLE}",
+                log=log,
+            )
+            result.versions_loaded.append(version)
+            result.rows_loaded += rows.num_rows
+            result.chunks += chunks
+            result.last_loaded_version = version
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _insert_version(client: Any, spec: PipelineSpec, table_id: str, version: int, rows: pa.Table,
+                    log: Callable[[str], None] | None) -> int:
+    size = spec.sink.batch_size
+    chunks = 0
+    for chunk_index, offset in enumerate(range(0, rows.num_rows, size)):
+        chunk = rows.slice(offset, size)
+        token = f"{spec.name}/{spec.sink.table}/{table_id}/{version}/{chunk_index}"
+        with_retries(
+            lambda c=chunk, t=token: client.insert_arrow(
+                qualified_table(spec), c, settings={"insert_deduplication_token": t}
+            ),
+            f"inserting Delta version {version} chunk {chunk_index} into {qualified_table(spec)}",
+            log=log,
+        )
+        chunks += 1
+        crash_point("during_clickhouse_insert")
+    return chunks
+
+
+def table_stats(dsn: str, spec: PipelineSpec) -> dict[str, int]:
+    """Rows and duplicate keys (by the dedup key) in the ClickHouse table."""
+    key = spec.sink_source.dedup_key
+    key_expr = ", ".join(quote(k) for k in key)
+    with open_client(dsn) as client:
+        rows = client.query(f"SELECT count() FROM {qualified_table(spec)}").result_rows[0][0]
+        dupes = client.query(
+            f"SELECT count() FROM (SELECT {key_expr} FROM {qualified_table(spec)} "
+            f"GROUP BY {key_expr} HAVING count() > 1)"
+        ).result_rows[0][0]
+        loaded = client.query(
+            f"SELECT sum(rows) FROM {_ledger(spec)} WHERE pipeline = %(p)s AND target = %(t)s",
+            parameters={"p": spec.name, "t": spec.sink.table},
+        ).result_rows[0][0]
+    return {"rows": int(rows), "duplicate_keys": int(dupes), "ledger_rows": int(loaded or 0)}
+
+
+def sample_rows(dsn: str, spec: PipelineSpec, limit: int = 5) -> tuple[list[str], list[tuple[Any, ...]]]:
+    order = ", ".join(quote(c) for c in spec.sink.order_by)
+    with open_client(dsn) as client:
+        result = client.query(f"SELECT * FROM {qualified_table(spec)} ORDER BY {order} LIMIT {int(limit)}")
+        return list(result.column_names), [tuple(r) for r in result.result_rows]

@@ -1,0 +1,325 @@
+"""Kafka as a Spark 4 Python Data Source (`format("riverhouse_kafka")`).
+
+Spark's own Kafka source ships only through Maven; this one is pure Python on
+confluent-kafka (librdkafka) and runs on any Spark 4 cluster with no extra jars.
+
+Offsets are `{topic: {partition: next_offset}}` and live in Spark's checkpoint,
+which is the only source of truth for progress: no consumer-group commits are
+needed for correctness. Each micro-batch plans one input partition per
+(topic, partition, [start, end)); executors `assign()` at `start` and read up
+to `end`, so replaying a batch reads exactly the same records.
+
+Options:
+  bootstrap.servers     required
+  subscribe             comma-separated topics
+  startingOffsets       earliest (default) | latest
+  maxOffsetsPerTrigger  admission control: at most this many records per micro-batch
+  failOnDataLoss        true (default): fail when planned offsets were deleted by retention
+  kafka.<setting>       passed to librdkafka (SASL/SSL...); `${env:NAME}` is resolved
+                        where the client is created, so secrets stay out of Spark plans.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+
+FORMAT_NAME = "riverhouse_kafka"
+KAFKA_SCHEMA_DDL = (
+    "key binary, value binary, topic string, partition int, offset long, "
+    "timestamp timestamp, timestampType int, headers array<struct<key:string,value:binary>>"
+)
+ARROW_BATCH_ROWS = 20_000
+METADATA_TIMEOUT_S = 15.0
+STALL_TIMEOUT_S = 60.0
+
+Offsets = dict[str, dict[str, int]]
+
+
+class KafkaSourceError(RuntimeError):
+    pass
+
+
+def _client_config(options: dict[str, str]) -> dict[str, Any]:
+    from riverhouse.platform.spec import resolve_env_refs
+
+    bootstrap = options.get("bootstrap.servers")
+    if not bootstrap:
+        raise KafkaSourceError("the riverhouse_kafka source needs option bootstrap.servers")
+    config: dict[str, Any] = {"bootstrap.servers": bootstrap, "log_level": 3}
+    for key, value in options.items():
+        if key.startswith("kafka."):
+            config[key[len("kafka.") :]] = resolve_env_refs(value, key)
+    return config
+
+
+def _topics(options: dict[str, str]) -> list[str]:
+    topics = [t.strip() for t in options.get("subscribe", "").split(",") if t.strip()]
+    if not topics:
+        raise KafkaSourceError("the riverhouse_kafka source needs option subscribe=<topic>[,<topic>...]")
+    return topics
+
+
+def _arrow_schema() -> Any:
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("key", pa.binary()),
+            ("value", pa.binary()),
+            ("topic", pa.string()),
+            ("partition", pa.int32()),
+            ("offset", pa.int64()),
+            ("timestamp", pa.timestamp("us", tz="UTC")),
+            ("timestampType", pa.int32()),
+            (
+                "headers",
+                pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())])),
+            ),
+        ]
+    )
+
+
+@dataclass
+class KafkaInputPartition(InputPartition):
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+
+def watermarks(config: dict[str, Any], topics: list[str]) -> dict[str, dict[int, tuple[int, int]]]:
+    """(low, high) offsets of every partition of the topics; a missing topic has none."""
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+    consumer = Consumer({**config, "group.id": f"riverhouse-meta-{uuid.uuid4().hex[:8]}",
+                         "enable.auto.commit": False})
+    try:
+        out: dict[str, dict[int, tuple[int, int]]] = {}
+        for topic in topics:
+            try:
+                metadata = consumer.list_topics(topic, timeout=METADATA_TIMEOUT_S)
+            except KafkaException as exc:
+                raise KafkaSourceError(
+                    f"cannot reach Kafka at {config['bootstrap.servers']} to list topic {topic!r}: {exc}"
+                ) from None
+            info = metadata.topics.get(topic)
+            if info is None or info.error is not None or not info.partitions:
+                out[topic] = {}
+                continue
+            out[topic] = {
+                p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=METADATA_TIMEOUT_S)
+                for p in sorted(info.partitions)
+            }
+        return out
+    finally:
+        consumer.close()
+
+
+def bound_offsets(start: Offsets, latest: Offsets, max_rows: int | None) -> Offsets:
+    """End offsets for the next batch: all of `latest`, or at most `max_rows` records.
+
+    The budget is shared across partitions in proportion to their backlog, and every
+    partition with a backlog advances by at least one record so none starves.
+    """
+    backlog = {
+        (t, p): max(0, end - start.get(t, {}).get(p, end))
+        for t, parts in latest.items()
+        for p, end in parts.items()
+    }
+    total = sum(backlog.values())
+    if max_rows is None or total <= max_rows:
+        return {t: dict(parts) for t, parts in latest.items()}
+    out: Offsets = {t: dict(start.get(t, {})) for t in latest}
+    for (t, p), pending in sorted(backlog.items()):
+        base = start.get(t, {}).get(p, latest[t][p])
+        take = min(pending, max(1, (max_rows * pending) // total)) if pending else 0
+        out[t][p] = base + take
+    return out
+
+
+class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options: dict[str, str]):
+        # Spark hands options over case-insensitively (lower-cased keys).
+        self.options = {str(k).lower(): str(v) for k, v in options.items()}
+        self.topics = _topics(self.options)
+        self.starting = self.options.get("startingoffsets", "earliest").lower()
+        if self.starting not in ("earliest", "latest"):
+            raise KafkaSourceError(f"startingOffsets must be earliest or latest, got {self.starting!r}")
+        max_rows = self.options.get("maxoffsetspertrigger")
+        self.max_rows = int(max_rows) if max_rows else None
+        self.fail_on_data_loss = self.options.get("failondataloss", "true").lower() != "false"
+        self._available_now_target: Offsets | None = None
+
+    # -- planning (driver side) -------------------------------------------------
+    def _current(self) -> tuple[Offsets, Offsets]:
+        marks = watermarks(_client_config(self.options), self.topics)
+        low = {t: {str(p): lo for p, (lo, _) in parts.items()} for t, parts in marks.items()}
+        high = {t: {str(p): hi for p, (_, hi) in parts.items()} for t, parts in marks.items()}
+        return low, high
+
+    def initialOffset(self) -> dict:
+        low, high = self._current()
+        return low if self.starting == "earliest" else high
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._available_now_target = self._current()[1]
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self.max_rows) if self.max_rows else ReadAllAvailable()
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        low, high = self._current()
+        latest = self._available_now_target or high
+        # Partitions that appeared since the query started are read from their beginning.
+        start_full: Offsets = {t: dict(start.get(t, {})) for t in latest}
+        for t, parts in latest.items():
+            for p in parts:
+                start_full[t].setdefault(p, low.get(t, {}).get(p, 0))
+        # Spark 4.3 passes ReadAllAvailable to Python sources under availableNow; bounded
+        # batches are what keep the driver's memory flat, so the option still applies
+        # (as it does for Spark's own Kafka source).
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else self.max_rows
+        end = bound_offsets(start_full, latest, max_rows)
+        # Never move backwards (a target taken before a partition grew).
+        for t, parts in end.items():
+            for p, off in parts.items():
+                parts[p] = max(off, start_full[t].get(p, off))
+        return end
+
+    def reportLatestOffset(self) -> dict | None:
+        return self._current()[1]
+
+    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        out: list[InputPartition] = []
+        for topic in sorted(end):
+            for p, stop in sorted(end[topic].items(), key=lambda kv: int(kv[0])):
+                begin = start.get(topic, {}).get(p)
+                if begin is None:
+                    begin = 0  # new partition: its low watermark is checked while reading
+                if stop > begin:
+                    out.append(KafkaInputPartition(topic, int(p), int(begin), int(stop)))
+        return out
+
+    def commit(self, end: dict) -> None:
+        # Progress is in Spark's checkpoint; nothing to commit to Kafka.
+        return None
+
+    # -- reading (executor side) --------------------------------------------------
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, KafkaInputPartition)
+        yield from read_partition(self.options, partition, self.fail_on_data_loss)
+
+
+def read_partition(options: dict[str, str], part: KafkaInputPartition, fail_on_data_loss: bool) -> Iterator[Any]:
+    import pyarrow as pa
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    config = _client_config(options)
+    consumer = Consumer(
+        {
+            **config,
+            "group.id": f"riverhouse-reader-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "auto.offset.reset": "error" if fail_on_data_loss else "earliest",
+            "fetch.max.bytes": 64 * 1024 * 1024,
+            "max.partition.fetch.bytes": 16 * 1024 * 1024,
+            "queued.max.messages.kbytes": 256 * 1024,
+        }
+    )
+    schema = _arrow_schema()
+    names = schema.names
+    try:
+        consumer.assign([TopicPartition(part.topic, part.partition, part.start)])
+        cols: dict[str, list[Any]] = {n: [] for n in names}
+        last_progress = time.monotonic()
+        next_offset = part.start
+        while next_offset < part.end:
+            messages = consumer.consume(num_messages=10_000, timeout=1.0)
+            if not messages:
+                if time.monotonic() - last_progress > STALL_TIMEOUT_S:
+                    raise KafkaSourceError(
+                        f"no progress reading {part.topic}[{part.partition}] at offset {next_offset} "
+                        f"(planned up to {part.end}) for {STALL_TIMEOUT_S:.0f}s"
+                    )
+                continue
+            for msg in messages:
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        # Offsets up to end may hold only control records (transactions).
+                        next_offset = max(next_offset, msg.offset() or next_offset)
+                        if next_offset >= part.end:
+                            break
+                        continue
+                    if err.code() == KafkaError._AUTO_OFFSET_RESET:
+                        raise KafkaSourceError(
+                            f"offsets {part.start}..{part.end - 1} of {part.topic}[{part.partition}] are no "
+                            "longer in Kafka (deleted by retention). Set the source option "
+                            "failOnDataLoss=false to skip them."
+                        )
+                    raise KafkaSourceError(f"reading {part.topic}[{part.partition}]: {err.str()}")
+                offset = msg.offset()
+                if offset >= part.end:
+                    next_offset = part.end
+                    break
+                if offset < part.start:
+                    continue
+                ts_type, ts_ms = msg.timestamp()
+                cols["key"].append(msg.key())
+                cols["value"].append(msg.value())
+                cols["topic"].append(part.topic)
+                cols["partition"].append(part.partition)
+                cols["offset"].append(offset)
+                cols["timestamp"].append(ts_ms * 1000 if ts_type != 0 else None)
+                # librdkafka: 1 = create time, 2 = log append; Spark's Kafka source: 0 / 1.
+                cols["timestampType"].append(ts_type - 1 if ts_type != 0 else -1)
+                headers = msg.headers()
+                cols["headers"].append(
+                    [{"key": k, "value": v} for k, v in headers] if headers else None
+                )
+                next_offset = offset + 1
+                last_progress = time.monotonic()
+            if len(cols["offset"]) >= ARROW_BATCH_ROWS:
+                yield pa.RecordBatch.from_pydict(cols, schema=schema)
+                cols = {n: [] for n in names}
+        if cols["offset"]:
+            yield pa.RecordBatch.from_pydict(cols, schema=schema)
+    finally:
+        consumer.close()
+
+
+class KafkaDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT_NAME
+
+    def schema(self) -> str:
+        return KAFKA_SCHEMA_DDL
+
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:
+        return KafkaStreamReader(self.options)
+
+
+def source_options(bootstrap: str, topics: list[str], librdkafka: dict[str, Any], starting: str,
+                   max_offsets_per_trigger: int | None) -> dict[str, str]:
+    """Options for `spark.readStream.format("riverhouse_kafka")` from spec values."""
+    opts = {"bootstrap.servers": bootstrap, "subscribe": ",".join(topics), "startingOffsets": starting}
+    if max_offsets_per_trigger:
+        opts["maxOffsetsPerTrigger"] = str(max_offsets_per_trigger)
+    for key, value in librdkafka.items():
+        opts[f"kafka.{key}"] = json.dumps(value) if isinstance(value, bool) else str(value)
+    return opts

@@ -1,0 +1,176 @@
+"""Parse and validate Kafka records in the JVM (Spark SQL), one status and reason per record.
+
+Nothing here runs per-record Python: JSON parsing, UTF-8 checks, type checks and
+reasons are Spark expressions, so they run on executors at JVM speed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    BooleanType,
+    DataType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+from riverhouse.platform.spec import SourceSpec
+
+# Timestamps and dates are read as text and converted here: Spark would read a JSON
+# number in a timestamp field as epoch *seconds*, while producers send milliseconds.
+JSON_TYPES: dict[str, DataType] = {
+    "string": StringType(),
+    "int": IntegerType(),
+    "long": LongType(),
+    "float": FloatType(),
+    "double": DoubleType(),
+    "boolean": BooleanType(),
+    "timestamp": StringType(),
+    "date": StringType(),
+}
+CORRUPT = "_corrupt"
+EPOCH_MILLIS_RE = r"^-?[0-9]{1,15}$"
+MAX_ABS_EPOCH_MILLIS = 10**15
+
+
+def _epoch_millis_to_ts(col: Column) -> Column:
+    millis = col.try_cast("long")
+    return F.when(F.abs(millis) < F.lit(MAX_ABS_EPOCH_MILLIS), F.timestamp_millis(millis))
+
+
+def _typed(raw: Column, typ: str) -> Column:
+    if typ == "timestamp":
+        return F.when(raw.rlike(EPOCH_MILLIS_RE), _epoch_millis_to_ts(raw)).otherwise(
+            F.try_to_timestamp(raw)
+        )
+    if typ == "date":
+        return raw.try_cast("date")
+    return raw
+
+
+def _first_reason(candidates: list[tuple[Column, Column | str]]) -> Column:
+    """CASE WHEN c1 THEN r1 WHEN c2 THEN r2 ... END: the first failed check names the record."""
+    expr: Any = F
+    for condition, reason in candidates:
+        value = reason if isinstance(reason, Column) else F.lit(reason)
+        expr = expr.when(condition, value)
+    return expr
+
+
+def _snippet(col: Column) -> Column:
+    return F.substring(col, 1, 60)
+
+
+def parse_records(batch: DataFrame, src: SourceSpec) -> DataFrame:
+    """Kafka rows -> typed fields + _status/_reason/_event_time/_event_date (+ raw columns)."""
+    json_schema = StructType(
+        [StructField(f.name, JSON_TYPES[f.type]) for f in src.fields]
+        + [StructField(CORRUPT, StringType())]
+    )
+    size = F.octet_length(F.col("value"))
+    oversized = size > F.lit(src.max_message_bytes)
+    text = F.when(~oversized, F.col("value").cast("string"))
+    df = batch.withColumn("_text", text)
+    df = df.withColumn(
+        "_p",
+        F.when(
+            F.is_valid_utf8(F.col("_text")),
+            F.from_json(
+                F.col("_text"), json_schema, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}
+            ),
+        ),
+    )
+    parsed = F.col("_p")
+    typed = {f.name: _typed(parsed[f.name], f.type) for f in src.fields}
+
+    wrong_type = [
+        (
+            F.get_json_object(F.col("_text"), f"$.{f.name}").isNotNull() & parsed[f.name].isNull(),
+            F.concat(
+                F.lit(f"field '{f.name}' should be {f.type}, got "),
+                _snippet(F.get_json_object(F.col("_text"), f"$.{f.name}")),
+            ),
+        )
+        for f in src.fields
+    ]
+    unconvertible = [
+        (
+            parsed[f.name].isNotNull() & typed[f.name].isNull(),
+            F.concat(F.lit(f"field '{f.name}' is not a valid {f.type}: "), _snippet(parsed[f.name])),
+        )
+        for f in src.fields
+        if f.type in ("timestamp", "date")
+    ]
+    missing = [
+        (typed[name].isNull(), f"missing required field '{name}'") for name in src.required_fields
+    ]
+
+    et = src.event_time
+    if et.field is None:
+        event_time = F.col("timestamp")
+    elif src.field(et.field).type == "long":
+        event_time = _epoch_millis_to_ts(typed[et.field])
+    else:
+        event_time = typed[et.field]
+    event_time_checks: list[tuple[Column, Column | str]] = []
+    if et.field is not None and et.fallback == "quarantine":
+        event_time_checks.append((event_time.isNull(), f"missing event time field '{et.field}'"))
+    elif et.field is not None:
+        event_time = F.coalesce(event_time, F.col("timestamp"))
+    if et.field is not None and src.field(et.field).type == "long":
+        event_time_checks.append(
+            (typed[et.field].isNotNull() & _epoch_millis_to_ts(typed[et.field]).isNull(),
+             f"event time field '{et.field}' is out of range for epoch milliseconds")
+        )
+
+    reason = _first_reason(
+        [
+            (F.col("value").isNull(), "empty message (null value)"),
+            (
+                oversized,
+                F.concat(
+                    F.lit("message of "), size.cast("string"),
+                    F.lit(f" bytes is larger than max_message_bytes={src.max_message_bytes}"),
+                ),
+            ),
+            (~F.is_valid_utf8(F.col("_text")), "value is not valid UTF-8"),
+            (parsed.isNull(), "value could not be parsed"),
+            *[(parsed[CORRUPT].isNotNull() & c, r) for c, r in wrong_type],
+            (parsed[CORRUPT].isNotNull(), F.concat(F.lit("not a JSON object: "), _snippet(F.col("_text")))),
+            *unconvertible,
+            *missing,
+            *event_time_checks,
+            (event_time.isNull(), "no event time: the field is missing and the Kafka record has no timestamp"),
+        ]
+    )
+    out = df.select(
+        F.col("topic").alias("_topic"),
+        F.col("partition").alias("_partition"),
+        F.col("offset").alias("_offset"),
+        F.col("timestamp").alias("_kafka_timestamp"),
+        F.col("key").alias("_key"),
+        F.col("value").alias("_value"),
+        F.col("headers").alias("_headers"),
+        reason.alias("_reason"),
+        event_time.alias("_event_time"),
+        *[typed[f.name].alias(f.name) for f in src.fields],
+    )
+    out = out.withColumn("_status", F.when(F.col("_reason").isNull(), "ok").otherwise("rejected"))
+    # Rejected rows keep a partition date too (Kafka time) so bronze stays prunable.
+    out = out.withColumn(
+        "_event_date",
+        F.to_date(
+            F.when(F.col("_status") == "ok", F.col("_event_time")).otherwise(
+                F.coalesce(F.col("_event_time"), F.col("_kafka_timestamp"), F.current_timestamp())
+            )
+        ),
+    )
+    return out

@@ -1,0 +1,290 @@
+"""Kafka -> bronze / quarantine / silver Delta tables, one Spark micro-batch at a time.
+
+Exactly once: Spark's checkpoint fixes the offsets of every batch id before the
+batch runs, and replays the same offsets after a crash. Each Delta table records
+`(app_id, batch_id)` as a Delta app transaction in the same commit as the data,
+so a replayed batch skips every table it already reached and finishes the rest.
+The silver MERGE is insert-if-absent, so even a replay without that record would
+not create a duplicate.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import write_deltalake
+
+from riverhouse.platform import local_kafka
+from riverhouse.platform.dedup import dedup_in_batch, merge_insert_if_absent
+from riverhouse.platform.faults import crash_point
+from riverhouse.platform.kafka_source import FORMAT_NAME, source_options
+from riverhouse.platform.parse import parse_records
+from riverhouse.platform.settings import Settings
+from riverhouse.platform.spec import PipelineSpec, SourceSpec
+from riverhouse.platform.tables import (
+    TableLayout,
+    bronze_schema,
+    commit_properties,
+    committed,
+    ensure_table,
+    quarantine_schema,
+    silver_schema,
+)
+
+
+class PipelineError(RuntimeError):
+    """A pipeline run failed; the message says what and where, for a person to act on."""
+
+
+@dataclass
+class BatchMetrics:
+    batch_id: int
+    read: int = 0
+    quarantined: int = 0
+    valid: int = 0
+    inserted: int = 0
+    duplicates_dropped: int = 0
+    # Records of a batch that a crashed run had already committed to silver: Spark
+    # replays the batch, every table skips it, and they are counted here instead.
+    replayed: int = 0
+    offsets: dict[str, dict[str, list[int]]] = field(default_factory=dict)
+    bronze_version: int | None = None
+    silver_version: int | None = None
+    seconds: float = 0.0
+
+
+@dataclass
+class IngestResult:
+    pipeline: str
+    source: str
+    batches: list[BatchMetrics]
+    seconds: float
+    silver_version: int | None
+    end_offsets: dict[str, dict[str, int]]
+
+    def total(self, name: str) -> int:
+        return sum(getattr(b, name) for b in self.batches)
+
+    @property
+    def read(self) -> int:
+        return self.total("read")
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "pipeline": self.pipeline,
+            "source": self.source,
+            "batches": len(self.batches),
+            "read": self.read,
+            "quarantined": self.total("quarantined"),
+            "duplicates_dropped": self.total("duplicates_dropped"),
+            "inserted": self.total("inserted"),
+            "replayed": self.total("replayed"),
+            "silver_version": self.silver_version,
+            "end_offsets": self.end_offsets,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def resolve_bootstrap(spec: PipelineSpec, settings: Settings) -> str:
+    """Bootstrap servers: the settings override, the spec's, or the running local Kafka."""
+    bootstrap = settings.kafka_bootstrap or spec.kafka.bootstrap_servers
+    if bootstrap != "local":
+        return bootstrap
+    state = local_kafka.status(settings.kafka_state_dir)
+    if state is None:
+        raise PipelineError(
+            f"pipeline {spec.name!r} reads the local Kafka, which is not running "
+            f"(state dir {settings.kafka_state_dir}). Start it with `riverhouse kafka start`, "
+            "or set kafka.bootstrap_servers in the spec / RIVERHOUSE_KAFKA_BOOTSTRAP."
+        )
+    return state.bootstrap
+
+
+def checkpoint_dir(settings: Settings, pipeline: str, source: str) -> Path:
+    return Path(settings.checkpoints) / pipeline / source
+
+
+def stream_app_id(checkpoint: Path, pipeline: str, source: str) -> str:
+    """The Delta app id of this checkpoint's stream.
+
+    Batch ids restart at 0 when a checkpoint is deleted; a fresh id per checkpoint
+    keeps a new stream's batches from being mistaken for an old stream's.
+    """
+    checkpoint.mkdir(parents=True, exist_ok=True)
+    marker = checkpoint / "riverhouse.json"
+    try:
+        stream_id = json.loads(marker.read_text())["stream_id"]
+    except (OSError, ValueError, KeyError):
+        stream_id = uuid.uuid4().hex
+        tmp = marker.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"stream_id": stream_id, "pipeline": pipeline, "source": source}))
+        tmp.replace(marker)
+    return f"riverhouse:{pipeline}:{source}:{stream_id}"
+
+
+def _offset_ranges(rows: pa.Table) -> dict[str, dict[str, list[int]]]:
+    if rows.num_rows == 0:
+        return {}
+    grouped = rows.group_by(["_topic", "_partition"]).aggregate([("_offset", "min"), ("_offset", "max")])
+    out: dict[str, dict[str, list[int]]] = {}
+    for row in grouped.to_pylist():
+        out.setdefault(row["_topic"], {})[str(row["_partition"])] = [row["_offset_min"], row["_offset_max"]]
+    return out
+
+
+class BatchWriter:
+    """The foreachBatch body: one Spark batch -> bronze, quarantine, silver, each exactly once."""
+
+    def __init__(self, spec: PipelineSpec, source: str, layout: TableLayout, app_id: str,
+                 on_batch: Callable[[BatchMetrics], None] | None = None):
+        self.spec = spec
+        self.source_name = source
+        self.src: SourceSpec = spec.sources[source]
+        self.layout = layout
+        self.app_id = app_id
+        self.on_batch = on_batch
+        self.batches: list[BatchMetrics] = []
+        self.error: BaseException | None = None
+        self.bronze_path = layout.bronze(source)
+        self.quarantine_path = layout.quarantine(source)
+        self.silver_path = layout.silver(source)
+        self.bronze_schema = bronze_schema(self.src)
+        self.quarantine_schema = quarantine_schema(self.src)
+        self.silver_schema = silver_schema(self.src)
+
+    def ensure_tables(self) -> None:
+        ensure_table(self.bronze_path, self.bronze_schema, ["_event_date"])
+        ensure_table(self.quarantine_path, self.quarantine_schema, ["_event_date"])
+        ensure_table(self.silver_path, self.silver_schema, ["_event_date"], cdf=True)
+
+    def __call__(self, batch_df: Any, batch_id: int) -> None:
+        try:
+            self._process(batch_df, int(batch_id))
+        except BaseException as exc:
+            self.error = exc
+            raise
+
+    def _append_once(self, path: str, rows: pa.Table, schema: pa.Schema, batch_id: int) -> int | None:
+        table = ensure_table(path, schema, ["_event_date"])
+        if committed(table, self.app_id, batch_id):
+            return None
+        write_deltalake(
+            table,
+            rows.select(schema.names).cast(schema),
+            mode="append",
+            commit_properties=commit_properties(self.app_id, batch_id, {"riverhouse.pipeline": self.spec.name}),
+        )
+        return table.version()
+
+    def _process(self, batch_df: Any, batch_id: int) -> None:
+        started = time.monotonic()
+        metrics = BatchMetrics(batch_id=batch_id)
+        rows: pa.Table = parse_records(batch_df, self.src).toArrow()
+        batch_col = pa.array([batch_id] * rows.num_rows, pa.int64())
+        rows = rows.append_column("_batch_id", batch_col)
+        metrics.read = rows.num_rows
+        metrics.offsets = _offset_ranges(rows)
+        if rows.num_rows:
+            metrics.bronze_version = self._append_once(self.bronze_path, rows, self.bronze_schema, batch_id)
+            crash_point("after_bronze_commit")
+            rejected = rows.filter(pc.equal(rows.column("_status"), "rejected"))
+            metrics.quarantined = rejected.num_rows
+            if rejected.num_rows:
+                self._append_once(self.quarantine_path, rejected, self.quarantine_schema, batch_id)
+            valid = rows.filter(pc.equal(rows.column("_status"), "ok")).select(self.silver_schema.names)
+            valid = valid.cast(self.silver_schema)
+            metrics.valid = valid.num_rows
+            self._write_silver(valid, batch_id, metrics)
+            crash_point("after_silver_commit")
+        metrics.seconds = time.monotonic() - started
+        self.batches.append(metrics)
+        if self.on_batch:
+            self.on_batch(metrics)
+
+    def _write_silver(self, valid: pa.Table, batch_id: int, metrics: BatchMetrics) -> None:
+        silver = ensure_table(self.silver_path, self.silver_schema, ["_event_date"], cdf=True)
+        if committed(silver, self.app_id, batch_id):
+            metrics.replayed = valid.num_rows
+            return
+        dedup = self.src.dedup
+        if dedup is None:
+            if valid.num_rows:
+                write_deltalake(silver, valid, mode="append",
+                                commit_properties=commit_properties(self.app_id, batch_id))
+            metrics.inserted = valid.num_rows
+        else:
+            unique = dedup_in_batch(valid, self.src.dedup_key, dedup.window)
+            outcome = merge_insert_if_absent(
+                silver, unique, self.src.dedup_key, dedup.window, self.app_id, batch_id
+            )
+            metrics.inserted = outcome.inserted
+            metrics.duplicates_dropped = valid.num_rows - outcome.inserted
+        metrics.silver_version = silver.version()
+
+
+def ingest(
+    spark: Any,
+    spec: PipelineSpec,
+    settings: Settings,
+    source: str | None = None,
+    on_batch: Callable[[BatchMetrics], None] | None = None,
+) -> IngestResult:
+    """Run one triggered (availableNow) streaming query: everything in Kafka now, in bounded batches."""
+    source = source or spec.sink_source_name
+    src = spec.sources[source]
+    bootstrap = resolve_bootstrap(spec, settings)
+    layout = TableLayout(settings.warehouse, spec.name)
+    ckpt = checkpoint_dir(settings, spec.name, source)
+    app_id = stream_app_id(ckpt, spec.name, source)
+    writer = BatchWriter(spec, source, layout, app_id, on_batch)
+    writer.ensure_tables()
+    options = source_options(
+        bootstrap, [src.topic], spec.kafka.config, spec.kafka.starting_offsets,
+        spec.kafka.max_offsets_per_trigger,
+    )
+    started = time.monotonic()
+    stream = spark.readStream.format(FORMAT_NAME).options(**options).load()
+    query = (
+        stream.writeStream.foreachBatch(writer)
+        .option("checkpointLocation", str(ckpt / "spark"))
+        .queryName(f"riverhouse_{spec.name}_{source}")
+        .trigger(availableNow=True)
+        .start()
+    )
+    try:
+        query.awaitTermination()
+    except Exception as exc:
+        cause = writer.error or exc
+        raise PipelineError(
+            f"pipeline {spec.name!r}, source {source!r} (topic {src.topic!r}) failed: {_root_message(cause)}"
+        ) from cause
+    end_offsets: dict[str, dict[str, int]] = {}
+    progress = query.lastProgress
+    if progress and progress.get("sources"):
+        raw = progress["sources"][0].get("endOffset")
+        end_offsets = json.loads(raw) if isinstance(raw, str) else (raw or {})
+    silver = ensure_table(layout.silver(source), writer.silver_schema, ["_event_date"], cdf=True)
+    return IngestResult(spec.name, source, writer.batches, time.monotonic() - started,
+                        silver.version(), end_offsets)
+
+
+def _root_message(exc: BaseException) -> str:
+    text = str(exc).strip()
+    # Spark wraps Python errors in long JVM traces; the user needs the first real line.
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith(("Traceback", "File ", "at ", "JVM stacktrace")):
+            return line[:500]
+    return type(exc).__name__
+
+
+def batch_metrics_dict(metrics: BatchMetrics) -> dict[str, Any]:
+    return asdict(metrics)

@@ -1,0 +1,346 @@
+"""Pipeline specs: YAML files validated with pydantic.
+
+A spec names its Kafka sources (topic, JSON schema, event time, key), how each
+source is deduplicated, and the ClickHouse table the clean rows land in. Every
+identifier that reaches SQL is validated here, so later layers can quote it
+without re-checking.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+IDENTIFIER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+WINDOW_RE = re.compile(r"^\s*(\d+)\s*(s|m|h|d|w)\s*$")
+ENV_REF_RE = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
+LIBRDKAFKA_KEY_RE = re.compile(r"^[a-z][a-z0-9._]*$")
+MAX_WINDOW = timedelta(days=7)
+WINDOW_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+
+# Kafka client settings Riverhouse owns: a spec may not override them because
+# correctness (deterministic replay from Spark's checkpoint) depends on them.
+RESERVED_KAFKA_KEYS = {
+    "bootstrap.servers",
+    "group.id",
+    "enable.auto.commit",
+    "auto.offset.reset",
+    "enable.partition.eof",
+}
+
+FieldType = Literal["string", "int", "long", "float", "double", "boolean", "timestamp", "date"]
+
+
+class SpecError(Exception):
+    """A spec could not be loaded; `problems` holds (path, message, hint) triples."""
+
+    def __init__(self, source: str, problems: list[tuple[str, str, str]]):
+        self.source = source
+        self.problems = problems
+        lines = [f"{source}: {len(problems)} problem(s)"]
+        for path, message, hint in problems:
+            lines.append(f"  {path or '<root>'}: {message}" + (f" (hint: {hint})" if hint else ""))
+        super().__init__("\n".join(lines))
+
+
+def check_identifier(value: str, what: str = "identifier") -> str:
+    if not isinstance(value, str) or not IDENTIFIER_RE.match(value):
+        raise ValueError(
+            f"{what} {value!r} is not a safe SQL identifier: use letters, digits and '_', "
+            "starting with a letter or '_', at most 63 characters"
+        )
+    return value
+
+
+def parse_window(value: Any) -> timedelta:
+    """'90s', '30m', '1h', '7d', '1w' -> timedelta; must be > 0 and <= 7 days."""
+    if isinstance(value, timedelta):
+        window = value
+    else:
+        match = WINDOW_RE.match(str(value))
+        if not match:
+            raise ValueError(
+                f"window {value!r} is not a duration: write a number and a unit, e.g. 30s, 15m, 1h, 7d"
+            )
+        window = timedelta(**{WINDOW_UNITS[match.group(2)]: int(match.group(1))})
+    if window <= timedelta(0):
+        raise ValueError(f"window {value!r} must be longer than 0")
+    if window > MAX_WINDOW:
+        raise ValueError(f"window {value!r} is longer than the maximum of 7 days")
+    return window
+
+
+Identifier = Annotated[str, BeforeValidator(check_identifier)]
+Window = Annotated[timedelta, BeforeValidator(parse_window)]
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class FieldSpec(StrictModel):
+    name: Identifier
+    type: FieldType
+    required: bool = False
+
+
+class EventTimeSpec(StrictModel):
+    field: Identifier | None = None
+    # When the field is missing or unparseable the Kafka record timestamp is used,
+    # so a late or sloppy producer never loses a record.
+    fallback: Literal["kafka_timestamp", "quarantine"] = "kafka_timestamp"
+
+
+class DedupSpec(StrictModel):
+    key: list[Identifier] | None = None
+    window: Window
+    keep: Literal["first"] = "first"
+
+
+def _fields_from_mapping(value: Any) -> Any:
+    """Accept `{order_id: string, amount: {type: double, required: true}}` or a list."""
+    if isinstance(value, dict):
+        out = []
+        for name, typ in value.items():
+            if isinstance(typ, dict):
+                out.append({"name": name, **typ})
+            else:
+                out.append({"name": name, "type": typ})
+        return out
+    return value
+
+
+class SourceSpec(StrictModel):
+    topic: str
+    format: Literal["json"] = "json"
+    fields: Annotated[list[FieldSpec], BeforeValidator(_fields_from_mapping)] = Field(min_length=1)
+    key: list[Identifier] = Field(min_length=1)
+    event_time: EventTimeSpec = EventTimeSpec()
+    dedup: DedupSpec | None = None
+    max_message_bytes: int = Field(default=1_000_000, gt=0)
+
+    @field_validator("topic")
+    @classmethod
+    def _topic_is_legal(cls, value: str) -> str:
+        if not TOPIC_RE.match(value) or value in {".", ".."}:
+            raise ValueError(
+                f"topic {value!r} is not a legal Kafka topic name (letters, digits, '.', '_', '-')"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _references_exist(self) -> SourceSpec:
+        names = [f.name for f in self.fields]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"field(s) declared twice: {', '.join(dupes)}")
+        known = set(names)
+        for k in self.key:
+            if k not in known:
+                raise ValueError(f"key field {k!r} is not in fields ({', '.join(names)})")
+        if self.dedup and self.dedup.key:
+            for k in self.dedup.key:
+                if k not in known:
+                    raise ValueError(f"dedup key field {k!r} is not in fields ({', '.join(names)})")
+        if self.event_time.field is not None:
+            if self.event_time.field not in known:
+                raise ValueError(f"event_time field {self.event_time.field!r} is not in fields")
+            typ = self.field(self.event_time.field).type
+            if typ not in ("timestamp", "long"):
+                raise ValueError(
+                    f"event_time field {self.event_time.field!r} has type {typ}: "
+                    "use timestamp (ISO 8601) or long (epoch milliseconds)"
+                )
+        return self
+
+    def field(self, name: str) -> FieldSpec:
+        for f in self.fields:
+            if f.name == name:
+                return f
+        raise KeyError(name)
+
+    @property
+    def dedup_key(self) -> list[str]:
+        return list(self.dedup.key or self.key) if self.dedup else list(self.key)
+
+    @property
+    def required_fields(self) -> list[str]:
+        """Fields a record must carry: declared required, plus every key field."""
+        keys = set(self.key) | set(self.dedup_key)
+        return [f.name for f in self.fields if f.required or f.name in keys]
+
+
+class KafkaSpec(StrictModel):
+    # "local" means: the local Kafka started by `riverhouse kafka start`.
+    bootstrap_servers: str = "local"
+    config: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    starting_offsets: Literal["earliest", "latest"] = "earliest"
+    max_offsets_per_trigger: int = Field(default=200_000, gt=0)
+
+    @field_validator("config")
+    @classmethod
+    def _config_keys(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for key in value:
+            if not LIBRDKAFKA_KEY_RE.match(key):
+                raise ValueError(f"{key!r} is not a librdkafka setting name (e.g. sasl.mechanism)")
+            if key in RESERVED_KAFKA_KEYS:
+                raise ValueError(
+                    f"{key!r} is managed by Riverhouse (offsets live in Spark's checkpoint); "
+                    "set bootstrap servers with kafka.bootstrap_servers"
+                )
+        return value
+
+    def resolved_config(self) -> dict[str, Any]:
+        """librdkafka settings with `${env:NAME}` references resolved (never log the result)."""
+        return {k: resolve_env_refs(v, f"kafka.config.{k}") for k, v in self.config.items()}
+
+    def redacted_config(self) -> dict[str, Any]:
+        return {k: ("***" if is_secret_key(k) else v) for k, v in self.config.items()}
+
+
+class SinkSpec(StrictModel):
+    source: Identifier | None = None
+    table: Identifier
+    database: Identifier | None = None
+    order_by: list[Identifier] = Field(min_length=1)
+    batch_size: int = Field(default=100_000, gt=0, le=10_000_000)
+
+
+class PipelineSpec(StrictModel):
+    name: Identifier
+    description: str = ""
+    owners: list[str] = Field(default_factory=list)
+    kafka: KafkaSpec = KafkaSpec()
+    sources: dict[Identifier, SourceSpec] = Field(min_length=1)
+    sink: SinkSpec
+
+    @model_validator(mode="after")
+    def _sink_refers_to_a_source(self) -> PipelineSpec:
+        if self.sink.source is None:
+            if len(self.sources) != 1:
+                raise ValueError(
+                    "sink.source is required when the pipeline has more than one source "
+                    f"(sources: {', '.join(self.sources)})"
+                )
+        elif self.sink.source not in self.sources:
+            raise ValueError(
+                f"sink.source {self.sink.source!r} is not one of the sources ({', '.join(self.sources)})"
+            )
+        source = self.sources[self.sink_source_name]
+        names = [f.name for f in source.fields]
+        for col in self.sink.order_by:
+            if col not in names:
+                raise ValueError(f"sink.order_by column {col!r} is not a field of source {self.sink_source_name!r}")
+        topics = [s.topic for s in self.sources.values()]
+        if len(set(topics)) != len(topics):
+            raise ValueError("two sources read the same topic; declare each topic once")
+        return self
+
+    @property
+    def sink_source_name(self) -> str:
+        return self.sink.source or next(iter(self.sources))
+
+    @property
+    def sink_source(self) -> SourceSpec:
+        return self.sources[self.sink_source_name]
+
+
+SECRET_HINTS = ("password", "secret", "token", "key", "credential", "jaas")
+
+
+def is_secret_key(key: str) -> bool:
+    lowered = key.lower()
+    return any(h in lowered for h in SECRET_HINTS) and not lowered.endswith(".location")
+
+
+def resolve_env_refs(value: Any, where: str) -> Any:
+    if not isinstance(value, str):
+        return value
+
+    def repl(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in os.environ:
+            raise SpecError(where, [(where, f"environment variable {name} is not set", f"export {name}=...")])
+        return os.environ[name]
+
+    return ENV_REF_RE.sub(repl, value)
+
+
+def _hint_for(error: dict[str, Any]) -> str:
+    kind = error.get("type", "")
+    if kind == "extra_forbidden":
+        return "remove it, or check its spelling against docs/pipeline-spec.md"
+    if kind == "missing":
+        return "this field is required"
+    if kind == "literal_error":
+        return "allowed: " + str(error.get("ctx", {}).get("expected", ""))
+    if "window" in str(error.get("msg", "")):
+        return "a duration between 1s and 7d, e.g. 1h"
+    if "identifier" in str(error.get("msg", "")):
+        return "rename it to match [A-Za-z_][A-Za-z0-9_]*"
+    return ""
+
+
+def _format_loc(loc: tuple[Any, ...]) -> str:
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        elif str(item).startswith("function-"):
+            continue
+        else:
+            parts.append(("." if parts else "") + str(item))
+    return "".join(parts)
+
+
+def parse_spec(data: Any, source: str = "<spec>") -> PipelineSpec:
+    if not isinstance(data, dict):
+        raise SpecError(source, [("", "the spec must be a YAML mapping", "start with `name: my_pipeline`")])
+    try:
+        return PipelineSpec.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            message = str(err["msg"]).removeprefix("Value error, ")
+            problems.append((_format_loc(err["loc"]), message, _hint_for(err)))
+        raise SpecError(source, problems) from None
+
+
+def load_spec(path: str | Path) -> PipelineSpec:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SpecError(str(path), [("", f"cannot read file: {exc.strerror}", "check the path")]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise SpecError(str(path), [(where, f"invalid YAML: {getattr(exc, 'problem', exc)}", "")]) from None
+    return parse_spec(data, str(path))
+
+
+def load_specs(folder: str | Path) -> list[PipelineSpec]:
+    folder = Path(folder)
+    specs = [load_spec(p) for p in sorted(folder.glob("*.y*ml"))]
+    names = [s.name for s in specs]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise SpecError(str(folder), [("name", f"pipeline name(s) used twice: {', '.join(dupes)}", "")])
+    return specs

@@ -1,0 +1,160 @@
+"""Delta tables (delta-rs): layout, schemas and the exactly-once commit helpers."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake.exceptions import TableNotFoundError
+
+from riverhouse.platform.spec import FieldSpec, PipelineSpec, SourceSpec
+
+ARROW_TYPES: dict[str, pa.DataType] = {
+    "string": pa.string(),
+    "int": pa.int32(),
+    "long": pa.int64(),
+    "float": pa.float32(),
+    "double": pa.float64(),
+    "boolean": pa.bool_(),
+    "timestamp": pa.timestamp("us", tz="UTC"),
+    "date": pa.date32(),
+}
+TS = pa.timestamp("us", tz="UTC")
+
+KAFKA_COLUMNS = [
+    pa.field("_topic", pa.string()),
+    pa.field("_partition", pa.int32()),
+    pa.field("_offset", pa.int64()),
+    pa.field("_kafka_timestamp", TS),
+]
+HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+
+
+def field_arrow(f: FieldSpec) -> pa.Field:
+    return pa.field(f.name, ARROW_TYPES[f.type])
+
+
+def bronze_schema(src: SourceSpec) -> pa.Schema:
+    """Every record as received, with its Kafka coordinates and parse status."""
+    return pa.schema(
+        [
+            *KAFKA_COLUMNS,
+            pa.field("_key", pa.binary()),
+            pa.field("_value", pa.binary()),
+            pa.field("_headers", HEADERS),
+            pa.field("_status", pa.string()),  # ok | rejected
+            pa.field("_reason", pa.string()),
+            pa.field("_event_time", TS),
+            pa.field("_event_date", pa.date32()),
+            pa.field("_batch_id", pa.int64()),
+        ]
+    )
+
+
+def quarantine_schema(src: SourceSpec) -> pa.Schema:
+    return pa.schema(
+        [
+            *KAFKA_COLUMNS,
+            pa.field("_key", pa.binary()),
+            pa.field("_value", pa.binary()),
+            pa.field("_reason", pa.string()),
+            pa.field("_event_date", pa.date32()),
+            pa.field("_batch_id", pa.int64()),
+        ]
+    )
+
+
+def silver_schema(src: SourceSpec) -> pa.Schema:
+    """The clean stream: typed fields, event time, and where each row came from."""
+    return pa.schema(
+        [
+            *(field_arrow(f) for f in src.fields),
+            pa.field("_event_time", TS),
+            pa.field("_event_date", pa.date32()),
+            *KAFKA_COLUMNS,
+            pa.field("_batch_id", pa.int64()),
+        ]
+    )
+
+
+@dataclass(frozen=True)
+class TableLayout:
+    """Where a pipeline's tables live: `<warehouse>/<layer>/<pipeline>/<source>`."""
+
+    warehouse: str
+    pipeline: str
+
+    def path(self, layer: str, source: str) -> str:
+        root = self.warehouse.rstrip("/")
+        return f"{root}/{layer}/{self.pipeline}/{source}"
+
+    def bronze(self, source: str) -> str:
+        return self.path("bronze", source)
+
+    def silver(self, source: str) -> str:
+        return self.path("silver", source)
+
+    def quarantine(self, source: str) -> str:
+        return self.path("quarantine", source)
+
+
+def storage_options() -> dict[str, str] | None:
+    """delta-rs storage options (S3 credentials...) from RIVERHOUSE_STORAGE_OPTIONS (JSON)."""
+    raw = os.environ.get("RIVERHOUSE_STORAGE_OPTIONS")
+    return json.loads(raw) if raw else None
+
+
+def open_table(path: str) -> DeltaTable | None:
+    try:
+        return DeltaTable(path, storage_options=storage_options())
+    except TableNotFoundError:
+        return None
+
+
+def ensure_table(path: str, schema: pa.Schema, partition_by: list[str], cdf: bool = False) -> DeltaTable:
+    """Open the table, creating it (empty, version 0) with this schema if it does not exist."""
+    table = open_table(path)
+    if table is not None:
+        existing = {f.name for f in pa.schema(table.schema())}
+        missing = [f.name for f in schema if f.name not in existing]
+        if missing:
+            raise RuntimeError(
+                f"Delta table {path} exists but lacks column(s) {', '.join(missing)}: it was written "
+                "by another spec. Point the pipeline at a new warehouse or reset it (riverhouse reset)."
+            )
+        return table
+    if not path.startswith(("s3://", "s3a://", "gs://", "az://", "abfss://")):
+        os.makedirs(path, exist_ok=True)
+    configuration = {"delta.enableChangeDataFeed": "true"} if cdf else None
+    return DeltaTable.create(
+        path,
+        schema=schema,
+        partition_by=partition_by,
+        configuration=configuration,
+        storage_options=storage_options(),
+        mode="ignore",
+    )
+
+
+def ensure_pipeline_tables(spec: PipelineSpec, layout: TableLayout) -> None:
+    for name, src in spec.sources.items():
+        ensure_table(layout.bronze(name), bronze_schema(src), ["_event_date"])
+        ensure_table(layout.quarantine(name), quarantine_schema(src), ["_event_date"])
+        ensure_table(layout.silver(name), silver_schema(src), ["_event_date"], cdf=True)
+
+
+def committed(table: DeltaTable, app_id: str, batch_id: int) -> bool:
+    """Has this app already committed this batch (or a later one) to the table?"""
+    version = table.transaction_version(app_id)
+    return version is not None and version >= batch_id
+
+
+def commit_properties(app_id: str, batch_id: int, extra: dict[str, Any] | None = None) -> CommitProperties:
+    meta = {"riverhouse.batch_id": str(batch_id), **{k: str(v) for k, v in (extra or {}).items()}}
+    return CommitProperties(
+        app_transactions=[Transaction(app_id=app_id, version=batch_id)], custom_metadata=meta
+    )
