@@ -1,0 +1,323 @@
+"""`riverhouse ...`: validate specs, run the local Kafka, generate events, run pipelines, demo, UI."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from riverhouse.platform import local_kafka
+from riverhouse.platform.settings import Settings, redact_dsn
+from riverhouse.platform.spec import SpecError, load_spec
+
+app = typer.Typer(
+    help="Riverhouse: Kafka -> deduplicated Delta tables -> ClickHouse, exactly once.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+kafka_app = typer.Typer(help="The local Kafka (librdkafka's mock cluster) for development and demos.",
+                        no_args_is_help=True)
+app.add_typer(kafka_app, name="kafka")
+
+out = Console()
+err = Console(stderr=True)
+
+HomeOption = Annotated[
+    Path | None,
+    typer.Option("--home", help="State folder (warehouse, checkpoints, ClickHouse, local Kafka). "
+                 "Default: $RIVERHOUSE_HOME or ./.riverhouse"),
+]
+DEMO_SPEC = Path("pipelines/orders_dedup.yaml")
+
+
+def _settings(home: Path | None) -> Settings:
+    return Settings.from_env(home)
+
+
+def _fail(message: str, code: int = 1) -> None:
+    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+# ---------------------------------------------------------------------------- validate
+@app.command()
+def validate(files: Annotated[list[Path], typer.Argument(help="Pipeline spec files (YAML)")]) -> None:
+    """Check pipeline specs; print every problem with its field path and a hint."""
+    failed = False
+    for path in files:
+        try:
+            spec = load_spec(path)
+        except SpecError as exc:
+            failed = True
+            err.print(f"[bold red]{exc.source}[/]: {len(exc.problems)} problem(s)", highlight=False)
+            for where, message, hint in exc.problems:
+                line = f"  [yellow]{where or '<root>'}[/]: {message}"
+                if hint:
+                    line += f"\n    [dim]hint: {hint}[/]"
+                err.print(line, highlight=False)
+            continue
+        out.print(f"[green]ok[/] {path}: pipeline [bold]{spec.name}[/], sources {', '.join(spec.sources)}, "
+                  f"sink {spec.sink.table}", highlight=False)
+    if failed:
+        raise typer.Exit(1)
+
+
+# ---------------------------------------------------------------------------- kafka
+@kafka_app.command("start")
+def kafka_start(home: HomeOption = None) -> None:
+    """Start the local Kafka in the background (state in <home>/kafka)."""
+    settings = _settings(home)
+    was_running = local_kafka.status(settings.kafka_state_dir)
+    try:
+        state = local_kafka.start(settings.kafka_state_dir)
+    except local_kafka.LocalKafkaError as exc:
+        _fail(str(exc))
+    verb = "already running" if was_running else "started"
+    out.print(f"local Kafka {verb}: bootstrap [bold]{state.bootstrap}[/] (pid {state.pid})", highlight=False)
+    out.print("[dim]in-memory mock cluster: 4 partitions per topic, ~5 MB kept per partition[/]")
+
+
+@kafka_app.command("stop")
+def kafka_stop(home: HomeOption = None) -> None:
+    """Stop the local Kafka (its topics are in memory and are gone afterwards)."""
+    settings = _settings(home)
+    if local_kafka.stop(settings.kafka_state_dir):
+        out.print("local Kafka stopped")
+    else:
+        out.print("local Kafka was not running")
+
+
+@kafka_app.command("status")
+def kafka_status(home: HomeOption = None) -> None:
+    """Print whether the local Kafka runs, and its bootstrap address. Exit 1 when it does not."""
+    settings = _settings(home)
+    state = local_kafka.status(settings.kafka_state_dir)
+    if state is None:
+        out.print("local Kafka is not running (start it with `riverhouse kafka start`)")
+        raise typer.Exit(1)
+    out.print(f"local Kafka running: bootstrap {state.bootstrap} (pid {state.pid}, "
+              f"up {time.time() - state.started_at:.0f}s)", highlight=False)
+
+
+def _bootstrap(settings: Settings, bootstrap: str | None) -> str:
+    if bootstrap:
+        return bootstrap
+    if settings.kafka_bootstrap:
+        return settings.kafka_bootstrap
+    state = local_kafka.status(settings.kafka_state_dir)
+    if state is None:
+        _fail("the local Kafka is not running: start it with `riverhouse kafka start`, or pass --bootstrap")
+    assert state is not None
+    return state.bootstrap
+
+
+# ---------------------------------------------------------------------------- generate
+def _produce_with_progress(bootstrap: str, topic: str, kind: str, cfg: Any, rate: float | None,
+                           quiet: bool = False) -> dict[str, Any]:
+    from riverhouse.platform.generator import GENERATORS, produce
+
+    records, stats = GENERATORS[kind](cfg)
+    total = cfg.count + round(cfg.count * cfg.duplicate_rate) + cfg.malformed
+    with Progress(TextColumn("producing to [bold]{task.fields[topic]}[/]"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=err, disable=quiet, transient=False) as progress:
+        task = progress.add_task("produce", total=total, topic=topic)
+        produce(bootstrap, topic, records, rate=rate, on_progress=lambda n: progress.advance(task, n))
+    return stats.as_dict()
+
+
+@app.command()
+def generate(
+    topic: Annotated[str, typer.Option(help="Topic to produce to")] = "orders",
+    kind: Annotated[str, typer.Option(help="orders | user_events")] = "orders",
+    count: Annotated[int, typer.Option(help="Distinct events")] = 10_000,
+    duplicate_rate: Annotated[float, typer.Option(help="Extra duplicate copies, fraction of count")] = 0.10,
+    out_of_order: Annotated[float, typer.Option(help="Fraction of events with an earlier event time")] = 0.05,
+    malformed: Annotated[int, typer.Option(help="Malformed records to add")] = 10,
+    rate: Annotated[float | None, typer.Option(help="Messages per second (default: as fast as possible)")] = None,
+    seed: Annotated[int, typer.Option(help="Random seed (same seed, same events)")] = 42,
+    bootstrap: Annotated[str | None, typer.Option(help="Kafka bootstrap servers (default: the local Kafka)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the counts as JSON")] = False,
+    home: HomeOption = None,
+) -> None:
+    """Produce synthetic orders or user events with duplicates, late and malformed records."""
+    from riverhouse.platform.generator import GENERATORS, GeneratorConfig
+
+    if kind not in GENERATORS:
+        _fail(f"--kind must be one of {', '.join(GENERATORS)}, got {kind!r}")
+    try:
+        cfg = GeneratorConfig(count=count, duplicate_rate=duplicate_rate, out_of_order=out_of_order,
+                              malformed=malformed, seed=seed)
+    except ValueError as exc:
+        _fail(str(exc))
+    settings = _settings(home)
+    started = time.monotonic()
+    try:
+        stats = _produce_with_progress(_bootstrap(settings, bootstrap), topic, kind, cfg, rate, quiet=as_json)
+    except Exception as exc:
+        _fail(f"producing to {topic!r} failed: {exc}")
+    stats["seconds"] = round(time.monotonic() - started, 3)
+    if as_json:
+        print(json.dumps(stats))
+    else:
+        out.print(f"produced {stats['messages']} messages to {topic}: {stats['unique']} distinct, "
+                  f"{stats['duplicates']} duplicates, {stats['malformed']} malformed, "
+                  f"{stats['out_of_order']} out of order ({stats['seconds']}s)", highlight=False)
+
+
+# ---------------------------------------------------------------------------- run
+@app.command()
+def run(
+    spec_file: Annotated[Path, typer.Argument(help="Pipeline spec (YAML)")],
+    skip_load: Annotated[bool, typer.Option("--skip-load", help="Stop after the Delta tables")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON")] = False,
+    home: HomeOption = None,
+) -> None:
+    """Run a pipeline once: everything now in Kafka -> Delta (bronze/silver) -> ClickHouse."""
+    from riverhouse.platform.runner import run_once
+
+    settings = _settings(home)
+    spec = _load_or_fail(spec_file)
+    summary = _guarded(lambda: run_once(spec, settings, load=not skip_load,
+                                        log=(lambda m: None) if as_json else (lambda m: err.print(m, highlight=False))))
+    if as_json:
+        print(json.dumps(summary, default=str))
+    else:
+        _print_summary(f"pipeline {spec.name}", summary)
+
+
+def _load_or_fail(path: Path) -> Any:
+    try:
+        return load_spec(path)
+    except SpecError as exc:
+        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        err.print(f"[dim]run `riverhouse validate {path}` for hints[/]")
+        raise typer.Exit(1) from None
+
+
+def _guarded(action: Any) -> Any:
+    """Run `action`, turning the errors a user can hit into one clear message and exit 1."""
+    from riverhouse.platform.clickhouse import ClickHouseLoadError
+    from riverhouse.platform.kafka_source import KafkaSourceError
+    from riverhouse.platform.pipeline import PipelineError
+    from riverhouse.platform.spark import JavaMissingError
+
+    try:
+        return action()
+    except (PipelineError, ClickHouseLoadError, KafkaSourceError, JavaMissingError, SpecError,
+            local_kafka.LocalKafkaError) as exc:
+        _fail(str(exc))
+    except KeyboardInterrupt:
+        _fail("interrupted", 130)
+
+
+def _print_summary(title: str, summary: dict[str, Any]) -> None:
+    table = Table(title=title, show_header=True, header_style="bold")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key, value in summary.items():
+        if isinstance(value, dict | list):
+            continue
+        table.add_row(key.replace("_", " "), f"{value:,}" if isinstance(value, int) else str(value))
+    out.print(table)
+
+
+# ---------------------------------------------------------------------------- demo
+@app.command()
+def demo(
+    count: Annotated[int, typer.Option(help="Distinct orders to generate")] = 10_000,
+    duplicate_rate: Annotated[float, typer.Option(help="Duplicates, fraction of count")] = 0.10,
+    malformed: Annotated[int, typer.Option(help="Malformed records")] = 12,
+    spec_file: Annotated[Path, typer.Option("--spec", help="Dedup pipeline spec")] = DEMO_SPEC,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object")] = False,
+    home: HomeOption = None,
+) -> None:
+    """The whole thing on the embedded defaults: local Kafka -> Spark -> Delta -> ClickHouse via Dagster.
+
+    Each run resets its own state under <home>/demo, so every run prints the same figures.
+    """
+    from riverhouse.demo import run_demo
+
+    spec = _load_or_fail(spec_file)
+    base = _settings(home)
+    log = (lambda m: None) if as_json else (lambda m: err.print(m, highlight=False))
+    result = _guarded(lambda: run_demo(spec, base.home / "demo", count=count, duplicate_rate=duplicate_rate,
+                                       malformed=malformed, log=log, progress_console=None if as_json else err))
+    if as_json:
+        print(json.dumps(result["summary"]))
+        return
+    _print_summary("Riverhouse demo: orders deduplicated into ClickHouse", result["summary"])
+    columns, rows = result["sample"]
+    sample = Table(title="sample rows in ClickHouse", header_style="bold")
+    for col in columns:
+        sample.add_column(col)
+    for row in rows:
+        sample.add_row(*[str(v) for v in row])
+    out.print(sample)
+    checks = ", ".join(f"{name}: {'passed' if ok else 'FAILED'}" for name, ok in result["checks"].items())
+    out.print(f"asset checks: {checks}", highlight=False)
+    out.print(f"wall time {result['seconds']:.1f}s, {result['records_per_second']:,.0f} records/s through the pipeline "
+              f"(Kafka -> Delta -> ClickHouse, including Spark start-up)", highlight=False)
+    out.print(f"state kept in {base.home / 'demo'}; look at it in the UI with "
+              f"`riverhouse ui --home {base.home / 'demo'}`", highlight=False)
+    ok = (result["summary"]["clickhouse_duplicate_keys"] == 0
+          and result["summary"]["clickhouse_rows"] == result["summary"]["expected_unique"])
+    if not ok:
+        _fail("the demo's ClickHouse table does not match the generator's expected rows")
+
+
+# ---------------------------------------------------------------------------- ui
+@app.command()
+def ui(
+    port: Annotated[int, typer.Option(help="Port on 127.0.0.1")] = 3000,
+    pipelines: Annotated[Path, typer.Option(help="Folder of pipeline specs")] = Path("pipelines"),
+    home: HomeOption = None,
+) -> None:
+    """Start the local Kafka and the Dagster UI on 127.0.0.1 (Ctrl-C stops the UI)."""
+    settings = _settings(home)
+    try:
+        state = local_kafka.start(settings.kafka_state_dir)
+    except local_kafka.LocalKafkaError as exc:
+        _fail(str(exc))
+    dagster_home = prepare_dagster_home(settings.home / "dagster")
+    env = {
+        **os.environ,
+        "DAGSTER_HOME": str(dagster_home),
+        "RIVERHOUSE_HOME": str(settings.home),
+        "RIVERHOUSE_PIPELINES": str(pipelines.resolve()),
+    }
+    dagster = shutil.which("dagster", path=str(Path(sys.executable).parent)) or shutil.which("dagster")
+    if not dagster:
+        _fail("the dagster command was not found in this environment; reinstall riverhouse")
+    err.print(f"local Kafka at {state.bootstrap}; ClickHouse {redact_dsn(settings.clickhouse_dsn)}", highlight=False)
+    err.print(f"Dagster UI on http://127.0.0.1:{port} (Ctrl-C to stop)")
+    os.execve(dagster, [dagster, "dev", "-h", "127.0.0.1", "-p", str(port), "-m", "riverhouse.definitions"], env)
+
+
+def prepare_dagster_home(path: Path) -> Path:
+    """A DAGSTER_HOME with telemetry off and one ClickHouse step at a time (chDB is single-process)."""
+    path.mkdir(parents=True, exist_ok=True)
+    config = path / "dagster.yaml"
+    if not config.exists():
+        config.write_text(
+            "telemetry:\n  enabled: false\n"
+            "concurrency:\n  pools:\n    default_limit: 1\n"
+        )
+    return path
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()
