@@ -29,8 +29,8 @@ kafka_app = typer.Typer(help="The local Kafka (librdkafka's mock cluster) for de
                         no_args_is_help=True)
 app.add_typer(kafka_app, name="kafka")
 
-out = Console()
-err = Console(stderr=True)
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
 
 HomeOption = Annotated[
     Path | None,

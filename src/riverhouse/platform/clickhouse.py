@@ -61,7 +61,7 @@ def quote(identifier: str) -> str:
 
 def is_transient(exc: BaseException) -> bool:
     text = str(exc)
-    if "EmbeddedServer" in text or "already in use" in text.lower() or "lock" in text.lower() and "chdb" in text.lower():
+    if "EmbeddedServer" in text or "already in use" in text.lower() or ("lock" in text.lower() and "chdb" in text.lower()):
         return True
     match = CODE_RE.search(text)
     if match:

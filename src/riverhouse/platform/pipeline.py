@@ -10,10 +10,13 @@ not create a duplicate.
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -128,6 +131,30 @@ def stream_app_id(checkpoint: Path, pipeline: str, source: str) -> str:
         tmp.write_text(json.dumps({"stream_id": stream_id, "pipeline": pipeline, "source": source}))
         tmp.replace(marker)
     return f"riverhouse:{pipeline}:{source}:{stream_id}"
+
+
+@contextmanager
+def pipeline_lock(checkpoint: Path, pipeline: str) -> Iterator[None]:
+    """One run per pipeline source at a time (a sensor run and a manual run must not overlap)."""
+    checkpoint.mkdir(parents=True, exist_ok=True)
+    with open(checkpoint / "run.lock", "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            raise PipelineError(
+                f"another run of pipeline {pipeline!r} is in progress (pid {holder}); "
+                "wait for it to finish"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _offset_ranges(rows: pa.Table) -> dict[str, dict[str, list[int]]]:
@@ -250,6 +277,13 @@ def ingest(
         bootstrap, [src.topic], spec.kafka.config, spec.kafka.starting_offsets,
         spec.kafka.max_offsets_per_trigger,
     )
+    with pipeline_lock(ckpt, spec.name):
+        return _run_query(spark, spec, source, writer, options, ckpt, layout)
+
+
+def _run_query(spark: Any, spec: PipelineSpec, source: str, writer: BatchWriter, options: dict[str, str],
+               ckpt: Path, layout: TableLayout) -> IngestResult:
+    src = spec.sources[source]
     started = time.monotonic()
     stream = spark.readStream.format(FORMAT_NAME).options(**options).load()
     query = (

@@ -20,6 +20,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PlainSerializer,
     ValidationError,
     field_validator,
     model_validator,
@@ -85,8 +86,17 @@ def parse_window(value: Any) -> timedelta:
     return window
 
 
+def format_window(window: timedelta) -> str:
+    """timedelta -> the largest exact unit in spec syntax (3600s -> '1h')."""
+    seconds = int(window.total_seconds())
+    for unit, size in (("w", 604800), ("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
 Identifier = Annotated[str, BeforeValidator(check_identifier)]
-Window = Annotated[timedelta, BeforeValidator(parse_window)]
+Window = Annotated[timedelta, BeforeValidator(parse_window), PlainSerializer(format_window, return_type=str)]
 
 
 class StrictModel(BaseModel):

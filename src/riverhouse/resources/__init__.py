@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
-
 from riverhouse.platform.settings import Settings
 from riverhouse.platform.spark import get_spark
 

@@ -1,0 +1,107 @@
+"""Shared fixtures: one SparkSession per test session, one real local Kafka (mock cluster).
+
+Each test gets its own topic and its own state folder (warehouse, checkpoints,
+chDB path), so tests share the expensive parts without sharing data.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from riverhouse.platform import local_kafka
+from riverhouse.platform.settings import Settings
+from riverhouse.platform.spec import PipelineSpec, parse_spec
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def spark() -> Any:
+    from riverhouse.platform.spark import get_spark
+
+    session = get_spark("local[2]", app_name="riverhouse-tests")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Bootstrap address of a real Kafka-protocol broker (librdkafka mock cluster process)."""
+    state_dir = tmp_path_factory.mktemp("kafka")
+    state = local_kafka.start(state_dir)
+    yield state.bootstrap
+    local_kafka.stop(state_dir)
+
+
+@pytest.fixture
+def topic() -> str:
+    return f"t_{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def settings(tmp_path: Path, kafka: str) -> Settings:
+    return Settings.from_env(tmp_path / "home").with_(kafka_bootstrap=kafka)
+
+
+def orders_spec(topic: str, name: str = "orders_test", window: str = "1h",
+                max_offsets: int = 200_000, **sink: Any) -> PipelineSpec:
+    return parse_spec(
+        {
+            "name": name,
+            "kafka": {"bootstrap_servers": "local", "max_offsets_per_trigger": max_offsets},
+            "sources": {
+                "orders": {
+                    "topic": topic,
+                    "fields": {
+                        "order_id": "string",
+                        "user_id": "string",
+                        "amount": "int",
+                        "price": "double",
+                        "created_at": "timestamp",
+                    },
+                    "key": ["order_id"],
+                    "event_time": {"field": "created_at"},
+                    "dedup": {"key": ["order_id"], "window": window},
+                }
+            },
+            "sink": {"table": f"{name}_orders", "order_by": ["order_id"], "batch_size": sink.get("batch_size", 1000)},
+        }
+    )
+
+
+def produce(bootstrap: str, topic: str, records: list[tuple[bytes | None, bytes | None]],
+            partition: int | None = None) -> None:
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "log_level": 3})
+    for key, value in records:
+        if partition is None:
+            producer.produce(topic, key=key, value=value)
+        else:
+            producer.produce(topic, key=key, value=value, partition=partition)
+    assert producer.flush(30) == 0
+
+
+def order(order_id: str, created_at: str, amount: int = 1, user_id: str = "u1",
+          price: float = 9.5) -> tuple[bytes, bytes]:
+    payload = {"order_id": order_id, "user_id": user_id, "amount": amount, "price": price, "created_at": created_at}
+    return order_id.encode(), json.dumps(payload).encode()
+
+
+def riverhouse_cmd() -> list[str]:
+    return [sys.executable, "-m", "riverhouse.cli"]
+
+
+def subprocess_env(settings: Settings, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RIVERHOUSE_")}
+    env.update({"RIVERHOUSE_HOME": str(settings.home), "RIVERHOUSE_KAFKA_BOOTSTRAP": settings.kafka_bootstrap or ""})
+    env.update(extra)
+    return env

@@ -1,0 +1,89 @@
+"""Silver MERGE against a real Delta table: window-bounded insert-if-absent, once per batch."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from riverhouse.platform.dedup import merge_insert_if_absent
+from riverhouse.platform.tables import committed, ensure_table, open_table, silver_schema
+from tests.conftest import orders_spec
+
+pytestmark = pytest.mark.spark
+T0 = datetime(2026, 1, 1, 12, tzinfo=UTC)
+WINDOW = timedelta(hours=1)
+
+
+def batch(events: list[tuple[str, timedelta, int]]) -> pa.Table:
+    schema = silver_schema(orders_spec("t").sink_source)
+    times = [T0 + e[1] for e in events]
+    data = {
+        "order_id": [e[0] for e in events],
+        "user_id": ["u"] * len(events),
+        "amount": [1] * len(events),
+        "price": [1.0] * len(events),
+        "created_at": times,
+        "_event_time": times,
+        "_event_date": [t.date() for t in times],
+        "_topic": ["t"] * len(events),
+        "_partition": [0] * len(events),
+        "_offset": [e[2] for e in events],
+        "_kafka_timestamp": times,
+        "_batch_id": [0] * len(events),
+    }
+    return pa.table(data, schema=schema)
+
+
+def silver_ids(path: str) -> list[tuple[str, int]]:
+    table = open_table(path).to_pyarrow_dataset().to_table(columns=["order_id", "_offset"])
+    return sorted(zip(table.column("order_id").to_pylist(), table.column("_offset").to_pylist(), strict=True))
+
+
+def test_merge_is_window_bounded_and_committed_once(tmp_path: Path) -> None:
+    path = str(tmp_path / "silver")
+    schema = silver_schema(orders_spec("t").sink_source)
+    table = ensure_table(path, schema, ["_event_date"], cdf=True)
+    out = merge_insert_if_absent(table, batch([("a", timedelta(0), 0), ("b", timedelta(0), 1)]),
+                                 ["order_id"], WINDOW, "app", 0)
+    assert out.inserted == 2 and committed(table, "app", 0)
+    # a: 30 minutes later is a duplicate; b: 2 hours later is outside the window -> new; c: new
+    out = merge_insert_if_absent(
+        open_table(path),
+        batch([("a", timedelta(minutes=30), 2), ("b", timedelta(hours=2), 3), ("c", timedelta(0), 4)]),
+        ["order_id"], WINDOW, "app", 1,
+    )
+    assert out.inserted == 2
+    assert silver_ids(path) == [("a", 0), ("b", 1), ("b", 3), ("c", 4)]
+    # An event *earlier* than the stored one but inside the window is a duplicate too.
+    out = merge_insert_if_absent(open_table(path), batch([("c", timedelta(minutes=-20), 5)]),
+                                 ["order_id"], WINDOW, "app", 2)
+    assert out.inserted == 0
+    assert not committed(open_table(path), "app", 3)
+    assert not committed(open_table(path), "other-app", 0)
+
+
+def test_replaying_a_merge_creates_no_duplicate(tmp_path: Path) -> None:
+    path = str(tmp_path / "silver")
+    table = ensure_table(path, silver_schema(orders_spec("t").sink_source), ["_event_date"], cdf=True)
+    rows = batch([("a", timedelta(0), 0), ("b", timedelta(days=3), 1)])
+    merge_insert_if_absent(table, rows, ["order_id"], WINDOW, "app", 0)
+    again = merge_insert_if_absent(open_table(path), rows, ["order_id"], WINDOW, "app", 0)
+    assert again.inserted == 0
+    assert silver_ids(path) == [("a", 0), ("b", 1)]
+
+
+def test_merge_predicate_prunes_partitions_outside_the_window(tmp_path: Path) -> None:
+    path = str(tmp_path / "silver")
+    ensure_table(path, silver_schema(orders_spec("t").sink_source), ["_event_date"], cdf=True)
+    for day in range(6):
+        merge_insert_if_absent(open_table(path), batch([(f"d{day}", timedelta(days=day), day)]),
+                               ["order_id"], WINDOW, "app", day)
+    files_before = len(open_table(path).file_uris())
+    merge_insert_if_absent(open_table(path), batch([("x", timedelta(days=5), 99)]), ["order_id"], WINDOW, "app", 6)
+    history = open_table(path).history(1)[0]
+    # Only the partitions around day 5 are read, not the six days of history.
+    assert history["operationMetrics"]["num_target_files_scanned"] < files_before
+    assert "_event_date" in history["operationParameters"]["predicate"]

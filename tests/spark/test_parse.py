@@ -1,0 +1,89 @@
+"""Parsing and validation in Spark: every bad record gets a status and a precise reason."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from riverhouse.platform.parse import parse_records
+from tests.conftest import orders_spec
+
+pytestmark = pytest.mark.spark
+KAFKA_TS = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+
+
+def kafka_rows(spark: Any, values: list[bytes | None]) -> Any:
+    schema = ("key binary, value binary, topic string, partition int, offset long, timestamp timestamp, "
+              "timestampType int, headers array<struct<key:string,value:binary>>")
+    data = [(b"k", v, "orders", 0, i, KAFKA_TS, 0, None) for i, v in enumerate(values)]
+    return spark.createDataFrame(data, schema)
+
+
+def parse(spark: Any, values: list[bytes | None], **spec_changes: Any) -> list[dict[str, Any]]:
+    spec = orders_spec("orders")
+    src = spec.sink_source
+    if spec_changes:
+        src = src.model_copy(update=spec_changes)
+    return [r.asDict() for r in parse_records(kafka_rows(spark, values), src).orderBy("_offset").collect()]
+
+
+def good(**overrides: Any) -> bytes:
+    payload = {"order_id": "o1", "user_id": "u1", "amount": 2, "price": 9.5, "created_at": "2026-01-02T03:04:05.678Z"}
+    payload.update(overrides)
+    return json.dumps(payload).encode()
+
+
+def test_valid_record_is_typed(spark: Any) -> None:
+    [row] = parse(spark, [good()])
+    assert row["_status"] == "ok" and row["_reason"] is None
+    assert row["order_id"] == "o1" and row["amount"] == 2 and row["price"] == 9.5
+    assert row["_event_time"].replace(tzinfo=None) == datetime(2026, 1, 2, 3, 4, 5, 678000)
+    assert str(row["_event_date"]) == "2026-01-02"
+
+
+def test_epoch_millis_event_time_and_kafka_fallback(spark: Any) -> None:
+    rows = parse(spark, [good(created_at=1767323045678), good(created_at=None)])
+    assert rows[0]["_event_time"].replace(tzinfo=None) == datetime(2026, 1, 2, 3, 4, 5, 678000)
+    # Missing event time falls back to the Kafka record timestamp.
+    assert rows[1]["_status"] == "ok"
+    assert rows[1]["_event_time"].replace(tzinfo=None) == KAFKA_TS.replace(tzinfo=None)
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        (b'{"order_id": "o1", "amount": ', "not a JSON object"),
+        (b"plain text", "not a JSON object: plain text"),
+        (b"[1, 2]", "not a JSON object"),
+        (good(amount="lots"), "field 'amount' should be int, got lots"),
+        (good(price=True), "field 'price' should be double, got true"),
+        (good(created_at="yesterday"), "field 'created_at' is not a valid timestamp: yesterday"),
+        (json.dumps({"user_id": "u1", "amount": 1}).encode(), "missing required field 'order_id'"),
+        (good(order_id=None), "missing required field 'order_id'"),
+        (b'{"order_id": "\xff\xfe", "amount": 1}', "value is not valid UTF-8"),
+        (None, "empty message (null value)"),
+    ],
+)
+def test_bad_records_are_rejected_with_reason(spark: Any, value: bytes | None, reason: str) -> None:
+    [row] = parse(spark, [value])
+    assert row["_status"] == "rejected"
+    assert row["_reason"].startswith(reason), row["_reason"]
+    assert row["_event_date"] is not None  # rejected rows stay partitioned (by Kafka time)
+
+
+def test_oversized_message_is_rejected_without_parsing(spark: Any) -> None:
+    big = good(user_id="x" * 5000)
+    [row] = parse(spark, [big], max_message_bytes=1000)
+    assert row["_status"] == "rejected"
+    assert row["_reason"] == f"message of {len(big)} bytes is larger than max_message_bytes=1000"
+
+
+def test_quarantine_fallback_policy(spark: Any) -> None:
+    spec = orders_spec("orders")
+    src = spec.sink_source
+    src = src.model_copy(update={"event_time": src.event_time.model_copy(update={"fallback": "quarantine"})})
+    rows = [r.asDict() for r in parse_records(kafka_rows(spark, [good(created_at=None)]), src).collect()]
+    assert rows[0]["_reason"] == "missing event time field 'created_at'"
