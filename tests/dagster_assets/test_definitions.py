@@ -1,0 +1,103 @@
+"""Dagster: definitions load, materializing the pipeline runs it for real, checks gate the load."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import dagster as dg
+import pyarrow as pa
+import pytest
+from deltalake import write_deltalake
+
+from riverhouse.assets import build_pipeline_assets
+from riverhouse.definitions import build_definitions
+from riverhouse.demo import check_results, materialization_metadata
+from riverhouse.platform.clickhouse import table_stats
+from riverhouse.platform.settings import Settings
+from riverhouse.platform.spec import load_specs
+from riverhouse.platform.tables import TableLayout, open_table
+from riverhouse.resources import resources_from_settings
+from tests.conftest import REPO, order, orders_spec, produce
+
+pytestmark = pytest.mark.dagster
+
+
+def test_definitions_load_with_lineage_kinds_and_checks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RIVERHOUSE_PIPELINES", str(REPO / "pipelines"))
+    defs = build_definitions()
+    graph = defs.resolve_asset_graph()
+    specs = load_specs(REPO / "pipelines")
+    for spec in specs:
+        for source in spec.sources:
+            kafka_key = dg.AssetKey(["kafka", spec.name, source])
+            bronze = dg.AssetKey(["bronze", spec.name, source])
+            silver = dg.AssetKey(["silver", spec.name, source])
+            assert graph.get(kafka_key).kinds == {"kafka"}
+            assert graph.get(bronze).kinds == {"spark", "delta"}
+            assert kafka_key in graph.get(bronze).parent_keys
+            assert bronze in graph.get(silver).parent_keys
+            assert graph.get(silver).group_name == spec.name
+        sink = dg.AssetKey(["clickhouse", spec.name, spec.sink.table])
+        assert graph.get(sink).kinds == {"clickhouse"}
+        assert dg.AssetKey(["silver", spec.name, spec.sink_source_name]) in graph.get(sink).parent_keys
+        assert defs.resolve_job_def(f"{spec.name}_job") is not None
+    check_names = {key.name for key in graph.asset_check_keys}
+    assert {"orders_has_unique_keys_within_window", "orders_matches_delta"} <= check_names
+    for key in graph.get_all_asset_keys():
+        assert graph.get(key).description, f"{key} has no description"
+
+
+def materialize(spec: Any, settings: Settings, selection: Any = None) -> dg.ExecuteInProcessResult:
+    assets, checks = build_pipeline_assets(spec)
+    return dg.materialize([*assets, *checks], resources=resources_from_settings(settings),
+                          selection=selection, raise_on_error=False)
+
+
+def test_materialize_runs_the_pipeline_with_metadata(spark: Any, kafka: str, topic: str, settings: Settings) -> None:
+    spec = orders_spec(topic, name="dg_orders")
+    produce(kafka, topic, [order("a", "2026-01-01T00:00:00Z"), order("a", "2026-01-01T00:00:00Z"),
+                           order("b", "2026-01-01T00:01:00Z"), (b"x", b"garbage")])
+    result = materialize(spec, settings)
+    assert result.success
+    meta = materialization_metadata(result)
+    silver = meta["silver/dg_orders/orders"]
+    assert (silver["records_in"], silver["inserted"], silver["duplicates_dropped"], silver["quarantined"]) == (4, 2, 1, 1)
+    assert meta["clickhouse/dg_orders/dg_orders_orders"]["rows_loaded"] == 2
+    assert meta["bronze/dg_orders/orders"]["end_offsets"]  # Kafka offsets reached
+    assert check_results(result) == {"orders_has_unique_keys_within_window": True,
+                                     "dg_orders_orders_matches_delta": True}
+
+    again = materialize(spec, settings)
+    assert again.success
+    meta = materialization_metadata(again)
+    assert meta["silver/dg_orders/orders"]["records_in"] == 0
+    assert meta["clickhouse/dg_orders/dg_orders_orders"]["rows_loaded"] == 0
+    assert table_stats(settings.clickhouse_dsn, spec)["rows"] == 2
+
+
+def test_failing_blocking_check_stops_the_clickhouse_load(spark: Any, kafka: str, topic: str,
+                                                          settings: Settings) -> None:
+    spec = orders_spec(topic, name="dg_blocked")
+    produce(kafka, topic, [order("a", "2026-01-01T00:00:00Z"), order("b", "2026-01-01T00:00:00Z")])
+    sink_key = dg.AssetKey(["clickhouse", spec.name, spec.sink.table])
+    first = materialize(spec, settings, selection=dg.AssetSelection.all() - dg.AssetSelection.keys(sink_key))
+    assert first.success
+    # Crafted bad data: a second "a" ten minutes later, written straight into silver.
+    path = TableLayout(settings.warehouse, spec.name).silver("orders")
+    table = open_table(path)
+    rows = table.to_pyarrow_dataset().to_table()
+    bad = rows.filter(pa.compute.equal(rows.column("order_id"), "a"))
+    later = datetime(2026, 1, 1, 0, 10, tzinfo=UTC)
+    bad = bad.set_column(bad.schema.get_field_index("_event_time"), "_event_time",
+                         pa.array([later], bad.schema.field("_event_time").type))
+    write_deltalake(table, bad, mode="append")
+
+    result = materialize(spec, settings)
+    checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
+    failed = checks["orders_has_unique_keys_within_window"]
+    assert not failed.passed
+    assert failed.metadata["duplicate_rows"].value == 1
+    assert "a" in str(failed.metadata["sample"].value)
+    loaded = [k for k in materialization_metadata(result) if k.startswith("clickhouse/")]
+    assert loaded == []  # the blocking check stopped the load
