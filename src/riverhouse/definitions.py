@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 import dagster as dg
+
 from riverhouse.assets import build_pipeline_assets
 from riverhouse.platform.settings import Settings
 from riverhouse.platform.spec import PipelineSpec, load_specs

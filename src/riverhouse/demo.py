@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
+
 from riverhouse.assets import build_pipeline_assets
 from riverhouse.platform import local_kafka
 from riverhouse.platform.clickhouse import sample_rows, table_stats

@@ -147,3 +147,10 @@ def test_spec_round_trips_through_yaml() -> None:
     dumped = yaml.safe_dump(spec.model_dump(mode="json", exclude_none=True))
     assert "window: 1h" in dumped
     assert parse_spec(yaml.safe_load(dumped)) == spec
+
+
+def test_owners_must_be_emails_or_teams() -> None:
+    data = base()
+    data["owners"] = ["team:data", "ana@example.com", "nobody"]
+    found = problems(data)
+    assert found[0][0] == "owners" and "'nobody'" in found[0][1]

@@ -12,6 +12,7 @@ the ClickHouse load), and ClickHouse matches what the ledger says was loaded.
 from typing import Any
 
 import dagster as dg
+
 from riverhouse.platform.clickhouse import expected_columns, load_new_versions, table_stats
 from riverhouse.platform.pipeline import ingest
 from riverhouse.platform.quality import duplicate_keys_within_window

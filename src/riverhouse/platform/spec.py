@@ -30,6 +30,7 @@ IDENTIFIER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 WINDOW_RE = re.compile(r"^\s*(\d+)\s*(s|m|h|d|w)\s*$")
 ENV_REF_RE = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
+OWNER_RE = re.compile(r"^(team:[A-Za-z0-9_.-]+|[^@\s]+@[^@\s]+\.[^@\s]+)$")
 LIBRDKAFKA_KEY_RE = re.compile(r"^[a-z][a-z0-9._]*$")
 MAX_WINDOW = timedelta(days=7)
 WINDOW_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
@@ -238,6 +239,14 @@ class PipelineSpec(StrictModel):
     kafka: KafkaSpec = KafkaSpec()
     sources: dict[Identifier, SourceSpec] = Field(min_length=1)
     sink: SinkSpec
+
+    @field_validator("owners")
+    @classmethod
+    def _owners_are_dagster_owners(cls, value: list[str]) -> list[str]:
+        for owner in value:
+            if not OWNER_RE.match(owner):
+                raise ValueError(f"owner {owner!r} must be an email address or team:<name>")
+        return value
 
     @model_validator(mode="after")
     def _sink_refers_to_a_source(self) -> PipelineSpec:

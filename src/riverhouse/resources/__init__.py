@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
+
 from riverhouse.platform.settings import Settings
 from riverhouse.platform.spark import get_spark
 
