@@ -38,6 +38,7 @@ HomeOption = Annotated[
                  "Default: $RIVERHOUSE_HOME or ./.riverhouse"),
 ]
 DEMO_SPEC = Path("pipelines/orders_dedup.yaml")
+DEMO_JOIN_SPEC = Path("pipelines/orders_enriched.yaml")
 
 
 def _settings(home: Path | None) -> Settings:
@@ -127,7 +128,8 @@ def _produce_with_progress(bootstrap: str, topic: str, kind: str, cfg: Any, rate
     from riverhouse.platform.generator import GENERATORS, produce
 
     records, stats = GENERATORS[kind](cfg)
-    total = cfg.count + round(cfg.count * cfg.duplicate_rate) + cfg.malformed
+    # Only orders have a count known up front (user events depend on the user population).
+    total = cfg.count + round(cfg.count * cfg.duplicate_rate) + cfg.malformed if kind == "orders" else None
     with Progress(TextColumn("producing to [bold]{task.fields[topic]}[/]"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=err, disable=quiet, transient=False) as progress:
         task = progress.add_task("produce", total=total, topic=topic)
@@ -138,7 +140,7 @@ def _produce_with_progress(bootstrap: str, topic: str, kind: str, cfg: Any, rate
 @app.command()
 def generate(
     topic: Annotated[str, typer.Option(help="Topic to produce to")] = "orders",
-    kind: Annotated[str, typer.Option(help="orders | user_events")] = "orders",
+    kind: Annotated[str, typer.Option(help="orders | user_events | user_tiers")] = "orders",
     count: Annotated[int, typer.Option(help="Distinct events")] = 10_000,
     duplicate_rate: Annotated[float, typer.Option(help="Extra duplicate copies, fraction of count")] = 0.10,
     out_of_order: Annotated[float, typer.Option(help="Fraction of events with an earlier event time")] = 0.05,
@@ -179,15 +181,17 @@ def generate(
 def run(
     spec_file: Annotated[Path, typer.Argument(help="Pipeline spec (YAML)")],
     skip_load: Annotated[bool, typer.Option("--skip-load", help="Stop after the Delta tables")] = False,
+    drain: Annotated[bool, typer.Option("--drain", help="Join pipelines: close every pending window now "
+                                        "(use when the input is complete: replays, backfills)")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON")] = False,
     home: HomeOption = None,
 ) -> None:
-    """Run a pipeline once: everything now in Kafka -> Delta (bronze/silver) -> ClickHouse."""
+    """Run a pipeline once: everything now in Kafka -> Delta (bronze/silver/gold) -> ClickHouse."""
     from riverhouse.platform.runner import run_once
 
     settings = _settings(home)
     spec = _load_or_fail(spec_file)
-    summary = _guarded(lambda: run_once(spec, settings, load=not skip_load,
+    summary = _guarded(lambda: run_once(spec, settings, load=not skip_load, drain=drain,
                                         log=(lambda m: None) if as_json else (lambda m: err.print(m, highlight=False))))
     if as_json:
         print(json.dumps(summary, default=str))
@@ -238,6 +242,8 @@ def demo(
     duplicate_rate: Annotated[float, typer.Option(help="Duplicates, fraction of count")] = 0.10,
     malformed: Annotated[int, typer.Option(help="Malformed records")] = 12,
     spec_file: Annotated[Path, typer.Option("--spec", help="Dedup pipeline spec")] = DEMO_SPEC,
+    join_spec_file: Annotated[Path, typer.Option("--join-spec", help="Join pipeline spec")] = DEMO_JOIN_SPEC,
+    skip_join: Annotated[bool, typer.Option("--skip-join", help="Only the dedup pipeline")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object")] = False,
     home: HomeOption = None,
 ) -> None:
@@ -248,16 +254,19 @@ def demo(
     from riverhouse.demo import run_demo
 
     spec = _load_or_fail(spec_file)
+    join_spec = None if skip_join else _load_or_fail(join_spec_file)
     base = _settings(home)
     log = (lambda m: None) if as_json else (lambda m: err.print(m, highlight=False))
     result = _guarded(lambda: run_demo(spec, base.home / "demo", count=count, duplicate_rate=duplicate_rate,
-                                       malformed=malformed, log=log, progress_console=None if as_json else err))
+                                       malformed=malformed, log=log, progress_console=None if as_json else err,
+                                       join_spec=join_spec))
     if as_json:
         print(json.dumps(result["summary"]))
         return
-    _print_summary("Riverhouse demo: orders deduplicated into ClickHouse", result["summary"])
+    _print_summary("Riverhouse demo: deduplicated (and joined) into ClickHouse", result["summary"])
     columns, rows = result["sample"]
-    sample = Table(title="sample rows in ClickHouse", header_style="bold")
+    sample = Table(title="sample rows in ClickHouse" + ("" if skip_join else f" ({join_spec.sink.table})"),
+                   header_style="bold")
     for col in columns:
         sample.add_column(col)
     for row in rows:
@@ -269,10 +278,13 @@ def demo(
               f"(Kafka -> Delta -> ClickHouse, including Spark start-up)", highlight=False)
     out.print(f"state kept in {base.home / 'demo'}; look at it in the UI with "
               f"`riverhouse ui --home {base.home / 'demo'}`", highlight=False)
-    ok = (result["summary"]["clickhouse_duplicate_keys"] == 0
-          and result["summary"]["clickhouse_rows"] == result["summary"]["expected_unique"])
+    summary = result["summary"]
+    ok = summary["clickhouse_duplicate_keys"] == 0 and summary["clickhouse_rows"] == summary["expected_unique"]
+    if "expected_joined" in summary:
+        ok = ok and summary["join_duplicate_keys"] == 0 and summary["joined_rows"] == summary["expected_joined"]
+        ok = ok and summary["unmatched_left"] == summary["expected_unmatched"]
     if not ok:
-        _fail("the demo's ClickHouse table does not match the generator's expected rows")
+        _fail("the demo's ClickHouse tables do not match the generator's expected rows")
 
 
 # ---------------------------------------------------------------------------- ui

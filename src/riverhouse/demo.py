@@ -10,6 +10,7 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,20 @@ import dagster as dg
 
 from riverhouse.assets import build_pipeline_assets
 from riverhouse.platform import local_kafka
-from riverhouse.platform.clickhouse import sample_rows, table_stats
-from riverhouse.platform.generator import GeneratorConfig, orders, produce
+from riverhouse.platform.clickhouse import (
+    open_client,
+    qualified_table,
+    quote,
+    sample_rows,
+    table_stats,
+)
+from riverhouse.platform.generator import (
+    GeneratorConfig,
+    expected_join,
+    orders,
+    produce,
+    user_events,
+)
 from riverhouse.platform.pipeline import PipelineError
 from riverhouse.platform.quality import delta_row_count
 from riverhouse.platform.settings import Settings
@@ -36,14 +49,50 @@ def reset_state(home: Path) -> None:
         shutil.rmtree(home)
 
 
-def materialize_pipeline(spec: PipelineSpec, settings: Settings, log_level: str = "WARNING") -> dg.ExecuteInProcessResult:
+def materialize_pipeline(spec: PipelineSpec, settings: Settings, log_level: str = "WARNING",
+                         drain: bool = False) -> dg.ExecuteInProcessResult:
     assets, checks = build_pipeline_assets(spec)
+    run_config: dict[str, Any] = {"loggers": {"console": {"config": {"log_level": log_level}}}}
+    if spec.is_join and drain:
+        gold_op = "__".join(["gold", spec.name, spec.sink.table])
+        run_config["ops"] = {gold_op: {"config": {"drain": True}}}
     return dg.materialize(
         [*assets, *checks],
         resources=resources_from_settings(settings),
-        run_config={"loggers": {"console": {"config": {"log_level": log_level}}}},
+        run_config=run_config,
         raise_on_error=False,
     )
+
+
+def _require_success(result: dg.ExecuteInProcessResult, what: str) -> None:
+    if not result.success:
+        failures = [e.message for e in result.all_events if e.is_failure and e.message]
+        raise PipelineError(f"the demo's {what} run failed: " + (failures[-1] if failures else "see the Dagster logs"))
+
+
+def _produce(bootstrap: str, topic: str, records: Any, total: int, progress_console: Any) -> None:
+    if progress_console is None:
+        produce(bootstrap, topic, records)
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    with Progress(TextColumn(f"producing to {topic}"), BarColumn(), MofNCompleteColumn(),
+                  console=progress_console) as progress:
+        task = progress.add_task("produce", total=total)
+        produce(bootstrap, topic, records, on_progress=lambda n: progress.advance(task, n))
+
+
+def join_stats(dsn: str, spec: PipelineSpec, matched_column: str) -> dict[str, int]:
+    """Joined (matched) rows, unmatched left rows and duplicate keys in the join's ClickHouse table."""
+    key = ", ".join(quote(c) for c in spec.sink.order_by)
+    with open_client(dsn) as client:
+        joined, unmatched = client.query(
+            f"SELECT countIf({quote(matched_column)} IS NOT NULL), countIf({quote(matched_column)} IS NULL) "
+            f"FROM {qualified_table(spec)}").result_rows[0]
+        dupes = client.query(
+            f"SELECT count() FROM (SELECT {key} FROM {qualified_table(spec)} GROUP BY {key} HAVING count() > 1)"
+        ).result_rows[0][0]
+    return {"joined_rows": int(joined), "unmatched_left": int(unmatched), "join_duplicate_keys": int(dupes)}
 
 
 def materialization_metadata(result: dg.ExecuteInProcessResult) -> dict[str, dict[str, Any]]:
@@ -60,7 +109,8 @@ def check_results(result: dg.ExecuteInProcessResult) -> dict[str, bool]:
 
 
 def run_demo(spec: PipelineSpec, home: Path, count: int = 10_000, duplicate_rate: float = 0.10,
-             malformed: int = 12, log: Callable[[str], None] = print, progress_console: Any = None) -> dict[str, Any]:
+             malformed: int = 12, log: Callable[[str], None] = print, progress_console: Any = None,
+             join_spec: PipelineSpec | None = None) -> dict[str, Any]:
     started = time.monotonic()
     home = home.resolve()
     log(f"resetting demo state in {home}")
@@ -69,33 +119,31 @@ def run_demo(spec: PipelineSpec, home: Path, count: int = 10_000, duplicate_rate
     state = local_kafka.start(settings.kafka_state_dir)
     log(f"local Kafka started at {state.bootstrap}")
     try:
-        cfg = GeneratorConfig(count=count, duplicate_rate=duplicate_rate, malformed=malformed)
+        cfg = GeneratorConfig(count=count, duplicate_rate=duplicate_rate, malformed=malformed,
+                              users=max(10, count // 10))
         records, stats = orders(cfg)
-        topic = spec.sink_source.topic
         total = count + round(count * duplicate_rate) + malformed
-        if progress_console is not None:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
-            with Progress(TextColumn(f"producing to {topic}"), BarColumn(), MofNCompleteColumn(),
-                          console=progress_console) as progress:
-                task = progress.add_task("produce", total=total)
-                produce(state.bootstrap, topic, records, on_progress=lambda n: progress.advance(task, n))
-        else:
-            produce(state.bootstrap, topic, records)
-        log(f"produced {stats.messages:,} messages: {stats.unique:,} distinct orders, "
+        _produce(state.bootstrap, spec.sink_source.topic, records, total, progress_console)
+        log(f"produced {stats.messages:,} orders: {stats.unique:,} distinct, "
             f"{stats.duplicates:,} duplicates, {stats.malformed} malformed")
-        log("materializing the pipeline's assets through Dagster (Spark start-up takes a few seconds)...")
+        user_stats = None
+        if join_spec is not None:
+            user_records, user_stats = user_events(replace(cfg, malformed=2))
+            _produce(state.bootstrap, join_spec.sources[join_spec.plan.steps[0].source].topic, user_records,
+                     None, progress_console)
+            log(f"produced {user_stats.messages:,} user events: {user_stats.unique:,} distinct, "
+                f"{user_stats.duplicates:,} duplicates, {user_stats.malformed} malformed")
+        log("materializing the dedup pipeline's assets through Dagster (Spark start-up takes a few seconds)...")
         pipeline_started = time.monotonic()
         result = materialize_pipeline(spec, settings)
         pipeline_seconds = time.monotonic() - pipeline_started
-        if not result.success:
-            failures = [e.message for e in result.all_events if e.is_failure and e.message]
-            raise PipelineError("the demo run failed: " + (failures[-1] if failures else "see the Dagster logs"))
+        _require_success(result, spec.name)
         meta = materialization_metadata(result)
+        checks = check_results(result)
         silver_key = f"silver/{spec.name}/{spec.sink_source_name}"
         layout = TableLayout(settings.warehouse, spec.name)
         ch = table_stats(settings.clickhouse_dsn, spec)
-        summary = {
+        summary: dict[str, Any] = {
             "read": int(meta[silver_key]["records_in"]),
             "duplicates_dropped": int(meta[silver_key]["duplicates_dropped"]),
             "quarantined": int(meta[silver_key]["quarantined"]),
@@ -104,10 +152,23 @@ def run_demo(spec: PipelineSpec, home: Path, count: int = 10_000, duplicate_rate
             "clickhouse_duplicate_keys": ch["duplicate_keys"],
             "expected_unique": stats.expected_unique,
         }
+        if join_spec is not None and user_stats is not None:
+            log(f"materializing the join pipeline {join_spec.name} (windows drained: the input is complete)...")
+            join_result = materialize_pipeline(join_spec, settings, drain=True)
+            _require_success(join_result, join_spec.name)
+            checks.update({f"{join_spec.name}: {k}": v for k, v in check_results(join_result).items()})
+            window = join_spec.plan.steps[0].window
+            assert window is not None
+            reference = expected_join(stats, user_stats, window)
+            summary.update(join_stats(settings.clickhouse_dsn, join_spec, "user_name"))
+            summary["expected_joined"] = reference["expected_joined"]
+            summary["expected_unmatched"] = reference["expected_unmatched"]
+            gold_meta = materialization_metadata(join_result)[f"gold/{join_spec.name}/{join_spec.sink.table}"]
+            summary["join_late_matches"] = int(gold_meta["late_matches"])
         return {
             "summary": summary,
-            "sample": sample_rows(settings.clickhouse_dsn, spec, 5),
-            "checks": check_results(result),
+            "sample": sample_rows(settings.clickhouse_dsn, join_spec or spec, 5),
+            "checks": checks,
             "seconds": time.monotonic() - started,
             "records_per_second": summary["read"] / max(pipeline_seconds, 1e-6),
         }

@@ -40,8 +40,14 @@ def test_definitions_load_with_lineage_kinds_and_checks(monkeypatch: pytest.Monk
             assert graph.get(silver).group_name == spec.name
         sink = dg.AssetKey(["clickhouse", spec.name, spec.sink.table])
         assert graph.get(sink).kinds == {"clickhouse"}
-        assert dg.AssetKey(["silver", spec.name, spec.sink_source_name]) in graph.get(sink).parent_keys
+        if not spec.is_join:
+            assert dg.AssetKey(["silver", spec.name, spec.sink_source_name]) in graph.get(sink).parent_keys
         assert defs.resolve_job_def(f"{spec.name}_job") is not None
+        if spec.is_join:
+            gold = dg.AssetKey(["gold", spec.name, spec.sink.table])
+            # Lineage: every source's topic flows into the joined table.
+            assert graph.get(gold).parent_keys == {dg.AssetKey(["silver", spec.name, s]) for s in spec.sources}
+            assert gold in graph.get(sink).parent_keys
     check_names = {key.name for key in graph.asset_check_keys}
     assert {"orders_has_unique_keys_within_window", "orders_matches_delta"} <= check_names
     for key in graph.get_all_asset_keys():
@@ -101,3 +107,20 @@ def test_failing_blocking_check_stops_the_clickhouse_load(spark: Any, kafka: str
     assert "a" in str(failed.metadata["sample"].value)
     loaded = [k for k in materialization_metadata(result) if k.startswith("clickhouse/")]
     assert loaded == []  # the blocking check stopped the load
+
+
+def test_materialize_join_pipeline_with_drain(spark: Any, kafka: str, topic: str, settings: Settings) -> None:
+    from riverhouse.demo import materialize_pipeline
+    from tests.integration.test_joins import join_spec, o, topics_for, u
+
+    topics = topics_for(topic)
+    produce(kafka, topics["users"], [u("e1", "u1", "Ann", "10:00"), u("e1", "u1", "Ann", "10:00")])
+    produce(kafka, topics["orders"], [o("o1", "u1", "10:10"), o("o2", "u2", "10:10")])
+    spec = join_spec(topics, "left", name="dg_join")
+    result = materialize_pipeline(spec, settings, drain=True)
+    assert result.success
+    gold = materialization_metadata(result)["gold/dg_join/dg_join_out"]
+    assert (gold["processed"], gold["emitted"], gold["unmatched_left"]) == (2, 2, 1)
+    assert gold["join_hit_rate"] == 0.5
+    assert materialization_metadata(result)["clickhouse/dg_join/dg_join_out"]["rows_loaded"] == 2
+    assert check_results(result)["dg_join_out_has_one_row_per_left_event"] is True

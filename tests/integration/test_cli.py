@@ -70,12 +70,18 @@ def test_demo_json_matches_the_generator_and_repeats(tmp_path: Path) -> None:
         assert proc.returncode == 0, proc.stderr[-3000:]
         runs.append(json.loads(proc.stdout))
     summary = runs[0]
-    assert set(summary) == {"read", "duplicates_dropped", "quarantined", "silver_rows", "clickhouse_rows",
-                            "clickhouse_duplicate_keys", "expected_unique"}
+    assert set(summary) >= {"read", "duplicates_dropped", "quarantined", "silver_rows", "clickhouse_rows",
+                            "clickhouse_duplicate_keys", "expected_unique", "joined_rows", "unmatched_left",
+                            "join_duplicate_keys", "expected_joined"}
     assert summary["expected_unique"] == 3000
     assert summary["clickhouse_rows"] == summary["silver_rows"] == summary["expected_unique"]
     assert summary["clickhouse_duplicate_keys"] == 0
     assert summary["duplicates_dropped"] == 300
     assert summary["read"] == summary["clickhouse_rows"] + summary["duplicates_dropped"] + summary["quarantined"]
+    # The join: every distinct order emitted once, matched exactly as the reference join says.
+    assert summary["join_duplicate_keys"] == 0
+    assert summary["joined_rows"] == summary["expected_joined"] > 0
+    assert summary["unmatched_left"] == summary["expected_unmatched"] > 0
+    assert summary["joined_rows"] + summary["unmatched_left"] == summary["expected_unique"]
     assert runs[1] == runs[0]  # each demo run resets its own state
     assert local_kafka.status(tmp_path / "home" / "demo" / "kafka") is None  # demo cleans up its Kafka

@@ -35,9 +35,9 @@ def write_spec(tmp_path: Path, topic: str) -> tuple[Path, Any]:
     return path, spec
 
 
-def run_cli(spec_path: Path, settings: Settings, **env: str) -> subprocess.CompletedProcess[str]:
+def run_cli(spec_path: Path, settings: Settings, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     proc = subprocess.Popen(
-        [*riverhouse_cmd(), "run", str(spec_path), "--json"],
+        [*riverhouse_cmd(), "run", str(spec_path), "--json", *args],
         env=subprocess_env(settings, **env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True,
     )

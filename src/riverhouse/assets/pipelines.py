@@ -9,11 +9,18 @@ the ClickHouse load), and ClickHouse matches what the ledger says was loaded.
 """
 
 
+import re
 from typing import Any
 
 import dagster as dg
 
-from riverhouse.platform.clickhouse import expected_columns, load_new_versions, table_stats
+from riverhouse.platform.clickhouse import (
+    expected_columns,
+    load_new_versions,
+    sink_table_path,
+    table_stats,
+)
+from riverhouse.platform.joins import gold_path, run_gold
 from riverhouse.platform.pipeline import ingest
 from riverhouse.platform.quality import duplicate_keys_within_window
 from riverhouse.platform.spec import PipelineSpec
@@ -37,13 +44,25 @@ def _column_schema(columns: list[tuple[str, str]]) -> dg.TableSchema:
     return dg.TableSchema(columns=[dg.TableColumn(name=n, type=t) for n, t in columns])
 
 
-def _column_lineage(spec: PipelineSpec, source: str) -> dg.TableColumnLineage:
-    silver = asset_key("silver", spec, source)
-    return dg.TableColumnLineage(
-        deps_by_column={
-            f.name: [dg.TableColumnDep(asset_key=silver, column_name=f.name)] for f in spec.sink_source.fields
-        }
-    )
+FLAT_COLUMN = re.compile(r"`?([A-Za-z_][A-Za-z0-9_]*?)__([A-Za-z_][A-Za-z0-9_]*)`?")
+
+
+def _column_lineage(spec: PipelineSpec) -> dg.TableColumnLineage:
+    """Which silver columns each ClickHouse column is computed from."""
+    if not spec.is_join:
+        silver = asset_key("silver", spec, spec.sink_source_name)
+        return dg.TableColumnLineage(
+            deps_by_column={f.name: [dg.TableColumnDep(asset_key=silver, column_name=f.name)]
+                            for f in spec.sink_source.fields}
+        )
+    plan = spec.plan
+    aliases = {plan.driving_alias: plan.driving_source, **{s.alias: s.source for s in plan.steps}}
+    deps: dict[str, list[dg.TableColumnDep]] = {}
+    for name, expr in plan.projections:
+        refs = {(aliases[a], c) for a, c in FLAT_COLUMN.findall(expr) if a in aliases}
+        deps[name] = [dg.TableColumnDep(asset_key=asset_key("silver", spec, src), column_name=c)
+                      for src, c in sorted(refs)]
+    return dg.TableColumnLineage(deps_by_column=deps)
 
 
 def build_pipeline_assets(spec: PipelineSpec) -> tuple[list[Any], list[dg.AssetChecksDefinition]]:
@@ -92,8 +111,13 @@ def build_pipeline_assets(spec: PipelineSpec) -> tuple[list[Any], list[dg.AssetC
         if src.dedup:
             checks.append(_unique_keys_check(spec, source_name))
 
+    upstream = asset_key("silver", spec, spec.sink_source_name)
+    if spec.is_join:
+        upstream = asset_key("gold", spec, spec.sink.table)
+        assets.append(_gold_asset(spec, upstream))
+        checks.append(_one_row_per_left_event_check(spec, upstream))
     sink_key = asset_key("clickhouse", spec, spec.sink.table)
-    assets.append(_clickhouse_asset(spec, sink_key))
+    assets.append(_clickhouse_asset(spec, sink_key, upstream))
     checks.append(_clickhouse_check(spec, sink_key))
     return assets, checks
 
@@ -155,12 +179,83 @@ def _ingest_asset(spec: PipelineSpec, source_name: str, specs: list[dg.AssetSpec
     return ingest_source
 
 
-def _clickhouse_asset(spec: PipelineSpec, sink_key: dg.AssetKey) -> dg.AssetsDefinition:
-    silver_key = asset_key("silver", spec, spec.sink_source_name)
+class GoldConfig(dg.Config):
+    drain: bool = False  # close every pending join window now (bounded replays, backfills, demos)
+
+
+def _gold_asset(spec: PipelineSpec, gold_key: dg.AssetKey) -> dg.AssetsDefinition:
+    plan = spec.plan
+    kind = "SQL query" if spec.query else f"{spec.join.type} temporal join" if spec.join else ""
 
     @dg.asset(
+        key=gold_key,
+        deps=[asset_key("silver", spec, name) for name in spec.sources],
+        group_name=spec.name,
+        kinds={"spark", "delta"},
+        owners=list(spec.owners),
+        description=(
+            f"{kind} of {', '.join(spec.sources)} (driving stream `{plan.driving_source}`): each driving event "
+            "emitted exactly once, when its window closes."
+        ),
+    )
+    def gold_table(
+        context: dg.AssetExecutionContext,
+        config: GoldConfig,
+        spark: SparkResource,
+        kafka: KafkaResource,
+        warehouse: WarehouseResource,
+        clickhouse: ClickHouseResource,
+    ) -> dg.MaterializeResult:
+        settings = settings_from(kafka, warehouse, clickhouse, spark)
+        result = run_gold(spark.session(), spec, settings, drain=config.drain)
+        summary = result.summary()
+        context.log.info(f"join: {summary}")
+        return dg.MaterializeResult(
+            metadata={
+                "processed": summary["processed"],
+                "emitted": summary["emitted"],
+                "join_hit_rate": summary["hit_rate"],
+                "unmatched_left": summary["unmatched_left"],
+                "unmatched_inner": summary["unmatched_inner"],
+                "late_matches": summary["late_matches"],
+                "quarantined": summary["rejected"],
+                "filtered": summary["filtered"],
+                "pending": summary["pending"],
+                "watermark": summary["watermark"] or "",
+                "delta_version": summary["gold_version"] if summary["gold_version"] is not None else -1,
+                "path": gold_path(TableLayout(settings.warehouse, spec.name), spec),
+            }
+        )
+
+    return gold_table
+
+
+def _one_row_per_left_event_check(spec: PipelineSpec, gold_key: dg.AssetKey) -> dg.AssetChecksDefinition:
+    plan = spec.plan
+    driving = spec.sources[plan.driving_source]
+    window = driving.dedup.window if driving.dedup else plan.close_after
+
+    @dg.asset_check(
+        asset=gold_key,
+        name=f"{spec.sink.table}_has_one_row_per_left_event",
+        blocking=True,
+        description=(f"No fan-out: at most one emitted row per {plan.driving_source} key "
+                     f"({', '.join(driving.dedup_key)}) within {window}."),
+    )
+    def one_row_per_left_event(warehouse: WarehouseResource) -> dg.AssetCheckResult:
+        path = gold_path(TableLayout(warehouse.root, spec.name), spec)
+        count, sample = duplicate_keys_within_window(path, ["_left_key"], window, time_column="_left_event_time",
+                                                     emitted_only=True)
+        return dg.AssetCheckResult(passed=count == 0,
+                                   metadata={"duplicate_rows": count, "sample": dg.MetadataValue.json(sample)})
+
+    return one_row_per_left_event
+
+
+def _clickhouse_asset(spec: PipelineSpec, sink_key: dg.AssetKey, upstream: dg.AssetKey) -> dg.AssetsDefinition:
+    @dg.asset(
         key=sink_key,
-        deps=[silver_key],
+        deps=[upstream],
         group_name=spec.name,
         kinds={"clickhouse"},
         owners=list(spec.owners),
@@ -170,8 +265,8 @@ def _clickhouse_asset(spec: PipelineSpec, sink_key: dg.AssetKey) -> dg.AssetsDef
             "(deduplication tokens per chunk + a ledger of loaded versions)."
         ),
         metadata={
-            "dagster/column_schema": _column_schema(expected_columns(spec)),
-            "dagster/column_lineage": _column_lineage(spec, spec.sink_source_name),
+            **({} if spec.is_join else {"dagster/column_schema": _column_schema(expected_columns(spec))}),
+            "dagster/column_lineage": _column_lineage(spec),
         },
     )
     def clickhouse_table(
@@ -182,8 +277,7 @@ def _clickhouse_asset(spec: PipelineSpec, sink_key: dg.AssetKey) -> dg.AssetsDef
         clickhouse: ClickHouseResource,
     ) -> dg.MaterializeResult:
         settings = settings_from(kafka, warehouse, clickhouse, spark)
-        layout = TableLayout(settings.warehouse, spec.name)
-        result = load_new_versions(spec, settings.clickhouse_dsn, layout.silver(spec.sink_source_name),
+        result = load_new_versions(spec, settings.clickhouse_dsn, sink_table_path(spec, settings.warehouse),
                                    log=context.log.warning)
         summary = result.summary()
         return dg.MaterializeResult(

@@ -117,7 +117,44 @@ def open_client(dsn: str, attempts: int = 8) -> Iterator[Any]:
         client.close()
 
 
-def expected_columns(spec: PipelineSpec) -> list[tuple[str, str]]:
+def clickhouse_type(arrow_type: pa.DataType, where: str) -> str:
+    if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type) or pa.types.is_string_view(arrow_type):
+        return "String"
+    if pa.types.is_boolean(arrow_type):
+        return "Bool"
+    if pa.types.is_integer(arrow_type):
+        return ("UInt" if pa.types.is_unsigned_integer(arrow_type) else "Int") + str(arrow_type.bit_width)
+    if pa.types.is_float32(arrow_type):
+        return "Float32"
+    if pa.types.is_floating(arrow_type):
+        return "Float64"
+    if pa.types.is_timestamp(arrow_type):
+        return "DateTime64(6, 'UTC')"
+    if pa.types.is_date(arrow_type):
+        return "Date32"
+    if pa.types.is_decimal(arrow_type):
+        return f"Decimal({arrow_type.precision}, {arrow_type.scale})"
+    raise ClickHouseLoadError(f"{where}: type {arrow_type} has no ClickHouse column type; cast it in the query")
+
+
+def sink_table_path(spec: PipelineSpec, warehouse: str) -> str:
+    """The Delta table the sink loads: gold for join pipelines, else the source's silver."""
+    from riverhouse.platform.tables import TableLayout
+
+    layout = TableLayout(warehouse, spec.name)
+    return layout.path("gold", spec.sink.table) if spec.is_join else layout.silver(spec.sink_source_name)
+
+
+def expected_columns(spec: PipelineSpec, schema: pa.Schema | None = None) -> list[tuple[str, str]]:
+    """ClickHouse columns: the source's fields, or (join pipelines) the query's output columns."""
+    if spec.is_join:
+        if schema is None:
+            return [(name, "?") for name in spec.plan.output_names]
+        out = []
+        for name in spec.plan.output_names:
+            typ = clickhouse_type(schema.field(name).type, f"output column {name}")
+            out.append((name, typ if name in spec.sink.order_by else f"Nullable({typ})"))
+        return out
     src = spec.sink_source
     out = []
     for f in src.fields:
@@ -131,8 +168,8 @@ def qualified_table(spec: PipelineSpec) -> str:
     return (quote(spec.sink.database) + "." if spec.sink.database else "") + quote(spec.sink.table)
 
 
-def create_table_sql(spec: PipelineSpec) -> str:
-    columns = ",\n  ".join(f"{quote(n)} {t}" for n, t in expected_columns(spec))
+def create_table_sql(spec: PipelineSpec, schema: pa.Schema | None = None) -> str:
+    columns = ",\n  ".join(f"{quote(n)} {t}" for n, t in expected_columns(spec, schema))
     order_by = ", ".join(quote(c) for c in spec.sink.order_by)
     return (
         f"CREATE TABLE IF NOT EXISTS {qualified_table(spec)} (\n  {columns}\n) ENGINE = MergeTree\n"
@@ -150,7 +187,7 @@ def _normalize_type(typ: str) -> str:
     return typ.replace("Nullable(LowCardinality(", "Nullable((")
 
 
-def ensure_schema(client: Any, spec: PipelineSpec) -> None:
+def ensure_schema(client: Any, spec: PipelineSpec, schema: pa.Schema | None = None) -> None:
     """Create the sink and ledger tables, or check an existing sink table against the spec."""
     if spec.sink.database:
         client.command(f"CREATE DATABASE IF NOT EXISTS {quote(spec.sink.database)}")
@@ -159,7 +196,7 @@ def ensure_schema(client: Any, spec: PipelineSpec) -> None:
         "delta_version UInt64, rows UInt64, chunks UInt32, loaded_at DateTime64(3, 'UTC') DEFAULT now64(3)) "
         "ENGINE = MergeTree ORDER BY (pipeline, target, table_id, delta_version)"
     )
-    client.command(create_table_sql(spec))
+    client.command(create_table_sql(spec, schema))
     database = spec.sink.database or client.command("SELECT currentDatabase()")
     rows = client.query(
         "SELECT name, type FROM system.columns WHERE database = %(db)s AND table = %(t)s ORDER BY position",
@@ -167,7 +204,7 @@ def ensure_schema(client: Any, spec: PipelineSpec) -> None:
     ).result_rows
     actual = {name: typ for name, typ in rows}
     problems = []
-    for name, typ in expected_columns(spec):
+    for name, typ in expected_columns(spec, schema):
         if name not in actual:
             problems.append(f"column {name} is missing (expected {typ})")
         elif _normalize_type(actual[name]) != _normalize_type(typ):
@@ -239,47 +276,58 @@ def last_loaded_version(client: Any, spec: PipelineSpec, table_id: str) -> int |
     return int(rows[0][0])
 
 
-def _version_rows(silver_path: str, start: int, end: int, columns: list[str]) -> pa.Table:
-    table = open_table(silver_path)
+def _version_rows(path: str, start: int, end: int, columns: list[str], order: list[str],
+                  emitted_only: bool) -> pa.Table:
+    table = open_table(path)
     assert table is not None
     reader = table.load_cdf(starting_version=start, ending_version=end)
     changes = pa.RecordBatchReader.from_stream(reader).read_all()
     # delta-rs returns string_view columns; clickhouse-connect and compute kernels want string.
-    wanted = [*columns, "_change_type", "_topic", "_partition", "_offset", "_commit_version"]
+    wanted = [*columns, "_change_type", *order, "_commit_version", *(["_status"] if emitted_only else [])]
     changes = changes.select(wanted)
     target = pa.schema(
         [pa.field(f.name, pa.string()) if pa.types.is_string_view(f.type) else f for f in changes.schema]
     )
     changes = changes.cast(target)
     changes = changes.filter(pc.equal(changes.column("_change_type"), "insert"))
+    if emitted_only:
+        # Join pipelines keep every driving event in gold; only emitted rows reach ClickHouse.
+        changes = changes.filter(pc.equal(changes.column("_status"), "emitted")).drop_columns(["_status"])
     return changes.drop_columns(["_change_type"])
 
 
 def load_new_versions(
     spec: PipelineSpec,
     dsn: str,
-    silver_path: str,
+    delta_path: str,
     log: Callable[[str], None] | None = None,
 ) -> LoadResult:
     """Load every silver version after the last one in the ledger; returns what was loaded."""
     started = time.monotonic()
     result = LoadResult(table=spec.sink.table)
-    silver = open_table(silver_path)
+    silver = open_table(delta_path)
     if silver is None:
-        raise ClickHouseLoadError(f"silver table {silver_path} does not exist yet: run the ingest first")
+        raise ClickHouseLoadError(f"Delta table {delta_path} does not exist yet: run the pipeline first")
     table_id = silver.metadata().id
     current = silver.version()
     result.delta_version = current
-    columns = [f.name for f in spec.sink_source.fields]
+    if spec.is_join:
+        columns = spec.plan.output_names
+        order = ["_left_topic", "_left_partition", "_left_offset"]
+        schema: pa.Schema | None = pa.schema(silver.schema())
+    else:
+        columns = [f.name for f in spec.sink_source.fields]
+        order = ["_topic", "_partition", "_offset"]
+        schema = None
     with open_client(dsn) as client:
-        with_retries(lambda: ensure_schema(client, spec), "preparing the ClickHouse tables", log=log)
+        with_retries(lambda: ensure_schema(client, spec, schema), "preparing the ClickHouse tables", log=log)
         last = with_retries(lambda: last_loaded_version(client, spec, table_id), "reading the ledger", log=log)
         result.last_loaded_version = last
         first = 0 if last is None else last + 1
         if first > current:
             result.seconds = time.monotonic() - started
             return result
-        changes = _version_rows(silver_path, first, current, columns)
+        changes = _version_rows(delta_path, first, current, columns, order, spec.is_join)
         versions = changes.column("_commit_version").to_numpy(zero_copy_only=False) if changes.num_rows else []
         by_version: dict[int, list[int]] = {}
         for index, version in enumerate(versions):
@@ -287,7 +335,7 @@ def load_new_versions(
         for version in range(first, current + 1):
             indices = by_version.get(version, [])
             rows = changes.take(pa.array(indices, pa.int64())) if indices else changes.slice(0, 0)
-            rows = rows.sort_by([("_topic", "ascending"), ("_partition", "ascending"), ("_offset", "ascending")])
+            rows = rows.sort_by([(c, "ascending") for c in order])
             rows = rows.select(columns)
             chunks = _insert_version(client, spec, table_id, version, rows, log)
             crash_point("before_ledger_write")
@@ -328,8 +376,8 @@ def _insert_version(client: Any, spec: PipelineSpec, table_id: str, version: int
 
 
 def table_stats(dsn: str, spec: PipelineSpec) -> dict[str, int]:
-    """Rows and duplicate keys (by the dedup key) in the ClickHouse table."""
-    key = spec.sink_source.dedup_key
+    """Rows and duplicate keys (dedup key; join pipelines: sink.order_by) in the ClickHouse table."""
+    key = list(spec.sink.order_by) if spec.is_join else spec.sink_source.dedup_key
     key_expr = ", ".join(quote(k) for k in key)
     with open_client(dsn) as client:
         rows = client.query(f"SELECT count() FROM {qualified_table(spec)}").result_rows[0][0]

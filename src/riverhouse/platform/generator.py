@@ -13,7 +13,7 @@ import json
 import random
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -50,6 +50,8 @@ class GeneratedStats:
     duplicates: int = 0
     malformed: int = 0
     out_of_order: int = 0
+    # The distinct valid events, as produced: the outside answer tests and the demo compare with.
+    events: list[dict[str, Any]] = field(default_factory=list, repr=False)
 
     @property
     def expected_unique(self) -> int:
@@ -135,33 +137,91 @@ def orders(cfg: GeneratorConfig, stats: GeneratedStats | None = None) -> tuple[I
             "created_at": _iso(ts),
         }
         events.append((order_id, json.dumps(payload, separators=(",", ":")).encode()))
+        stats.events.append(payload)
     stats.unique = len({k for k, _ in events})
     return _with_duplicates_and_malformed(events, cfg, rng, stats, "order_id"), stats
 
 
-def user_events(cfg: GeneratorConfig, stats: GeneratedStats | None = None) -> tuple[Iterator[Record], GeneratedStats]:
-    """User events: event_id, user_id, name, email, created_at (the users orders refer to)."""
+def user_events(cfg: GeneratorConfig, stats: GeneratedStats | None = None,
+                missing_users: float = 0.05, second_version: float = 0.2,
+                spread: timedelta = timedelta(minutes=70)) -> tuple[Iterator[Record], GeneratedStats]:
+    """User profile events: event_id, user_id, name, email, created_at.
+
+    One event per user (a `missing_users` fraction has none), at a time within
+    `spread` of the orders' start; a `second_version` fraction gets a renamed
+    profile later. Orders reference the same user ids, so some orders find their
+    user within a join window and some do not.
+    """
     rng = random.Random(cfg.seed + 1)
     stats = stats or GeneratedStats(topic="user_events")
     events: list[tuple[str, bytes]] = []
-    for i in range(cfg.count):
-        user = f"u{i % cfg.users:06d}"
-        ts = cfg.start + cfg.spacing * i
-        payload = {
-            "event_id": f"e-{cfg.seed}-{i:09d}",
-            "user_id": user,
-            "name": f"User {i % cfg.users}",
-            "email": f"user{i % cfg.users}@example.com",
-            "created_at": _iso(ts),
-        }
-        events.append((payload["event_id"], json.dumps(payload, separators=(",", ":")).encode()))
-    stats.unique = len({k for k, _ in events})
-    return _with_duplicates_and_malformed(events, cfg, rng, stats, "event_id"), stats
+    span = spread.total_seconds()
+    n = 0
+    for user in range(cfg.users):
+        if rng.random() < missing_users:
+            continue
+        at = cfg.start + timedelta(seconds=rng.uniform(-span, span))
+        versions = [at] + ([at + timedelta(minutes=rng.uniform(1, 30))] if rng.random() < second_version else [])
+        for version, ts in enumerate(versions):
+            payload = {
+                "event_id": f"e-{cfg.seed}-{n:09d}",
+                "user_id": f"u{user:06d}",
+                "name": f"User {user}" + (f" v{version + 1}" if version else ""),
+                "email": f"user{user}@example.com",
+                "created_at": _iso(ts),
+            }
+            n += 1
+            events.append((payload["event_id"], json.dumps(payload, separators=(",", ":")).encode()))
+            stats.events.append(payload)
+    rng.shuffle(events)
+    stats.unique = len(events)
+    dup_cfg = replace(cfg, count=len(events))
+    return _with_duplicates_and_malformed(events, dup_cfg, rng, stats, "event_id"), stats
+
+
+def _parse_iso(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def expected_join(orders_stats: GeneratedStats, users_stats: GeneratedStats, window: timedelta,
+                  key: str = "user_id") -> dict[str, Any]:
+    """Reference answer for a temporal join of the generated orders with user events.
+
+    Plain Python over the generator's own events, independent of the pipeline: each
+    distinct order matches the latest user event with the same key within `window`.
+    """
+    by_user: dict[str, list[tuple[datetime, str]]] = {}
+    for event in users_stats.events:
+        by_user.setdefault(event[key], []).append((_parse_iso(event["created_at"]), event["name"]))
+    matched: dict[str, str | None] = {}
+    for order in orders_stats.events:
+        at = _parse_iso(order["created_at"])
+        candidates = [(t, name) for t, name in by_user.get(order[key], []) if abs(t - at) <= window]
+        matched[order["order_id"]] = max(candidates)[1] if candidates else None
+    joined = sum(1 for v in matched.values() if v is not None)
+    return {"expected_joined": joined, "expected_unmatched": len(matched) - joined, "names": matched}
+
+
+def user_tiers(cfg: GeneratorConfig, stats: GeneratedStats | None = None) -> tuple[Iterator[Record], GeneratedStats]:
+    """A dimension topic: user_id, tier, updated_at (one row per user, some updated)."""
+    rng = random.Random(cfg.seed + 2)
+    stats = stats or GeneratedStats(topic="user_tiers")
+    records: list[Record] = []
+    for user in range(cfg.users):
+        for version in range(1 + (rng.random() < 0.1)):
+            payload = {"user_id": f"u{user:06d}", "tier": rng.choice(["bronze", "silver", "gold"]),
+                       "updated_at": _iso(cfg.start - timedelta(days=30 - version))}
+            records.append((payload["user_id"].encode(), json.dumps(payload, separators=(",", ":")).encode()))
+            stats.events.append(payload)
+    stats.messages = len(records)
+    stats.unique = cfg.users
+    return iter(records), stats
 
 
 GENERATORS: dict[str, Callable[..., tuple[Iterator[Record], GeneratedStats]]] = {
     "orders": orders,
     "user_events": user_events,
+    "user_tiers": user_tiers,
 }
 
 

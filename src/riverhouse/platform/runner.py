@@ -6,16 +6,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from riverhouse.platform.clickhouse import load_new_versions
+from riverhouse.platform.clickhouse import load_new_versions, sink_table_path
+from riverhouse.platform.joins import run_gold
 from riverhouse.platform.pipeline import BatchMetrics, ingest
 from riverhouse.platform.settings import Settings
 from riverhouse.platform.spark import get_spark
 from riverhouse.platform.spec import PipelineSpec
-from riverhouse.platform.tables import TableLayout
 
 
 def run_once(spec: PipelineSpec, settings: Settings, load: bool = True,
-             log: Callable[[str], None] = print, spark: Any = None) -> dict[str, Any]:
+             log: Callable[[str], None] = print, spark: Any = None, drain: bool = False) -> dict[str, Any]:
+    """Ingest every source, run the join (join pipelines), load ClickHouse; returns the counts."""
     started = time.monotonic()
     spark = spark or get_spark(settings.spark_master, conf=settings.spark_conf)
 
@@ -31,9 +32,14 @@ def run_once(spec: PipelineSpec, settings: Settings, load: bool = True,
             totals[key] += result.summary()[key]
         summary[f"silver_version_{source}"] = result.silver_version
     summary.update(totals)
+    if spec.is_join:
+        gold = run_gold(spark, spec, settings, drain=drain)
+        log(f"join: {gold.processed:,} driving events closed, {gold.emitted:,} emitted "
+            f"({gold.matched:,} matched, {gold.unmatched_left:,} unmatched left), {gold.rejected:,} quarantined, "
+            f"{gold.pending:,} waiting for their window to close")
+        summary.update({f"join_{k}": v for k, v in gold.summary().items() if k not in ("seconds",)})
     if load:
-        layout = TableLayout(settings.warehouse, spec.name)
-        loaded = load_new_versions(spec, settings.clickhouse_dsn, layout.silver(spec.sink_source_name), log=log)
+        loaded = load_new_versions(spec, settings.clickhouse_dsn, sink_table_path(spec, settings.warehouse), log=log)
         summary["clickhouse_rows_loaded"] = loaded.rows_loaded
         summary["delta_versions_loaded"] = len(loaded.versions_loaded)
         summary["last_loaded_version"] = loaded.last_loaded_version

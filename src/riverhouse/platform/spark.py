@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 # Small-machine defaults: few shuffle partitions, Arrow for Python <-> JVM.
@@ -55,8 +56,10 @@ def get_spark(master: str = "local[2]", app_name: str = "riverhouse", conf: dict
 
     from riverhouse.platform.kafka_source import KafkaDataSource
 
+    log_config = Path(__file__).with_name("log4j2.properties")
+    quiet = {"spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{log_config}"}
     builder = SparkSession.builder.master(master).appName(app_name)
-    for key, value in {**DEFAULT_CONF, **(conf or {})}.items():
+    for key, value in {**DEFAULT_CONF, **quiet, **(conf or {})}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")

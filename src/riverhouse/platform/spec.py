@@ -232,12 +232,61 @@ class SinkSpec(StrictModel):
     batch_size: int = Field(default=100_000, gt=0, le=10_000_000)
 
 
+def _join_on(value: Any) -> Any:
+    """`on: [user_id]` is shorthand for the same key names on both sides."""
+    if isinstance(value, list):
+        return {"left": value, "right": value}
+    return value
+
+
+class JoinOnSpec(StrictModel):
+    left: list[Identifier] = Field(min_length=1)
+    right: list[Identifier] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _same_length(self) -> JoinOnSpec:
+        if len(self.left) != len(self.right):
+            raise ValueError("join.on.left and join.on.right must list the same number of keys")
+        return self
+
+
+class TemporalJoinSpec(StrictModel):
+    type: Literal["inner", "left"] = "inner"
+    left: Identifier
+    right: Identifier
+    on: Annotated[JoinOnSpec, BeforeValidator(_join_on)]
+    window: Window
+    # output column -> "source.field"
+    select: dict[Identifier, str] = Field(min_length=1)
+    require: list[Identifier] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _yaml_on_key(cls, data: Any) -> Any:
+        # YAML 1.1 reads a bare `on:` key as the boolean true.
+        if isinstance(data, dict) and True in data and "on" not in data:
+            data = {("on" if k is True else k): v for k, v in data.items()}
+        return data
+
+
+class StateSpec(StrictModel):
+    ttl: Window = timedelta(hours=1)
+    sources: dict[Identifier, Window] = Field(default_factory=dict)
+
+
 class PipelineSpec(StrictModel):
     name: Identifier
     description: str = ""
     owners: list[str] = Field(default_factory=list)
     kafka: KafkaSpec = KafkaSpec()
     sources: dict[Identifier, SourceSpec] = Field(min_length=1)
+    # A join pipeline has either a temporal `join:` or a SQL `query:`; its output
+    # (the gold table, named like the sink table) is what ClickHouse receives.
+    join: TemporalJoinSpec | None = None
+    query: str | None = None
+    state: StateSpec = StateSpec()
+    dimensions: list[Identifier] = Field(default_factory=list)
+    require: list[Identifier] = Field(default_factory=list)
     sink: SinkSpec
 
     @field_validator("owners")
@@ -250,6 +299,13 @@ class PipelineSpec(StrictModel):
 
     @model_validator(mode="after")
     def _sink_refers_to_a_source(self) -> PipelineSpec:
+        topics = [s.topic for s in self.sources.values()]
+        if len(set(topics)) != len(topics):
+            raise ValueError("two sources read the same topic; declare each topic once")
+        if self.join is not None or self.query is not None:
+            return self._check_join()
+        if self.dimensions or self.require:
+            raise ValueError("dimensions and require apply to join pipelines (give join: or query:)")
         if self.sink.source is None:
             if len(self.sources) != 1:
                 raise ValueError(
@@ -265,13 +321,71 @@ class PipelineSpec(StrictModel):
         for col in self.sink.order_by:
             if col not in names:
                 raise ValueError(f"sink.order_by column {col!r} is not a field of source {self.sink_source_name!r}")
-        topics = [s.topic for s in self.sources.values()]
-        if len(set(topics)) != len(topics):
-            raise ValueError("two sources read the same topic; declare each topic once")
+        return self
+
+    def _check_join(self) -> PipelineSpec:
+        if self.join is not None and self.query is not None:
+            raise ValueError("give either join: (a temporal join) or query: (SQL), not both")
+        if self.sink.source is not None:
+            raise ValueError("sink.source is not used by join pipelines: the sink receives the join output")
+        if self.join is not None:
+            for side in (self.join.left, self.join.right):
+                if side not in self.sources:
+                    raise ValueError(f"join: source {side!r} is not one of the sources ({', '.join(self.sources)})")
+            if self.join.left == self.join.right:
+                raise ValueError("join: left and right must be different sources")
+            for side, keys in ((self.join.left, self.join.on.left), (self.join.right, self.join.on.right)):
+                known = [f.name for f in self.sources[side].fields]
+                for key in keys:
+                    if key not in known:
+                        raise ValueError(f"join.on: key {key!r} is not a field of {side!r}")
+            for out, ref in self.join.select.items():
+                source, dot, column = ref.partition(".")
+                if not dot or source not in (self.join.left, self.join.right):
+                    raise ValueError(f"join.select.{out}: write <source>.<field> with source {self.join.left!r} or {self.join.right!r}, got {ref!r}")
+                if column not in [f.name for f in self.sources[source].fields]:
+                    raise ValueError(f"join.select.{out}: {source!r} has no field {column!r}")
+        for name in self.dimensions:
+            if name not in self.sources:
+                raise ValueError(f"dimensions: {name!r} is not one of the sources")
+        for name in self.state.sources:
+            if name not in self.sources:
+                raise ValueError(f"state.sources: {name!r} is not one of the sources")
+        from riverhouse.platform.sql import QueryError
+
+        try:
+            plan = self.plan
+        except QueryError as exc:
+            raise ValueError(str(exc)) from None
+        for col in self.sink.order_by:
+            if col not in plan.output_names:
+                raise ValueError(f"sink.order_by column {col!r} is not an output column ({', '.join(plan.output_names)})")
         return self
 
     @property
+    def is_join(self) -> bool:
+        return self.join is not None or self.query is not None
+
+    @property
+    def plan(self) -> Any:
+        """The compiled JoinPlan of a join pipeline (riverhouse.platform.sql)."""
+        from riverhouse.platform.sql import compile_query, temporal_join_query
+
+        fields = {name: [f.name for f in src.fields] for name, src in self.sources.items()}
+        if self.join is not None:
+            query = temporal_join_query(self.join.left, self.join.right, self.join.type,
+                                        self.join.on.left, self.join.on.right, self.join.select)
+            windows = {name: self.join.window for name in self.sources}
+            return compile_query(query, fields, windows, set(), list(self.join.require))
+        assert self.query is not None
+        windows = {name: self.state.sources.get(name, self.state.ttl) for name in self.sources}
+        return compile_query(self.query, fields, windows, set(self.dimensions), list(self.require))
+
+    @property
     def sink_source_name(self) -> str:
+        """The source whose silver table feeds the sink (join pipelines: the driving source)."""
+        if self.is_join:
+            return self.plan.driving_source
         return self.sink.source or next(iter(self.sources))
 
     @property

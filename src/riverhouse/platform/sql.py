@@ -1,0 +1,219 @@
+"""Join pipelines as a plan: a driving stream, lookups, projections, a filter.
+
+Both spec forms compile here: `join:` (a temporal join of two sources) is turned
+into the equivalent SELECT, and `query:` (KaflowSQL-style SQL) is parsed with
+sqlglot. Validation happens up front, with errors that name the clause:
+unknown source or column, a JOIN without equality keys, or a clause a stream
+cannot answer (aggregation, DISTINCT, ORDER BY, ...).
+
+Column references are rewritten from `alias.column` to the flat name
+`alias__column` that the Spark executor uses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+import sqlglot
+from sqlglot import exp
+
+FLAT_SEP = "__"
+
+
+class QueryError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class JoinKey:
+    base_alias: str
+    base_column: str
+    column: str  # column of the joined source
+
+
+@dataclass(frozen=True)
+class JoinStep:
+    source: str
+    alias: str
+    kind: str  # left | inner
+    keys: tuple[JoinKey, ...]
+    window: timedelta | None  # None: a dimension (latest row per key, never expires)
+
+
+@dataclass(frozen=True)
+class JoinPlan:
+    driving_source: str
+    driving_alias: str
+    steps: tuple[JoinStep, ...]
+    projections: tuple[tuple[str, str], ...]  # (output name, Spark SQL over flat columns)
+    where: str | None
+    require: tuple[str, ...]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [name for name, _ in self.projections]
+
+    @property
+    def close_after(self) -> timedelta:
+        """How long after a driving event its result is final: the longest stream window."""
+        windows = [s.window for s in self.steps if s.window is not None]
+        return max(windows) if windows else timedelta(0)
+
+    @property
+    def stream_sources(self) -> list[str]:
+        return [self.driving_source, *(s.source for s in self.steps if s.window is not None)]
+
+
+def flat(alias: str, column: str) -> str:
+    return f"{alias}{FLAT_SEP}{column}"
+
+
+UNSUPPORTED = [
+    (exp.Group, "GROUP BY (aggregating a stream needs a window; not supported)"),
+    (exp.Having, "HAVING"),
+    (exp.Order, "ORDER BY (a stream has no order; ClickHouse orders by sink.order_by)"),
+    (exp.Limit, "LIMIT"),
+    (exp.Distinct, "DISTINCT (use dedup on the source instead)"),
+    (exp.Window, "window functions (OVER ...)"),
+    (exp.AggFunc, "aggregate functions over a stream without a window"),
+    (exp.Subquery, "subqueries"),
+    (exp.Union, "UNION"),
+    (exp.Star, "SELECT * (list the columns you want)"),
+]
+
+
+def compile_query(
+    query: str,
+    fields: dict[str, list[str]],
+    windows: dict[str, timedelta],
+    dimensions: set[str],
+    require: list[str],
+) -> JoinPlan:
+    """Parse and validate a SELECT over named sources. `fields`: source -> its field names."""
+    try:
+        statements = sqlglot.parse(query, read="spark")
+    except sqlglot.errors.ParseError as exc:
+        raise QueryError(f"query: cannot parse SQL: {str(exc).splitlines()[0]}") from None
+    if len(statements) != 1 or not isinstance(statements[0], exp.Select):
+        raise QueryError("query: write exactly one SELECT statement")
+    select: exp.Select = statements[0]
+    for node_type, label in UNSUPPORTED:
+        node = select.find(node_type)
+        if node is not None:
+            raise QueryError(f"query: unsupported clause: {label}, in `{node.sql(dialect='spark')[:80]}`")
+
+    from_clause = select.args.get("from_") or select.args.get("from")
+    if from_clause is None or not isinstance(from_clause.this, exp.Table):
+        raise QueryError("query: FROM must name one source")
+    aliases: dict[str, str] = {}
+
+    def add_table(table: exp.Table, where: str) -> str:
+        source = table.name
+        if source not in fields:
+            raise QueryError(f"query: {where} names unknown source {source!r} (sources: {', '.join(fields)})")
+        alias = table.alias_or_name
+        if alias in aliases:
+            raise QueryError(f"query: alias {alias!r} is used twice; give each source its own alias")
+        aliases[alias] = source
+        return alias
+
+    driving_alias = add_table(from_clause.this, "FROM")
+    driving = aliases[driving_alias]
+    if driving in dimensions:
+        raise QueryError(f"query: FROM {driving!r} is a dimension; the FROM source must be a stream")
+
+    def resolve(column: exp.Column, clause: str, allowed: set[str] | None = None) -> tuple[str, str]:
+        name = column.name
+        if column.table:
+            alias = column.table
+            if alias not in aliases or (allowed is not None and alias not in allowed):
+                raise QueryError(f"query: {clause}: unknown table or alias {alias!r} in `{column.sql()}`")
+        else:
+            owners = [a for a, s in aliases.items() if name in fields[s] and (allowed is None or a in allowed)]
+            if not owners:
+                raise QueryError(f"query: {clause}: unknown column {name!r}")
+            if len(owners) > 1:
+                raise QueryError(f"query: {clause}: column {name!r} is ambiguous ({', '.join(owners)}); qualify it")
+            alias = owners[0]
+        if name not in fields[aliases[alias]]:
+            raise QueryError(
+                f"query: {clause}: unknown column {name!r} of {aliases[alias]!r} "
+                f"(fields: {', '.join(fields[aliases[alias]])})"
+            )
+        return alias, name
+
+    steps: list[JoinStep] = []
+    for join in select.args.get("joins") or []:
+        side = (join.args.get("side") or "").upper()
+        kind = (join.args.get("kind") or "").upper()
+        if side in ("RIGHT", "FULL") or kind in ("CROSS", "OUTER", "SEMI", "ANTI"):
+            raise QueryError(f"query: unsupported clause: {' '.join(filter(None, [side, kind]))} JOIN (use JOIN or LEFT JOIN)")
+        if not isinstance(join.this, exp.Table):
+            raise QueryError("query: JOIN must name a source")
+        earlier = set(aliases)
+        alias = add_table(join.this, "JOIN")
+        on = join.args.get("on")
+        label = f"JOIN {aliases[alias]}"
+        if on is None or isinstance(on, exp.Boolean):
+            raise QueryError(f"query: {label} has no ON clause with equality keys")
+        keys: list[JoinKey] = []
+        for cond in on.flatten() if isinstance(on, exp.And) else [on]:
+            if not isinstance(cond, exp.EQ) or not all(isinstance(s, exp.Column) for s in (cond.this, cond.expression)):
+                raise QueryError(f"query: {label} ON: only `a.x = b.y` equality keys joined with AND are supported, got `{cond.sql()}`")
+            left = resolve(cond.this, f"{label} ON", earlier | {alias})
+            right = resolve(cond.expression, f"{label} ON", earlier | {alias})
+            if left[0] == alias and right[0] != alias:
+                left, right = right, left
+            if right[0] != alias or left[0] == alias:
+                raise QueryError(f"query: {label} ON `{cond.sql()}` must compare {alias!r} with an earlier source")
+            keys.append(JoinKey(left[0], left[1], right[1]))
+        source = aliases[alias]
+        window = None if source in dimensions else windows[source]
+        steps.append(JoinStep(source, alias, "left" if side == "LEFT" else "inner", tuple(keys), window))
+
+    def rewrite(node: exp.Expression, clause: str) -> str:
+        def flatten_column(n: exp.Expression) -> exp.Expression:
+            if isinstance(n, exp.Column):
+                alias, name = resolve(n, clause)
+                return exp.column(flat(alias, name), quoted=True)
+            return n
+
+        return node.copy().transform(flatten_column).sql(dialect="spark")
+
+    projections: list[tuple[str, str]] = []
+    for item in select.expressions:
+        if isinstance(item, exp.Alias):
+            name, body = item.alias, item.this
+        elif isinstance(item, exp.Column):
+            name, body = item.name, item
+        else:
+            raise QueryError(f"query: SELECT `{item.sql()}` needs a name: add AS <name>")
+        if not name or not name.replace("_", "a").isalnum() or name[0].isdigit():
+            raise QueryError(f"query: output column {name!r} is not a safe identifier")
+        projections.append((name, rewrite(body, f"SELECT {name}")))
+    names = [n for n, _ in projections]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise QueryError(f"query: output column(s) named twice: {', '.join(dupes)}")
+    for name in require:
+        if name not in names:
+            raise QueryError(f"require: {name!r} is not an output column of the query ({', '.join(names)})")
+    where = select.args.get("where")
+    where_sql = rewrite(where.this, "WHERE") if where is not None else None
+    unused = set(dimensions) - set(aliases.values())
+    if unused:
+        raise QueryError(f"dimensions: {', '.join(sorted(unused))} not used in the query")
+    return JoinPlan(driving, driving_alias, tuple(steps), tuple(projections), where_sql, tuple(require))
+
+
+def temporal_join_query(left: str, right: str, kind: str, left_keys: list[str], right_keys: list[str],
+                        select: dict[str, str]) -> str:
+    """The SELECT equivalent of a `join:` block (so both forms share one executor)."""
+    on = " AND ".join(f"`{left}`.`{lk}` = `{right}`.`{rk}`" for lk, rk in zip(left_keys, right_keys, strict=True))
+    columns = []
+    for out, ref in select.items():
+        source, _, column = ref.partition(".")
+        columns.append(f"`{source}`.`{column}` AS `{out}`")
+    join = "LEFT JOIN" if kind == "left" else "JOIN"
+    return f"SELECT {', '.join(columns)} FROM `{left}` {join} `{right}` ON {on}"
