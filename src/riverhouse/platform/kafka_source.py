@@ -42,6 +42,7 @@ KAFKA_SCHEMA_DDL = (
     "timestamp timestamp, timestampType int, headers array<struct<key:string,value:binary>>"
 )
 ARROW_BATCH_ROWS = 20_000
+CONSUME_BATCH = 10_000
 METADATA_TIMEOUT_S = 15.0
 STALL_TIMEOUT_S = 60.0
 
@@ -248,7 +249,10 @@ def read_partition(options: dict[str, str], part: KafkaInputPartition, fail_on_d
         last_progress = time.monotonic()
         next_offset = part.start
         while next_offset < part.end:
-            messages = consumer.consume(num_messages=10_000, timeout=1.0)
+            # Ask for no more than the planned range holds: consume() waits for the full
+            # count (or the timeout), so asking for more stalls every small batch.
+            wanted = max(1, min(CONSUME_BATCH, part.end - next_offset))
+            messages = consumer.consume(num_messages=wanted, timeout=1.0)
             if not messages:
                 if time.monotonic() - last_progress > STALL_TIMEOUT_S:
                     raise KafkaSourceError(
