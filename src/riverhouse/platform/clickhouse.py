@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 from riverhouse.platform.faults import crash_point
 from riverhouse.platform.settings import redact_dsn
 from riverhouse.platform.spec import PipelineSpec
-from riverhouse.platform.tables import open_table
+from riverhouse.platform.tables import open_table, read_inserts
 
 LEDGER_TABLE = "riverhouse_ledger"
 DEDUP_WINDOW_BLOCKS = 10_000
@@ -278,22 +278,11 @@ def last_loaded_version(client: Any, spec: PipelineSpec, table_id: str) -> int |
 
 def _version_rows(path: str, start: int, end: int, columns: list[str], order: list[str],
                   emitted_only: bool) -> pa.Table:
-    table = open_table(path)
-    assert table is not None
-    reader = table.load_cdf(starting_version=start, ending_version=end)
-    changes = pa.RecordBatchReader.from_stream(reader).read_all()
-    # delta-rs returns string_view columns; clickhouse-connect and compute kernels want string.
-    wanted = [*columns, "_change_type", *order, "_commit_version", *(["_status"] if emitted_only else [])]
-    changes = changes.select(wanted)
-    target = pa.schema(
-        [pa.field(f.name, pa.string()) if pa.types.is_string_view(f.type) else f for f in changes.schema]
-    )
-    changes = changes.cast(target)
-    changes = changes.filter(pc.equal(changes.column("_change_type"), "insert"))
+    changes = read_inserts(path, start, end, [*columns, *order, *(["_status"] if emitted_only else [])])
     if emitted_only:
         # Join pipelines keep every driving event in gold; only emitted rows reach ClickHouse.
         changes = changes.filter(pc.equal(changes.column("_status"), "emitted")).drop_columns(["_status"])
-    return changes.drop_columns(["_change_type"])
+    return changes
 
 
 def load_new_versions(

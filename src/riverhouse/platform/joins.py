@@ -35,7 +35,14 @@ from riverhouse.platform.faults import crash_point
 from riverhouse.platform.settings import Settings
 from riverhouse.platform.spec import PipelineSpec
 from riverhouse.platform.sql import JoinPlan, flat
-from riverhouse.platform.tables import TableLayout, ensure_table, open_table, silver_schema
+from riverhouse.platform.tables import (
+    TableLayout,
+    ensure_table,
+    open_table,
+    plain_strings,
+    read_inserts,
+    silver_schema,
+)
 
 IDENTITY = ["_left_topic", "_left_partition", "_left_offset"]
 STATE_VERSION = "riverhouse.left_version"
@@ -79,9 +86,7 @@ def _empty(schema: pa.Schema) -> pa.Table:
 
 
 def _to_spark(spark: Any, table: pa.Table) -> DataFrame:
-    # delta-rs hands out string_view columns; Spark's Arrow reader wants plain strings.
-    fields = [pa.field(f.name, pa.string()) if pa.types.is_string_view(f.type) else f for f in table.schema]
-    return spark.createDataFrame(table.cast(pa.schema(fields)))
+    return spark.createDataFrame(plain_strings(table))
 
 
 def _with_prefix(df: DataFrame, alias: str, columns: list[str]) -> DataFrame:
@@ -201,14 +206,7 @@ def _max_event_time(path: str) -> datetime | None:
 
 
 def _cdf_inserts(path: str, start: int, end: int, schema: pa.Schema) -> pa.Table:
-    table = open_table(path)
-    assert table is not None
-    changes = pa.RecordBatchReader.from_stream(table.load_cdf(starting_version=start, ending_version=end)).read_all()
-    changes = changes.select([*schema.names, "_change_type"])
-    fields = [pa.field(f.name, pa.string()) if pa.types.is_string_view(f.type) else f for f in changes.schema]
-    changes = changes.cast(pa.schema(fields))
-    changes = changes.filter(pc.equal(changes.column("_change_type"), "insert"))
-    return changes.select(schema.names).cast(schema)
+    return read_inserts(path, start, end, schema.names).select(schema.names).cast(schema)
 
 
 def _read_range(path: str, schema: pa.Schema, lo: datetime | None, hi: datetime | None) -> pa.Table:
@@ -222,8 +220,7 @@ def _read_range(path: str, schema: pa.Schema, lo: datetime | None, hi: datetime 
         upper = (pc.field("_event_date") <= pa.scalar(hi.date(), pa.date32())) & (pc.field("_event_time") <= hi)
         flt = upper if flt is None else flt & upper
     rows = table.to_pyarrow_dataset().to_table(columns=schema.names, filter=flt)
-    fields = [pa.field(f.name, pa.string()) if pa.types.is_string_view(f.type) else f for f in rows.schema]
-    return rows.cast(pa.schema(fields)).cast(schema)
+    return plain_strings(rows).cast(schema)
 
 
 def _dedupe_identity(rows: pa.Table) -> pa.Table:

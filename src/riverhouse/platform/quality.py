@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from riverhouse.platform.tables import open_table
+from riverhouse.platform.tables import open_table, plain_strings
 
 
 def duplicate_keys_within_window(path: str, key: list[str], window: timedelta, limit: int = 20,
@@ -25,15 +25,14 @@ def duplicate_keys_within_window(path: str, key: list[str], window: timedelta, l
         return 0, []
     dataset = table.to_pyarrow_dataset()
     flt = pc.field("_status") == "emitted" if emitted_only else None
-    rows = dataset.to_table(columns=list(dict.fromkeys([*key, time_column])), filter=flt)
+    rows = plain_strings(dataset.to_table(columns=list(dict.fromkeys([*key, time_column])), filter=flt))
     if rows.num_rows < 2:
         return 0, []
     rows = rows.sort_by([(k, "ascending") for k in key] + [(time_column, "ascending")])
     n = rows.num_rows
     same = np.ones(n - 1, dtype=bool)
     for k in key:
-        col = pc.cast(rows.column(k), pa.string()) if pa.types.is_string_view(rows.column(k).type) else rows.column(k)
-        col = col.combine_chunks()
+        col = rows.column(k).combine_chunks()
         same &= pc.fill_null(pc.equal(col.slice(1), col.slice(0, n - 1)), False).to_numpy(zero_copy_only=False)
     times = pc.cast(rows.column(time_column), pa.int64()).to_numpy(zero_copy_only=False)
     close = (times[1:] - times[:-1]) <= int(window / timedelta(microseconds=1))

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import TableNotFoundError
 
@@ -145,6 +146,25 @@ def ensure_pipeline_tables(spec: PipelineSpec, layout: TableLayout) -> None:
         ensure_table(layout.bronze(name), bronze_schema(src), ["_event_date"])
         ensure_table(layout.quarantine(name), quarantine_schema(src), ["_event_date"])
         ensure_table(layout.silver(name), silver_schema(src), ["_event_date"], cdf=True)
+
+
+def plain_strings(table: pa.Table) -> pa.Table:
+    """delta-rs hands out string_view columns; Spark, compute kernels and clickhouse-connect want string."""
+    if not any(pa.types.is_string_view(f.type) for f in table.schema):
+        return table
+    fields = [pa.field(f.name, pa.string()) if pa.types.is_string_view(f.type) else f for f in table.schema]
+    return table.cast(pa.schema(fields))
+
+
+def read_inserts(path: str, start: int, end: int, columns: list[str]) -> pa.Table:
+    """Rows inserted by Delta versions start..end (change data feed), with `_commit_version`."""
+    table = open_table(path)
+    if table is None:
+        raise RuntimeError(f"Delta table {path} does not exist")
+    changes = pa.RecordBatchReader.from_stream(table.load_cdf(starting_version=start, ending_version=end)).read_all()
+    changes = plain_strings(changes.select([*dict.fromkeys([*columns, "_change_type", "_commit_version"])]))
+    changes = changes.filter(pc.equal(changes.column("_change_type"), "insert"))
+    return changes.drop_columns(["_change_type"])
 
 
 def committed(table: DeltaTable, app_id: str, batch_id: int) -> bool:
