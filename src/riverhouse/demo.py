@@ -39,8 +39,6 @@ from riverhouse.platform.spec import PipelineSpec
 from riverhouse.platform.tables import TableLayout
 from riverhouse.resources import resources_from_settings
 
-QUIET_RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
-
 
 def reset_state(home: Path) -> None:
     """Stop the state folder's local Kafka and delete its tables, checkpoints and ClickHouse."""

@@ -157,6 +157,7 @@ def _ingest_asset(spec: PipelineSpec, source_name: str, specs: list[dg.AssetSpec
                 "end_offsets": dg.MetadataValue.json(summary["end_offsets"]),
                 "records_per_second": round(summary["read"] / seconds, 1),
                 "path": layout.bronze(source_name),
+                "kafka_config": dg.MetadataValue.json(spec.kafka.redacted_config()),
             },
         )
         yield dg.MaterializeResult(

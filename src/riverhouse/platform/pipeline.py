@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -319,6 +319,3 @@ def _root_message(exc: BaseException) -> str:
             return line[:500]
     return type(exc).__name__
 
-
-def batch_metrics_dict(metrics: BatchMetrics) -> dict[str, Any]:
-    return asdict(metrics)

@@ -12,7 +12,7 @@ import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import TableNotFoundError
 
-from riverhouse.platform.spec import FieldSpec, PipelineSpec, SourceSpec
+from riverhouse.platform.spec import FieldSpec, SourceSpec
 
 ARROW_TYPES: dict[str, pa.DataType] = {
     "string": pa.string(),
@@ -139,13 +139,6 @@ def ensure_table(path: str, schema: pa.Schema, partition_by: list[str], cdf: boo
         storage_options=storage_options(),
         mode="ignore",
     )
-
-
-def ensure_pipeline_tables(spec: PipelineSpec, layout: TableLayout) -> None:
-    for name, src in spec.sources.items():
-        ensure_table(layout.bronze(name), bronze_schema(src), ["_event_date"])
-        ensure_table(layout.quarantine(name), quarantine_schema(src), ["_event_date"])
-        ensure_table(layout.silver(name), silver_schema(src), ["_event_date"], cdf=True)
 
 
 def plain_strings(table: pa.Table) -> pa.Table:
