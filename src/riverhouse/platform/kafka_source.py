@@ -163,6 +163,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.max_rows = int(max_rows) if max_rows else None
         self.fail_on_data_loss = self.options.get("failondataloss", "true").lower() != "false"
         self._available_now_target: Offsets | None = None
+        self._last_high: Offsets | None = None  # from the latest latestOffset() call
 
     # -- planning (driver side) -------------------------------------------------
     def _current(self) -> tuple[Offsets, Offsets]:
@@ -183,6 +184,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         low, high = self._current()
+        self._last_high = high
         latest = self._available_now_target or high
         # Partitions that appeared since the query started are read from their beginning.
         start_full: Offsets = {t: dict(start.get(t, {})) for t in latest}
@@ -201,7 +203,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return end
 
     def reportLatestOffset(self) -> dict | None:
-        return self._current()[1]
+        # Spark asks right after latestOffset(); reuse its watermarks instead of a new consumer.
+        return self._last_high if self._last_high is not None else self._current()[1]
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         out: list[InputPartition] = []
