@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -184,15 +186,34 @@ def run(
     drain: Annotated[bool, typer.Option("--drain", help="Join pipelines: close every pending window now "
                                         "(use when the input is complete: replays, backfills)")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON")] = False,
+    continuous: Annotated[bool, typer.Option(
+        "--continuous", help="Keep running (a micro-batch every orchestration.trigger_interval) until "
+        "Ctrl-C or SIGTERM, which stop after the current batch")] = False,
     home: HomeOption = None,
 ) -> None:
     """Run a pipeline once: everything now in Kafka -> Delta (bronze/silver/gold) -> ClickHouse."""
-    from riverhouse.platform.runner import run_once
+    from riverhouse.platform.runner import run_continuous, run_once
 
     settings = _settings(home)
     spec = _load_or_fail(spec_file)
-    summary = _guarded(lambda: run_once(spec, settings, load=not skip_load, drain=drain,
-                                        log=(lambda m: None) if as_json else (lambda m: err.print(m, highlight=False))))
+    log = (lambda m: None) if as_json else (lambda m: err.print(m, highlight=False))
+    if continuous:
+        if drain:
+            _fail("--drain closes every join window, which a continuous run must not do; run without it")
+        stop = threading.Event()
+
+        def request_stop(signum: int, frame: Any) -> None:
+            if stop.is_set():
+                return
+            err.print(f"received {signal.Signals(signum).name}: finishing the current batch, then stopping",
+                      highlight=False)
+            stop.set()
+
+        signal.signal(signal.SIGTERM, request_stop)
+        signal.signal(signal.SIGINT, request_stop)
+        summary = _guarded(lambda: run_continuous(spec, settings, stop, load=not skip_load, log=log))
+    else:
+        summary = _guarded(lambda: run_once(spec, settings, load=not skip_load, drain=drain, log=log))
     if as_json:
         print(json.dumps(summary, default=str))
     else:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -45,6 +46,10 @@ from riverhouse.platform.tables import (
 
 class PipelineError(RuntimeError):
     """A pipeline run failed; the message says what and where, for a person to act on."""
+
+
+class StreamStopped(RuntimeError):
+    """Raised into a batch that starts after a clean stop was requested."""
 
 
 @dataclass
@@ -134,19 +139,32 @@ def stream_app_id(checkpoint: Path, pipeline: str, source: str) -> str:
 
 
 @contextmanager
-def pipeline_lock(checkpoint: Path, pipeline: str) -> Iterator[None]:
-    """One run per pipeline source at a time (a sensor run and a manual run must not overlap)."""
+def pipeline_lock(checkpoint: Path, pipeline: str, wait_s: float = 0.0, name: str = "run.lock",
+                  log: Callable[[str], None] | None = None) -> Iterator[None]:
+    """One run per pipeline source at a time (a sensor run and a manual run must not overlap).
+
+    `wait_s` > 0 waits that long for the holder to finish (backfills wait for streaming runs).
+    """
     checkpoint.mkdir(parents=True, exist_ok=True)
-    with open(checkpoint / "run.lock", "a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "unknown"
-            raise PipelineError(
-                f"another run of pipeline {pipeline!r} is in progress (pid {holder}); "
-                "wait for it to finish"
-            ) from None
+    with open(checkpoint / name, "a+") as handle:
+        deadline = time.monotonic() + wait_s
+        announced = False
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                handle.seek(0)
+                holder = handle.read().strip() or "unknown"
+                if time.monotonic() >= deadline:
+                    raise PipelineError(
+                        f"another run of pipeline {pipeline!r} is in progress (pid {holder}); "
+                        "wait for it to finish"
+                    ) from None
+                if log and not announced:
+                    log(f"waiting for the run of pipeline {pipeline!r} in pid {holder} to finish")
+                    announced = True
+                time.sleep(0.5)
         handle.seek(0)
         handle.truncate()
         handle.write(str(os.getpid()))
@@ -180,6 +198,9 @@ class BatchWriter:
         self.on_batch = on_batch
         self.batches: list[BatchMetrics] = []
         self.error: BaseException | None = None
+        # Held while a batch is written: a clean stop waits for it, then stops the query.
+        self.busy = threading.Lock()
+        self.stopping = False
         self.bronze_path = layout.bronze(source)
         self.quarantine_path = layout.quarantine(source)
         self.silver_path = layout.silver(source)
@@ -193,8 +214,13 @@ class BatchWriter:
         ensure_table(self.silver_path, self.silver_schema, ["_event_date"], cdf=True)
 
     def __call__(self, batch_df: Any, batch_id: int) -> None:
+        if self.stopping:
+            # Failing (not returning) keeps Spark from committing a batch nobody wrote;
+            # the next run replays it from the offsets already in the checkpoint.
+            raise StreamStopped(f"batch {batch_id} not started: the stream is stopping")
         try:
-            self._process(batch_df, int(batch_id))
+            with self.busy:
+                self._process(batch_df, int(batch_id))
         except BaseException as exc:
             self.error = exc
             raise
@@ -257,15 +283,46 @@ class BatchWriter:
         metrics.silver_version = silver.version()
 
 
-def ingest(
-    spark: Any,
-    spec: PipelineSpec,
-    settings: Settings,
-    source: str | None = None,
-    on_batch: Callable[[BatchMetrics], None] | None = None,
-) -> IngestResult:
-    """Run one triggered (availableNow) streaming query: everything in Kafka now, in bounded batches."""
-    source = source or spec.sink_source_name
+@dataclass
+class SourceStream:
+    """Everything one source's streaming query needs: writer, options, checkpoint."""
+
+    spec: PipelineSpec
+    source: str
+    writer: BatchWriter
+    options: dict[str, str]
+    checkpoint: Path
+    layout: TableLayout
+
+    def start(self, spark: Any, trigger: dict[str, Any]) -> Any:
+        stream = spark.readStream.format(FORMAT_NAME).options(**self.options).load()
+        return (
+            stream.writeStream.foreachBatch(self.writer)
+            .option("checkpointLocation", str(self.checkpoint / "spark"))
+            .queryName(f"riverhouse_{self.spec.name}_{self.source}")
+            .trigger(**trigger)
+            .start()
+        )
+
+    def stop(self, query: Any) -> None:
+        """Clean stop: let the batch in flight finish, start no new one, stop the query."""
+        self.writer.stopping = True
+        with self.writer.busy:
+            pass
+        query.stop()
+
+    def failure(self, exc: BaseException) -> PipelineError:
+        cause = self.writer.error or exc
+        topic = self.spec.sources[self.source].topic
+        error = PipelineError(
+            f"pipeline {self.spec.name!r}, source {self.source!r} (topic {topic!r}) failed: {_root_message(cause)}"
+        )
+        error.__cause__ = cause
+        return error
+
+
+def prepare_stream(spec: PipelineSpec, settings: Settings, source: str,
+                   on_batch: Callable[[BatchMetrics], None] | None = None) -> SourceStream:
     src = spec.sources[source]
     bootstrap = resolve_bootstrap(spec, settings)
     layout = TableLayout(settings.warehouse, spec.name)
@@ -277,36 +334,44 @@ def ingest(
         bootstrap, [src.topic], spec.kafka.config, spec.kafka.starting_offsets,
         spec.kafka.max_offsets_per_trigger,
     )
-    with pipeline_lock(ckpt, spec.name):
-        return _run_query(spark, spec, source, writer, options, ckpt, layout)
+    return SourceStream(spec, source, writer, options, ckpt, layout)
 
 
-def _run_query(spark: Any, spec: PipelineSpec, source: str, writer: BatchWriter, options: dict[str, str],
-               ckpt: Path, layout: TableLayout) -> IngestResult:
-    src = spec.sources[source]
-    started = time.monotonic()
-    stream = spark.readStream.format(FORMAT_NAME).options(**options).load()
-    query = (
-        stream.writeStream.foreachBatch(writer)
-        .option("checkpointLocation", str(ckpt / "spark"))
-        .queryName(f"riverhouse_{spec.name}_{source}")
-        .trigger(availableNow=True)
-        .start()
-    )
-    try:
-        query.awaitTermination()
-    except Exception as exc:
-        cause = writer.error or exc
-        raise PipelineError(
-            f"pipeline {spec.name!r}, source {source!r} (topic {src.topic!r}) failed: {_root_message(cause)}"
-        ) from cause
+def ingest(
+    spark: Any,
+    spec: PipelineSpec,
+    settings: Settings,
+    source: str | None = None,
+    on_batch: Callable[[BatchMetrics], None] | None = None,
+) -> IngestResult:
+    """Run one triggered (availableNow) streaming query: everything in Kafka now, in bounded batches."""
+    stream = prepare_stream(spec, settings, source or spec.sink_source_name, on_batch)
+    with pipeline_lock(stream.checkpoint, spec.name):
+        started = time.monotonic()
+        query = stream.start(spark, {"availableNow": True})
+        try:
+            query.awaitTermination()
+        except Exception as exc:
+            raise stream.failure(exc) from exc
+        return stream_result(stream, query, started)
+
+
+@contextmanager
+def sink_lock(settings: Settings, pipeline: str, log: Callable[[str], None] | None = None) -> Iterator[None]:
+    """Serializes ClickHouse loads and partition replacements of one pipeline."""
+    with pipeline_lock(Path(settings.checkpoints) / pipeline, pipeline, wait_s=600, name="sink.lock", log=log):
+        yield
+
+
+def stream_result(stream: SourceStream, query: Any, started: float) -> IngestResult:
     end_offsets: dict[str, dict[str, int]] = {}
     progress = query.lastProgress
     if progress and progress.get("sources"):
         raw = progress["sources"][0].get("endOffset")
         end_offsets = json.loads(raw) if isinstance(raw, str) else (raw or {})
-    silver = ensure_table(layout.silver(source), writer.silver_schema, ["_event_date"], cdf=True)
-    return IngestResult(spec.name, source, writer.batches, time.monotonic() - started,
+    writer = stream.writer
+    silver = ensure_table(stream.layout.silver(stream.source), writer.silver_schema, ["_event_date"], cdf=True)
+    return IngestResult(stream.spec.name, stream.source, writer.batches, time.monotonic() - started,
                         silver.version(), end_offsets)
 
 

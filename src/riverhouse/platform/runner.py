@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from typing import Any
 
 from riverhouse.platform.clickhouse import load_new_versions, sink_table_path
 from riverhouse.platform.joins import run_gold
-from riverhouse.platform.pipeline import BatchMetrics, ingest
+from riverhouse.platform.pipeline import (
+    BatchMetrics,
+    PipelineError,
+    StreamStopped,
+    ingest,
+    pipeline_lock,
+    prepare_stream,
+    sink_lock,
+)
 from riverhouse.platform.settings import Settings
 from riverhouse.platform.spark import get_spark
 from riverhouse.platform.spec import PipelineSpec
@@ -39,9 +49,87 @@ def run_once(spec: PipelineSpec, settings: Settings, load: bool = True,
             f"{gold.pending:,} waiting for their window to close")
         summary.update({f"join_{k}": v for k, v in gold.summary().items() if k not in ("seconds",)})
     if load:
-        loaded = load_new_versions(spec, settings.clickhouse_dsn, sink_table_path(spec, settings.warehouse), log=log)
+        loaded = load_sink(spec, settings, log)
         summary["clickhouse_rows_loaded"] = loaded.rows_loaded
         summary["delta_versions_loaded"] = len(loaded.versions_loaded)
         summary["last_loaded_version"] = loaded.last_loaded_version
     summary["seconds"] = round(time.monotonic() - started, 3)
+    return summary
+
+
+def load_sink(spec: PipelineSpec, settings: Settings, log: Callable[[str], None] | None = None) -> Any:
+    """Load new Delta versions into ClickHouse, one loader per pipeline at a time."""
+    with sink_lock(settings, spec.name, log):
+        return load_new_versions(spec, settings.clickhouse_dsn, sink_table_path(spec, settings.warehouse), log=log)
+
+
+def run_continuous(spec: PipelineSpec, settings: Settings, stop: threading.Event, load: bool = True,
+                   log: Callable[[str], None] = print, spark: Any = None) -> dict[str, Any]:
+    """Keep every source's streaming query running (processing-time trigger) until `stop` is set.
+
+    After each round of batches the join (non-draining) and the ClickHouse load run,
+    so rows become visible within about one trigger interval. Stopping lets the batch
+    in flight finish, then publishes what it wrote. The exactly-once machinery is the
+    same as for triggered runs: a kill at any point is repaired by the next run.
+    """
+    started = time.monotonic()
+    spark = spark or get_spark(settings.spark_master, conf=settings.spark_conf)
+    interval = spec.orchestration.trigger_interval
+    totals = {"read": 0, "quarantined": 0, "duplicates_dropped": 0, "inserted": 0, "replayed": 0, "batches": 0}
+    counted = threading.Lock()
+
+    def on_batch(m: BatchMetrics) -> None:
+        with counted:
+            totals["batches"] += 1
+            for key in ("read", "quarantined", "duplicates_dropped", "inserted", "replayed"):
+                totals[key] += getattr(m, key)
+        if m.read:
+            log(f"batch {m.batch_id}: read {m.read:,}, quarantined {m.quarantined:,}, "
+                f"duplicates dropped {m.duplicates_dropped:,}, inserted {m.inserted:,} ({m.seconds:.1f}s)")
+
+    loaded = {"rows": 0}
+    published = {"batches": -1}
+
+    def publish() -> None:
+        with counted:
+            batches = totals["batches"]
+        if batches == published["batches"]:
+            return
+        published["batches"] = batches
+        if spec.is_join:
+            run_gold(spark, spec, settings, drain=False)
+        if load:
+            result = load_sink(spec, settings, log)
+            if result.rows_loaded:
+                loaded["rows"] += result.rows_loaded
+                log(f"loaded {result.rows_loaded:,} rows into ClickHouse "
+                    f"(Delta version {result.last_loaded_version}, {loaded['rows']:,} this session)")
+
+    streams = [prepare_stream(spec, settings, source, on_batch) for source in spec.sources]
+    trigger = {"processingTime": f"{max(1, int(interval.total_seconds() * 1000))} milliseconds"}
+    with ExitStack() as locks:
+        for stream in streams:
+            locks.enter_context(pipeline_lock(stream.checkpoint, spec.name))
+        queries = [stream.start(spark, trigger) for stream in streams]
+        log(f"continuous: pipeline {spec.name} running ({len(queries)} queries, trigger every "
+            f"{interval.total_seconds():g}s); Ctrl-C or SIGTERM stops after the current batch")
+        try:
+            while not stop.wait(interval.total_seconds()):
+                for stream, query in zip(streams, queries, strict=True):
+                    if not query.isActive:
+                        raise stream.failure(query.exception() or PipelineError("the query stopped"))
+                publish()
+        finally:
+            for stream, query in zip(streams, queries, strict=True):
+                stream.stop(query)
+            log("continuous: stopping; the batch in flight finished")
+        for stream in streams:
+            error = stream.writer.error
+            if error is not None and not isinstance(error, StreamStopped):
+                raise stream.failure(error)
+        published["batches"] = -1
+        publish()
+    summary: dict[str, Any] = {"pipeline": spec.name, "mode": "continuous", **totals,
+                               "clickhouse_rows_loaded": loaded["rows"],
+                               "seconds": round(time.monotonic() - started, 3)}
     return summary

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import re
-from datetime import timedelta
+from datetime import date, timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -46,6 +46,7 @@ RESERVED_KAFKA_KEYS = {
 }
 
 FieldType = Literal["string", "int", "long", "float", "double", "boolean", "timestamp", "date"]
+NUMERIC_TYPES = ("int", "long", "float", "double")
 
 
 class SpecError(Exception):
@@ -108,6 +109,17 @@ class FieldSpec(StrictModel):
     name: Identifier
     type: FieldType
     required: bool = False
+    # Expected range (inclusive), checked by the Great Expectations suite before ClickHouse.
+    min: float | None = None
+    max: float | None = None
+
+    @model_validator(mode="after")
+    def _range_fits_type(self) -> FieldSpec:
+        if (self.min is not None or self.max is not None) and self.type not in NUMERIC_TYPES:
+            raise ValueError(f"field {self.name!r}: min/max apply to numeric fields, not {self.type}")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"field {self.name!r}: min {self.min} is greater than max {self.max}")
+        return self
 
 
 class EventTimeSpec(StrictModel):
@@ -274,6 +286,37 @@ class StateSpec(StrictModel):
     sources: dict[Identifier, Window] = Field(default_factory=dict)
 
 
+class SensorSpec(StrictModel):
+    enabled: bool = True
+    # Request a run when this many records wait in Kafka...
+    min_lag: int = Field(default=10_000, gt=0)
+    # ...or when any record has waited this long.
+    max_delay: Window = timedelta(minutes=5)
+    interval: Window = timedelta(seconds=30)
+
+
+class OrchestrationSpec(StrictModel):
+    # Time-window partitions of silver, gold and ClickHouse: the unit of a backfill.
+    partitions: Literal["daily", "hourly"] = "daily"
+    partitions_start: date = date(2026, 1, 1)
+    sensor: SensorSpec = SensorSpec()
+    schedule: str | None = None  # cron, e.g. "*/15 * * * *"
+    # Continuous mode (`riverhouse run --continuous`): how often a micro-batch starts.
+    trigger_interval: Window = timedelta(seconds=1)
+
+    @field_validator("schedule")
+    @classmethod
+    def _cron(cls, value: str | None) -> str | None:
+        if value is not None and len(value.split()) != 5:
+            raise ValueError(f"schedule {value!r} is not a 5-field cron expression (e.g. '*/15 * * * *')")
+        return value
+
+
+class QualitySpec(StrictModel):
+    # Share of a run's records that may be quarantined before the ClickHouse load is stopped.
+    max_rejected_rate: float = Field(default=0.05, ge=0, le=1)
+
+
 class PipelineSpec(StrictModel):
     name: Identifier
     description: str = ""
@@ -288,6 +331,8 @@ class PipelineSpec(StrictModel):
     dimensions: list[Identifier] = Field(default_factory=list)
     require: list[Identifier] = Field(default_factory=list)
     sink: SinkSpec
+    orchestration: OrchestrationSpec = OrchestrationSpec()
+    quality: QualitySpec = QualitySpec()
 
     @field_validator("owners")
     @classmethod
