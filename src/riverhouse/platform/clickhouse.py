@@ -32,6 +32,8 @@ from riverhouse.platform.tables import open_table, read_inserts
 
 LEDGER_TABLE = "riverhouse_ledger"
 DEDUP_WINDOW_BLOCKS = 10_000
+PARTITION_COLUMN = "_event_date"  # ClickHouse partition key: a backfill swaps whole days
+REBUILD_KEY = "riverhouse.rebuild"  # commit metadata of backfill versions
 CLICKHOUSE_TYPES = {
     "string": "String",
     "int": "Int32",
@@ -146,22 +148,31 @@ def sink_table_path(spec: PipelineSpec, warehouse: str) -> str:
 
 
 def expected_columns(spec: PipelineSpec, schema: pa.Schema | None = None) -> list[tuple[str, str]]:
-    """ClickHouse columns: the source's fields, or (join pipelines) the query's output columns."""
+    """ClickHouse columns: the source's fields, or (join pipelines) the query's output columns.
+
+    Plus `_event_date` (the driving event's date), the partition key that lets a
+    backfill swap a day atomically.
+    """
     if spec.is_join:
         if schema is None:
-            return [(name, "?") for name in spec.plan.output_names]
+            return [*((name, "?") for name in spec.plan.output_names), (PARTITION_COLUMN, "Date")]
         out = []
         for name in spec.plan.output_names:
             typ = clickhouse_type(schema.field(name).type, f"output column {name}")
             out.append((name, typ if name in spec.sink.order_by else f"Nullable({typ})"))
-        return out
+        return [*out, (PARTITION_COLUMN, "Date")]
     src = spec.sink_source
     out = []
     for f in src.fields:
         typ = CLICKHOUSE_TYPES[f.type]
         not_null = f.name in src.required_fields or f.name in spec.sink.order_by
         out.append((f.name, typ if not_null else f"Nullable({typ})"))
-    return out
+    return [*out, (PARTITION_COLUMN, "Date")]
+
+
+def delta_date_column(spec: PipelineSpec) -> str:
+    """The Delta column that becomes ClickHouse's `_event_date`."""
+    return "_left_event_date" if spec.is_join else "_event_date"
 
 
 def qualified_table(spec: PipelineSpec) -> str:
@@ -173,7 +184,7 @@ def create_table_sql(spec: PipelineSpec, schema: pa.Schema | None = None) -> str
     order_by = ", ".join(quote(c) for c in spec.sink.order_by)
     return (
         f"CREATE TABLE IF NOT EXISTS {qualified_table(spec)} (\n  {columns}\n) ENGINE = MergeTree\n"
-        f"ORDER BY ({order_by})\nSETTINGS non_replicated_deduplication_window = {DEDUP_WINDOW_BLOCKS}"
+        f"PARTITION BY {PARTITION_COLUMN}\nORDER BY ({order_by})\nSETTINGS non_replicated_deduplication_window = {DEDUP_WINDOW_BLOCKS}"
     )
 
 
@@ -210,11 +221,14 @@ def ensure_schema(client: Any, spec: PipelineSpec, schema: pa.Schema | None = No
         elif _normalize_type(actual[name]) != _normalize_type(typ):
             problems.append(f"column {name} is {actual[name]}, expected {typ}")
     engine = client.query(
-        "SELECT engine, engine_full FROM system.tables WHERE database = %(db)s AND name = %(t)s",
+        "SELECT engine, engine_full, partition_key FROM system.tables WHERE database = %(db)s AND name = %(t)s",
         parameters={"db": database, "t": spec.sink.table},
     ).result_rows
     if engine:
-        name, full = engine[0]
+        name, full, partition_key = engine[0]
+        if partition_key.strip("` ") != PARTITION_COLUMN:
+            problems.append(f"it is partitioned by {partition_key or 'nothing'}, expected {PARTITION_COLUMN} "
+                            "(backfills replace one day at a time)")
         if "MergeTree" not in name:
             problems.append(f"engine is {name}; exactly-once loading needs a MergeTree-family table")
         elif not name.startswith(("Replicated", "Shared")):
@@ -276,6 +290,18 @@ def last_loaded_version(client: Any, spec: PipelineSpec, table_id: str) -> int |
     return int(rows[0][0])
 
 
+def rebuild_versions(table: Any, first: int, last: int) -> set[int]:
+    """Versions in [first, last] written by a backfill (their rows reach ClickHouse by partition swap)."""
+    if last < first:
+        return set()
+    out = set()
+    for commit in table.history(last - first + 1):
+        version = commit.get("version")
+        if version is not None and first <= int(version) <= last and REBUILD_KEY in commit:
+            out.add(int(version))
+    return out
+
+
 def _version_rows(path: str, start: int, end: int, columns: list[str], order: list[str],
                   emitted_only: bool) -> pa.Table:
     changes = read_inserts(path, start, end, [*columns, *order, *(["_status"] if emitted_only else [])])
@@ -301,11 +327,11 @@ def load_new_versions(
     current = silver.version()
     result.delta_version = current
     if spec.is_join:
-        columns = spec.plan.output_names
+        columns = [*spec.plan.output_names, "_left_event_date"]
         order = ["_left_topic", "_left_partition", "_left_offset"]
         schema: pa.Schema | None = pa.schema(silver.schema())
     else:
-        columns = [f.name for f in spec.sink_source.fields]
+        columns = [*(f.name for f in spec.sink_source.fields), "_event_date"]
         order = ["_topic", "_partition", "_offset"]
         schema = None
     with open_client(dsn) as client:
@@ -316,16 +342,17 @@ def load_new_versions(
         if first > current:
             result.seconds = time.monotonic() - started
             return result
+        skipped = rebuild_versions(silver, first, current)
         changes = _version_rows(delta_path, first, current, columns, order, spec.is_join)
         versions = changes.column("_commit_version").to_numpy(zero_copy_only=False) if changes.num_rows else []
         by_version: dict[int, list[int]] = {}
         for index, version in enumerate(versions):
             by_version.setdefault(int(version), []).append(index)
         for version in range(first, current + 1):
-            indices = by_version.get(version, [])
+            indices = [] if version in skipped else by_version.get(version, [])
             rows = changes.take(pa.array(indices, pa.int64())) if indices else changes.slice(0, 0)
             rows = rows.sort_by([(c, "ascending") for c in order])
-            rows = rows.select(columns)
+            rows = rows.select(columns).rename_columns([*columns[:-1], PARTITION_COLUMN])
             chunks = _insert_version(client, spec, table_id, version, rows, log)
             crash_point("before_ledger_write")
             with_retries(

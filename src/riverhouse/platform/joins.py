@@ -22,8 +22,11 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -32,6 +35,7 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from riverhouse.platform.faults import crash_point
+from riverhouse.platform.pipeline import pipeline_lock
 from riverhouse.platform.settings import Settings
 from riverhouse.platform.spec import PipelineSpec
 from riverhouse.platform.sql import JoinPlan, flat
@@ -273,8 +277,32 @@ def _merge_by_identity(table: Any, rows: pa.Table, metadata: dict[str, str] | No
     return int(metrics.get("num_target_rows_inserted", 0))
 
 
+def lookup_rows(spec: PipelineSpec, layout: TableLayout, lo: datetime, hi: datetime) -> dict[str, pa.Table]:
+    """Per lookup alias, the silver rows that can match driving events with times in [lo, hi]."""
+    lookups: dict[str, pa.Table] = {}
+    for step in spec.plan.steps:
+        src_schema = silver_schema(spec.sources[step.source])
+        if step.window is None:
+            lookups[step.alias] = _read_range(layout.silver(step.source), src_schema, None, None)
+        else:
+            lookups[step.alias] = _read_range(layout.silver(step.source), src_schema, lo - step.window, hi + step.window)
+    return lookups
+
+
+@contextmanager
+def gold_lock(settings: Settings, pipeline: str, log: Callable[[str], None] | None = None) -> Iterator[None]:
+    """One writer of a pipeline's gold table at a time (stream runs and backfills)."""
+    with pipeline_lock(Path(settings.checkpoints) / pipeline, pipeline, wait_s=600, name="gold.lock", log=log):
+        yield
+
+
 def run_gold(spark: Any, spec: PipelineSpec, settings: Settings, drain: bool = False) -> GoldResult:
     """Emit every closed, not yet emitted driving event of a join pipeline into gold."""
+    with gold_lock(settings, spec.name):
+        return _run_gold(spark, spec, settings, drain)
+
+
+def _run_gold(spark: Any, spec: PipelineSpec, settings: Settings, drain: bool) -> GoldResult:
     started = time.monotonic()
     plan = spec.plan
     layout = TableLayout(settings.warehouse, spec.name)
@@ -328,14 +356,7 @@ def run_gold(spark: Any, spec: PipelineSpec, settings: Settings, drain: bool = F
 
     lo = pc.min(closed.column("_event_time")).as_py()
     hi = pc.max(closed.column("_event_time")).as_py()
-    lookups: dict[str, pa.Table] = {}
-    for step in plan.steps:
-        src_schema = silver_schema(spec.sources[step.source])
-        if step.window is None:
-            lookups[step.alias] = _read_range(layout.silver(step.source), src_schema, None, None)
-        else:
-            lookups[step.alias] = _read_range(layout.silver(step.source), src_schema, lo - step.window, hi + step.window)
-
+    lookups = lookup_rows(spec, layout, lo, hi)
     rows = evaluate(spark, spec, plan, closed, lookups).toArrow()
     rows = rows.select(schema.names).cast(schema)
     status = rows.column("_status")

@@ -9,6 +9,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from riverhouse.platform.settings import Settings
+from riverhouse.platform.spec import PipelineSpec
 from riverhouse.platform.tables import open_table, plain_strings
 
 
@@ -46,3 +48,52 @@ def duplicate_keys_within_window(path: str, key: list[str], window: timedelta, l
 def delta_row_count(path: str) -> int:
     table = open_table(path)
     return 0 if table is None else table.to_pyarrow_dataset().count_rows()
+
+
+def reconcile_per_day(spec: PipelineSpec, settings: Settings) -> tuple[Any, dict[str, int]]:
+    """Rows per day in ClickHouse vs the sink Delta table at the ledger's last loaded version.
+
+    Returns the Great Expectations outcome (failing days as its sample) and totals.
+    """
+    from riverhouse.platform.clickhouse import (
+        PARTITION_COLUMN,
+        delta_date_column,
+        last_loaded_version,
+        open_client,
+        qualified_table,
+        sink_table_path,
+        table_stats,
+    )
+    from riverhouse.platform.expectations import validate_reconciliation
+
+    path = sink_table_path(spec, settings.warehouse)
+    table = open_table(path)
+    delta_counts: dict[str, int] = {}
+    ch_counts: dict[str, int] = {}
+    with open_client(settings.clickhouse_dsn) as client:
+        version = last_loaded_version(client, spec, table.metadata().id) if table is not None else None
+        rows = client.query(f"SELECT toString({PARTITION_COLUMN}), count() FROM {qualified_table(spec)} "
+                            f"GROUP BY {PARTITION_COLUMN}").result_rows
+        ch_counts = {day: int(n) for day, n in rows}
+    if table is not None and version is not None:
+        table.load_as_version(version)
+        date_col = delta_date_column(spec)
+        flt = pc.field("_status") == "emitted" if spec.is_join else None
+        dates = table.to_pyarrow_dataset().to_table(columns=[date_col], filter=flt)
+        if dates.num_rows:
+            grouped = dates.group_by(date_col).aggregate([(date_col, "count")])
+            delta_counts = {str(d): int(n) for d, n in zip(grouped.column(date_col).to_pylist(),
+                                                           grouped.column(f"{date_col}_count").to_pylist(),
+                                                           strict=True)}
+    days = sorted(set(delta_counts) | set(ch_counts))
+    per_day = pa.table({
+        "day": pa.array(days, pa.string()),
+        "delta_rows": pa.array([delta_counts.get(d, 0) for d in days], pa.int64()),
+        "clickhouse_rows": pa.array([ch_counts.get(d, 0) for d in days], pa.int64()),
+    })
+    outcome = validate_reconciliation(spec, per_day)
+    stats = table_stats(settings.clickhouse_dsn, spec)
+    return outcome, {"rows": stats["rows"], "delta_rows": sum(delta_counts.values()),
+                     "duplicate_keys": stats["duplicate_keys"], "days": len(days),
+                     "days_mismatched": sum(1 for d in days if delta_counts.get(d, 0) != ch_counts.get(d, 0)),
+                     "loaded_version": -1 if version is None else version}

@@ -1,0 +1,159 @@
+"""Great Expectations (GX Core 1.x) suites derived from a pipeline spec.
+
+Suites are built from the spec, so a field's type, `required` flag and `min`/`max`
+are the single source of truth. Validation runs on the rows a run is about to
+publish (pandas, in process); each failed expectation comes back with a sample
+of the failing values for the Dagster UI. Uniqueness *within the dedup window*
+has no GX expectation, so that check stays a separate windowed scan.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from riverhouse.platform.spec import PipelineSpec, SourceSpec
+
+# pandas dtype names a spec type may arrive as (nullable integers become float64 in pandas).
+PANDAS_TYPES: dict[str, list[str]] = {
+    "string": ["object", "str", "string"],
+    "int": ["int32", "Int32", "int64", "Int64", "float64"],
+    "long": ["int64", "Int64", "float64"],
+    "float": ["float32", "float64"],
+    "double": ["float64"],
+    "boolean": ["bool", "boolean", "object"],
+    # Timestamps are handed over as naive UTC: GX 1.x rejects tz-aware pandas dtypes by name.
+    "timestamp": ["datetime64[us]", "datetime64[ns]", "datetime64[ms]"],
+    "date": ["date", "object", "datetime64[s]", "datetime64[ms]", "datetime64[us]", "datetime64[ns]"],
+}
+
+
+@dataclass
+class ExpectationOutcome:
+    expectation: str
+    column: str | None
+    success: bool
+    unexpected_count: int = 0
+    sample: list[Any] = field(default_factory=list)
+
+
+@dataclass
+class SuiteOutcome:
+    suite: str
+    rows: int
+    outcomes: list[ExpectationOutcome]
+
+    @property
+    def success(self) -> bool:
+        return all(o.success for o in self.outcomes)
+
+    @property
+    def failed(self) -> list[ExpectationOutcome]:
+        return [o for o in self.outcomes if not o.success]
+
+    def describe_failures(self) -> str:
+        parts = []
+        for o in self.failed:
+            where = f" on {o.column}" if o.column else ""
+            parts.append(f"{o.expectation}{where}: {o.unexpected_count} rows, e.g. {o.sample[:3]}")
+        return "; ".join(parts)
+
+    def metadata(self) -> dict[str, Any]:
+        return {
+            "rows_validated": self.rows,
+            "expectations": len(self.outcomes),
+            "failed_expectations": len(self.failed),
+            "failures": [
+                {"expectation": o.expectation, "column": o.column, "unexpected_count": o.unexpected_count,
+                 "sample": [str(v) for v in o.sample[:10]]}
+                for o in self.failed
+            ],
+        }
+
+
+def _gx() -> Any:
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+    logging.getLogger("great_expectations").setLevel(logging.ERROR)
+    import great_expectations as gx
+
+    return gx
+
+
+def source_expectations(src: SourceSpec) -> list[Any]:
+    """Not-null keys, required fields and event time; types; ranges from the spec."""
+    gx = _gx()
+    exp = gx.expectations
+    out: list[Any] = []
+    for name in dict.fromkeys([*src.dedup_key, *src.required_fields, "_event_time"]):
+        out.append(exp.ExpectColumnValuesToNotBeNull(column=name))
+    for f in src.fields:
+        out.append(exp.ExpectColumnValuesToBeInTypeList(column=f.name, type_list=PANDAS_TYPES[f.type]))
+        if f.min is not None or f.max is not None:
+            out.append(exp.ExpectColumnValuesToBeBetween(column=f.name, min_value=f.min, max_value=f.max))
+    return out
+
+
+def validate(rows: pa.Table, expectations: list[Any], suite_name: str) -> SuiteOutcome:
+    """Run the expectations on the rows with an ephemeral GX context."""
+    gx = _gx()
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+
+    context = gx.get_context(mode="ephemeral")
+    context.variables.progress_bars = ProgressBarsConfig(globally=False)
+    name = f"{suite_name}_{uuid.uuid4().hex[:8]}"
+    data_source = context.data_sources.add_pandas(name)
+    asset = data_source.add_dataframe_asset(name)
+    batch_definition = asset.add_batch_definition_whole_dataframe(name)
+    suite = context.suites.add(gx.ExpectationSuite(name=suite_name))
+    for expectation in expectations:
+        suite.add_expectation(expectation)
+    naive = pa.schema([
+        pa.field(f.name, pa.timestamp(f.type.unit)) if pa.types.is_timestamp(f.type) else f for f in rows.schema
+    ])
+    frame = rows.cast(naive).to_pandas()
+    batch = batch_definition.get_batch(batch_parameters={"dataframe": frame})
+    result = batch.validate(suite, result_format={"result_format": "SUMMARY", "partial_unexpected_count": 10})
+    outcomes = []
+    for r in result.results:
+        config = r.expectation_config
+        details = r.result or {}
+        outcomes.append(
+            ExpectationOutcome(
+                expectation=config.type,
+                column=config.kwargs.get("column") or config.kwargs.get("column_A"),
+                success=bool(r.success),
+                unexpected_count=int(details.get("unexpected_count") or (0 if r.success else 1)),
+                sample=list(details.get("partial_unexpected_list") or
+                            ([details.get("observed_value")] if "observed_value" in details else [])),
+            )
+        )
+    return SuiteOutcome(suite_name, rows.num_rows, outcomes)
+
+
+def validate_silver(spec: PipelineSpec, source: str, rows: pa.Table) -> SuiteOutcome:
+    return validate(rows, source_expectations(spec.sources[source]), f"{spec.name}_{source}_silver")
+
+
+def validate_rejected_rate(spec: PipelineSpec, statuses: pa.Table) -> SuiteOutcome:
+    """At most `quality.max_rejected_rate` of the records (column `_status`) were quarantined."""
+    gx = _gx()
+    mostly = 1.0 - spec.quality.max_rejected_rate
+    expectation = gx.expectations.ExpectColumnValuesToBeInSet(column="_status", value_set=["ok"], mostly=mostly)
+    return validate(statuses, [expectation], f"{spec.name}_rejected_rate")
+
+
+def validate_reconciliation(spec: PipelineSpec, per_day: pa.Table) -> SuiteOutcome:
+    """Per day, ClickHouse holds as many rows as Delta (columns day, delta_rows, clickhouse_rows)."""
+    gx = _gx()
+    expectation = gx.expectations.ExpectColumnPairValuesToBeEqual(column_A="delta_rows", column_B="clickhouse_rows")
+    outcome = validate(per_day, [expectation], f"{spec.name}_reconciliation")
+    if not outcome.success:
+        # The failing days themselves are what a person needs.
+        days = per_day.to_pylist()
+        outcome.outcomes[0].sample = [d for d in days if d["delta_rows"] != d["clickhouse_rows"]][:10]
+    return outcome
