@@ -11,11 +11,12 @@ import pytest
 from deltalake import write_deltalake
 
 from riverhouse.assets import build_pipeline_assets
+from riverhouse.assets.pipelines import MODE_TAG, live_partition_key
 from riverhouse.definitions import build_definitions
 from riverhouse.demo import check_results, materialization_metadata
 from riverhouse.platform.clickhouse import table_stats
 from riverhouse.platform.settings import Settings
-from riverhouse.platform.spec import load_specs
+from riverhouse.platform.spec import QualitySpec, load_specs
 from riverhouse.platform.tables import TableLayout, open_table
 from riverhouse.resources import resources_from_settings
 from tests.conftest import REPO, order, orders_spec, produce
@@ -49,35 +50,54 @@ def test_definitions_load_with_lineage_kinds_and_checks(monkeypatch: pytest.Monk
             assert graph.get(gold).parent_keys == {dg.AssetKey(["silver", spec.name, s]) for s in spec.sources}
             assert gold in graph.get(sink).parent_keys
     check_names = {key.name for key in graph.asset_check_keys}
-    assert {"orders_has_unique_keys_within_window", "orders_matches_delta"} <= check_names
+    assert {"orders_has_unique_keys_within_window", "orders_matches_delta", "orders_passes_expectations",
+            "orders_rejected_rate_is_below_0_05"} <= check_names
+    for spec in specs:
+        assert defs.resolve_sensor_def(f"{spec.name}_kafka_lag_sensor") is not None
+        assert defs.resolve_job_def(f"{spec.name}_continuous_job") is not None
+        silver = graph.get(dg.AssetKey(["silver", spec.name, next(iter(spec.sources))]))
+        assert isinstance(silver.partitions_def, dg.TimeWindowPartitionsDefinition)
+        assert graph.get(dg.AssetKey(["clickhouse", spec.name, spec.sink.table])).owners == list(spec.owners)
     for key in graph.get_all_asset_keys():
         assert graph.get(key).description, f"{key} has no description"
 
 
-def materialize(spec: Any, settings: Settings, selection: Any = None) -> dg.ExecuteInProcessResult:
+def materialize(spec: Any, settings: Settings, selection: Any = None,
+                partition_key: str | None = None) -> dg.ExecuteInProcessResult:
+    """A stream run (or, with `partition_key`, a rebuild run of that partition)."""
     assets, checks = build_pipeline_assets(spec)
     return dg.materialize([*assets, *checks], resources=resources_from_settings(settings),
-                          selection=selection, raise_on_error=False)
+                          selection=selection, partition_key=partition_key or live_partition_key(spec),
+                          tags={MODE_TAG: "rebuild" if partition_key else "stream"}, raise_on_error=False)
+
+
+def tolerant(spec: Any, rate: float = 0.5) -> Any:
+    return spec.model_copy(update={"quality": QualitySpec(max_rejected_rate=rate)})
 
 
 def test_materialize_runs_the_pipeline_with_metadata(spark: Any, kafka: str, topic: str, settings: Settings) -> None:
-    spec = orders_spec(topic, name="dg_orders")
+    spec = tolerant(orders_spec(topic, name="dg_orders"))
     produce(kafka, topic, [order("a", "2026-01-01T00:00:00Z"), order("a", "2026-01-01T00:00:00Z"),
                            order("b", "2026-01-01T00:01:00Z"), (b"x", b"garbage")])
     result = materialize(spec, settings)
     assert result.success
     meta = materialization_metadata(result)
-    silver = meta["silver/dg_orders/orders"]
-    assert (silver["records_in"], silver["inserted"], silver["duplicates_dropped"], silver["quarantined"]) == (4, 2, 1, 1)
+    bronze = meta["bronze/dg_orders/orders"]
+    assert (bronze["records_in"], bronze["inserted"], bronze["duplicates_dropped"], bronze["quarantined"]) == (4, 2, 1, 1)
+    assert bronze["lag_before"] == 4  # what Kafka held beyond the committed offsets
+    assert meta["silver/dg_orders/orders"]["inserted"] == 2
+    assert meta["silver/dg_orders/orders"]["mode"] == "stream"
     assert meta["clickhouse/dg_orders/dg_orders_orders"]["rows_loaded"] == 2
-    assert meta["bronze/dg_orders/orders"]["end_offsets"]  # Kafka offsets reached
+    assert bronze["end_offsets"]  # Kafka offsets reached
     assert check_results(result) == {"orders_has_unique_keys_within_window": True,
+                                     "orders_passes_expectations": True,
+                                     "orders_rejected_rate_is_below_0_5": True,
                                      "dg_orders_orders_matches_delta": True}
 
     again = materialize(spec, settings)
     assert again.success
     meta = materialization_metadata(again)
-    assert meta["silver/dg_orders/orders"]["records_in"] == 0
+    assert meta["bronze/dg_orders/orders"]["records_in"] == 0
     assert meta["clickhouse/dg_orders/dg_orders_orders"]["rows_loaded"] == 0
     assert table_stats(settings.clickhouse_dsn, spec)["rows"] == 2
 

@@ -197,7 +197,7 @@ def _parse_bronze(spark: Any, spec: PipelineSpec, source: str, bronze: pa.Table)
         "timestampType": pa.array([0] * bronze.num_rows, pa.int32()), "headers": bronze.column("_headers"),
     })
     parsed = parse_records(spark.createDataFrame(kafka_rows), src).filter("_status = 'ok'").toArrow()
-    parsed = plain_strings(parsed)
+    parsed = plain_strings(parsed.select([c for c in schema.names if c != "_batch_id"]))
     batch_of = bronze.select([*IDENT, "_batch_id"])
     parsed = parsed.join(batch_of, keys=IDENT, join_type="inner")
     return parsed.select(schema.names).cast(schema)

@@ -1,0 +1,185 @@
+"""Sensors, schedules, Great Expectations checks and time-window backfills, for real."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import dagster as dg
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from riverhouse.assets.orchestration import lag_sensor, pipeline_schedule
+from riverhouse.demo import check_results, materialization_metadata
+from riverhouse.platform.clickhouse import open_client, qualified_table
+from riverhouse.platform.settings import Settings
+from riverhouse.platform.spec import OrchestrationSpec, SensorSpec, parse_spec
+from riverhouse.platform.tables import TableLayout, open_table
+from riverhouse.resources import resources_from_settings
+from tests.conftest import order, orders_spec, produce
+from tests.dagster_assets.test_definitions import materialize, tolerant
+
+pytestmark = pytest.mark.dagster
+
+
+def with_sensor(spec: Any, **sensor: Any) -> Any:
+    orch = OrchestrationSpec(sensor=SensorSpec(**sensor))
+    return spec.model_copy(update={"orchestration": orch})
+
+
+def evaluate(sensor: dg.SensorDefinition, settings: Settings, cursor: str | None) -> tuple[Any, str | None]:
+    with dg.build_sensor_context(cursor=cursor, resources=resources_from_settings(settings),
+                                 instance=dg.DagsterInstance.ephemeral()) as context:
+        result = sensor(context)
+        return result, context.cursor
+
+
+def test_lag_sensor_requests_runs_by_lag_and_by_delay(spark: Any, kafka: str, topic: str,
+                                                       settings: Settings) -> None:
+    spec = with_sensor(orders_spec(topic, name="sensed"), min_lag=5, max_delay="1h")
+    sensor = lag_sensor(spec)
+    produce(kafka, topic, [order("a", "2026-01-01T00:00:00Z")])  # creates the topic
+    result, cursor = evaluate(sensor, settings, None)
+    assert isinstance(result, dg.SkipReason)
+    assert "1 records waiting (below min_lag 5)" in result.skip_message
+    assert json.loads(cursor)["lag"] == 1
+
+    produce(kafka, topic, [order(f"o{i}", "2026-01-01T00:00:00Z") for i in range(6)])
+    result, cursor = evaluate(sensor, settings, cursor)
+    assert isinstance(result, dg.RunRequest)
+    assert result.tags["riverhouse/lag"] == "7" and result.tags["riverhouse/trigger"] == "min_lag"
+    assert result.run_key.startswith("sensed@" + topic)
+    assert result.partition_key == datetime.now(UTC).strftime("%Y-%m-%d")
+    # Same end offsets, same run key: a second tick cannot start a second run for the same data.
+    again, _ = evaluate(sensor, settings, cursor)
+    assert again.run_key == result.run_key
+
+    # Below min_lag, but the oldest record has waited longer than max_delay.
+    slow = with_sensor(spec, min_lag=1000, max_delay="30s")
+    stale = json.dumps({"pending_since": time.time() - 60})
+    result, cursor = evaluate(lag_sensor(slow), settings, stale)
+    assert isinstance(result, dg.RunRequest) and result.tags["riverhouse/trigger"] == "max_delay"
+    assert json.loads(cursor)["pending_since"] is None
+
+    # After a run has read everything, there is nothing to do.
+    assert materialize(tolerant(spec), settings).success
+    result, cursor = evaluate(sensor, settings, cursor)
+    assert isinstance(result, dg.SkipReason) and "no new records" in result.skip_message
+
+
+def test_lag_sensor_reports_unreachable_kafka(settings: Settings, topic: str) -> None:
+    spec = orders_spec(topic, name="sensed_down")
+    down = settings.with_(kafka_bootstrap="127.0.0.1:9")  # nothing listens on the discard port
+    result, _ = evaluate(lag_sensor(spec), down, None)
+    assert isinstance(result, dg.SkipReason)
+    assert "Kafka is unreachable" in result.skip_message
+
+
+def test_schedule_requests_a_stream_run_for_its_tick(topic: str) -> None:
+    spec = orders_spec(topic, name="scheduled")
+    spec = spec.model_copy(update={"orchestration": OrchestrationSpec(schedule="*/15 * * * *")})
+    schedule = pipeline_schedule(spec)
+    assert schedule is not None and schedule.cron_schedule == "*/15 * * * *"
+    tick = datetime(2026, 1, 2, 3, 15, tzinfo=UTC)
+    request = schedule(dg.build_schedule_context(scheduled_execution_time=tick))
+    assert request.partition_key == "2026-01-02"
+    assert request.tags["riverhouse/mode"] == "stream"
+    assert request.run_key == f"scheduled@{tick.isoformat()}"
+    assert pipeline_schedule(orders_spec(topic)) is None  # no cron, no schedule
+
+
+def test_gx_check_fails_on_out_of_range_values_and_stops_the_load(spark: Any, kafka: str, topic: str,
+                                                                   settings: Settings) -> None:
+    base = orders_spec(topic, name="gx_ranges")
+    data = base.model_dump(mode="json", exclude_none=True)
+    data["sources"]["orders"]["fields"] = [
+        {**f, "min": 1, "max": 100} if f["name"] == "amount" else f for f in data["sources"]["orders"]["fields"]
+    ]
+    spec = parse_spec(data)
+    produce(kafka, topic, [order("a", "2026-01-01T00:00:00Z", amount=5),
+                           order("b", "2026-01-01T00:00:00Z", amount=500)])
+    result = materialize(spec, settings)
+    assert not result.success
+    evaluation = {e.check_name: e for e in result.get_asset_check_evaluations()}["orders_passes_expectations"]
+    assert not evaluation.passed
+    failures = evaluation.metadata["failures"].value
+    assert failures[0]["expectation"] == "expect_column_values_to_be_between"
+    assert failures[0]["column"] == "amount" and failures[0]["sample"] == ["500"]
+    assert not [k for k in materialization_metadata(result) if k.startswith("clickhouse/")]
+
+
+def test_rejected_rate_check_stops_a_run_full_of_garbage(spark: Any, kafka: str, topic: str,
+                                                         settings: Settings) -> None:
+    spec = orders_spec(topic, name="gx_rejects")
+    produce(kafka, topic, [order("a", "2026-01-01T00:00:00Z"), (b"x", b"garbage"), (b"y", b"{")])
+    result = materialize(spec, settings)
+    assert not result.success
+    assert check_results(result)["orders_rejected_rate_is_below_0_05"] is False
+    keys = materialization_metadata(result)
+    assert "silver/gx_rejects/orders" not in keys and not [k for k in keys if k.startswith("clickhouse/")]
+
+
+def _ch_rows(settings: Settings, spec: Any) -> list[tuple[str, str]]:
+    with open_client(settings.clickhouse_dsn) as client:
+        return sorted(client.query(f"SELECT order_id, toString(_event_date) FROM {qualified_table(spec)}")
+                      .result_rows)
+
+
+def test_backfill_rebuilds_exactly_its_window_and_is_idempotent(spark: Any, kafka: str, topic: str,
+                                                                settings: Settings) -> None:
+    spec = orders_spec(topic, name="backfilled")
+    start = datetime(2026, 1, 1, 23, 40, tzinfo=UTC)
+    events, expected = [], {}
+    for i in range(60):  # one event a minute across midnight, a duplicate of every 4th
+        ts = start + timedelta(minutes=i)
+        events.append(order(f"o{i}", ts.isoformat().replace("+00:00", "Z"), amount=i + 1))
+        expected[f"o{i}"] = ts.date().isoformat()
+        if i % 4 == 0:
+            events.append(order(f"o{i}", (ts + timedelta(minutes=3)).isoformat().replace("+00:00", "Z")))
+    produce(kafka, topic, events)
+    assert materialize(spec, settings).success
+    want = sorted(expected.items())
+    assert _ch_rows(settings, spec) == want
+
+    # Damage day 2 in both stores: its silver rows deleted, ClickHouse holding half of them.
+    layout = TableLayout(settings.warehouse, spec.name)
+    silver = open_table(layout.silver("orders"))
+    day2 = silver.to_pyarrow_dataset().to_table(filter=pc.field("_event_date") == pa.scalar(
+        datetime(2026, 1, 2).date(), pa.date32()))
+    silver.delete("_event_date = '2026-01-02'")
+    with open_client(settings.clickhouse_dsn) as client:
+        client.command(f"ALTER TABLE {qualified_table(spec)} DELETE WHERE _event_date = '2026-01-02' "
+                       "AND toInt32(substring(order_id, 2)) % 2 = 0 SETTINGS mutations_sync = 1")
+    assert _ch_rows(settings, spec) != want
+
+    selection = dg.AssetSelection.keys(dg.AssetKey(["silver", spec.name, "orders"]),
+                                       dg.AssetKey(["clickhouse", spec.name, spec.sink.table]))
+    result = materialize(spec, settings, selection=selection, partition_key="2026-01-02")
+    assert result.success
+    meta = materialization_metadata(result)
+    assert meta["silver/backfilled/orders"]["mode"] == "rebuild"
+    assert meta["silver/backfilled/orders"]["rows"] == day2.num_rows
+    assert meta["silver/backfilled/orders"]["changed"] is True
+    rebuilt = open_table(layout.silver("orders")).to_pyarrow_dataset().to_table(
+        filter=pc.field("_event_date") == pa.scalar(datetime(2026, 1, 2).date(), pa.date32()))
+    key = ["_topic", "_partition", "_offset"]
+    assert rebuilt.select(key).sort_by([(k, "ascending") for k in key]).equals(
+        day2.select(key).sort_by([(k, "ascending") for k in key]))
+    assert _ch_rows(settings, spec) == want
+    assert check_results(result)["backfilled_orders_matches_delta"] is True
+    version = open_table(layout.silver("orders")).version()
+
+    # The same backfill again changes nothing: no new Delta version, the same ClickHouse rows.
+    again = materialize(spec, settings, selection=selection, partition_key="2026-01-02")
+    assert again.success
+    assert materialization_metadata(again)["silver/backfilled/orders"]["changed"] is False
+    assert open_table(layout.silver("orders")).version() == version
+    assert _ch_rows(settings, spec) == want
+
+    # The stream goes on; the rebuilt day is not loaded a second time.
+    produce(kafka, topic, [order("late", "2026-01-02T00:30:00Z"), order("o45", "2026-01-02T00:26:00Z")])
+    assert materialize(spec, settings).success
+    assert _ch_rows(settings, spec) == sorted([*want, ("late", "2026-01-02")])
