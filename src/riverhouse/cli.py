@@ -198,6 +198,8 @@ def run(
     spec = _load_or_fail(spec_file)
     log = (lambda m: None) if as_json else (lambda m: err.print(m, highlight=False))
     if continuous:
+        # A long-running process always reports progress (on stderr; --json keeps stdout for the summary).
+        log = lambda m: err.print(m, highlight=False)  # noqa: E731
         if drain:
             _fail("--drain closes every join window, which a continuous run must not do; run without it")
         stop = threading.Event()
@@ -337,13 +339,18 @@ def ui(
 
 
 def prepare_dagster_home(path: Path) -> Path:
-    """A DAGSTER_HOME with telemetry off and one ClickHouse step at a time (chDB is single-process)."""
+    """A DAGSTER_HOME with telemetry off, one ClickHouse step at a time (chDB is single-process)
+    and one run per pipeline at a time (sensor, schedule and manual runs queue up)."""
     path.mkdir(parents=True, exist_ok=True)
     config = path / "dagster.yaml"
-    if not config.exists():
+    generated = "# written by riverhouse ui; delete this line to keep your own edits\n"
+    if not config.exists() or config.read_text().startswith(generated):
         config.write_text(
-            "telemetry:\n  enabled: false\n"
+            generated
+            + "telemetry:\n  enabled: false\n"
             "concurrency:\n  pools:\n    default_limit: 1\n"
+            "  runs:\n    tag_concurrency_limits:\n      - key: riverhouse/pipeline\n"
+            "        value:\n          applyLimitPerUniqueValue: true\n        limit: 1\n"
         )
     return path
 

@@ -45,6 +45,9 @@ def build_definitions(specs: list[PipelineSpec] | None = None, settings: Setting
         sensors=sensors,
         schedules=schedules,
         resources=resources_from_settings(settings),
+        # Materializations launched from the UI run in one process too: one Spark session per
+        # run, and the embedded ClickHouse (chDB) opened by one process at a time.
+        executor=dg.in_process_executor,
     )
 
 

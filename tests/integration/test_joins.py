@@ -180,7 +180,7 @@ def test_sql_pipeline_with_dimension_and_where(spark: Any, kafka: str, topic: st
     assert summary["join_filtered"] == 1
     # ClickHouse types come from the query's output types.
     assert column_types == {"order_id": "String", "user_name": "Nullable(String)", "tier": "Nullable(String)",
-                            "total": "Nullable(Float64)"}
+                            "total": "Nullable(Float64)", "_event_date": "Date"}  # the partition key
 
 
 def test_example_sql_spec_against_a_reference(spark: Any, kafka: str, topic: str, settings: Settings) -> None:

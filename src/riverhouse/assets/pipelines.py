@@ -203,7 +203,9 @@ def _ingest_asset(spec: PipelineSpec, source_name: str) -> dg.AssetsDefinition:
         lag_before = next((s.lag for s in lag if s.source == source_name), 0)
         silver = open_table(layout.silver(source_name))
         silver_before = silver.version() if silver is not None else -1
-        result = ingest(spark.session(), spec, settings, source_name, on_batch=log_batch)
+        # Runs launched from the UI are not queued per pipeline: wait for the one in progress.
+        result = ingest(spark.session(), spec, settings, source_name, on_batch=log_batch, lock_wait_s=600,
+                        log=context.log.info)
         summary = result.summary()
         seconds = max(result.seconds, 1e-6)
         batch_ids = [b.batch_id for b in result.batches]

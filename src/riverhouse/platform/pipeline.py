@@ -343,10 +343,15 @@ def ingest(
     settings: Settings,
     source: str | None = None,
     on_batch: Callable[[BatchMetrics], None] | None = None,
+    lock_wait_s: float = 0.0,
+    log: Callable[[str], None] | None = None,
 ) -> IngestResult:
-    """Run one triggered (availableNow) streaming query: everything in Kafka now, in bounded batches."""
+    """Run one triggered (availableNow) streaming query: everything in Kafka now, in bounded batches.
+
+    `lock_wait_s`: how long to wait for another run of the same source (orchestrated runs queue).
+    """
     stream = prepare_stream(spec, settings, source or spec.sink_source_name, on_batch)
-    with pipeline_lock(stream.checkpoint, spec.name):
+    with pipeline_lock(stream.checkpoint, spec.name, wait_s=lock_wait_s, log=log):
         started = time.monotonic()
         query = stream.start(spark, {"availableNow": True})
         try:
