@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.riverhouse-installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test ui lint install clean java-check
+.PHONY: demo test ui lint install clean java-check chromium
 
 install: $(STAMP)
 
@@ -29,7 +29,15 @@ $(STAMP): pyproject.toml | java-check
 demo: $(STAMP) ## the main job on the embedded defaults
 	$(BIN)/riverhouse demo
 
-test: $(STAMP) ## every test tier: unit, spark, integration, dagster
+# The UI test drives Debian's chromium (Playwright's own browser download is not reachable here).
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "==> installing Debian's chromium for the UI test"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1 || \
+	  { $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq --no-install-recommends chromium >/dev/null; }; }
+
+test: $(STAMP) chromium ## every test tier: unit, spark, integration, dagster, e2e (UI in Chromium)
 	$(BIN)/ruff check src tests
 	$(BIN)/pytest $(PYTEST_ARGS)
 

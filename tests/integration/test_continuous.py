@@ -45,7 +45,7 @@ class Continuous:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             for line in self.lines:
-                if line.startswith("loaded ") and f"({total:,} this session)" in line:
+                if line.startswith("loaded ") and f", {total:,} this session)" in line:
                     return
             if self.proc.poll() is not None:
                 break
