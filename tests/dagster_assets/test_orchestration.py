@@ -183,3 +183,51 @@ def test_backfill_rebuilds_exactly_its_window_and_is_idempotent(spark: Any, kafk
     produce(kafka, topic, [order("late", "2026-01-02T00:30:00Z"), order("o45", "2026-01-02T00:26:00Z")])
     assert materialize(spec, settings).success
     assert _ch_rows(settings, spec) == sorted([*want, ("late", "2026-01-02")])
+
+
+def test_backfill_of_a_join_pipeline_rebuilds_gold_and_clickhouse(spark: Any, kafka: str, topic: str,
+                                                                  settings: Settings) -> None:
+    from riverhouse.demo import materialize_pipeline
+    from riverhouse.platform.joins import gold_path
+    from tests.integration.test_joins import ch_rows, join_spec, semantics_events, topics_for
+
+    topics = topics_for(topic)
+    semantics_events(kafka, topics)
+    spec = join_spec(topics, "left", name="bf_join")
+    assert materialize_pipeline(spec, settings, drain=True).success
+    want = ch_rows(settings, spec)
+    assert len(want) == 5
+    path = gold_path(TableLayout(settings.warehouse, spec.name), spec)
+    before = open_table(path).to_pyarrow_dataset().to_table().sort_by("_left_offset")
+
+    # Gold loses the day; ClickHouse loses two of its rows.
+    open_table(path).delete("_left_event_date = '2026-01-01'")
+    with open_client(settings.clickhouse_dsn) as client:
+        client.command(f"ALTER TABLE {qualified_table(spec)} DELETE WHERE order_id IN ('o1', 'o4') "
+                       "SETTINGS mutations_sync = 1")
+    selection = dg.AssetSelection.keys(dg.AssetKey(["gold", spec.name, spec.sink.table]),
+                                       dg.AssetKey(["clickhouse", spec.name, spec.sink.table]))
+    result = materialize(spec, settings, selection=selection, partition_key="2026-01-01")
+    assert result.success
+    meta = materialization_metadata(result)[f"gold/bf_join/{spec.sink.table}"]
+    assert (meta["mode"], meta["rows"], meta["changed"]) == ("rebuild", 5, True)
+    after = open_table(path).to_pyarrow_dataset().to_table().select(before.schema.names).sort_by("_left_offset")
+    assert after.equals(before.cast(after.schema))
+    assert ch_rows(settings, spec) == want
+    assert check_results(result)["bf_join_out_matches_delta"] is True
+
+
+def test_continuous_job_runs_until_its_time_is_up(spark: Any, kafka: str, topic: str, settings: Settings) -> None:
+    from riverhouse.assets.orchestration import continuous_job
+
+    spec = orders_spec(topic, name="cont_job")
+    produce(kafka, topic, [order(f"o{i}", "2026-01-01T00:00:00Z") for i in range(30)] * 2)
+    job = continuous_job(spec)
+    result = job.execute_in_process(
+        run_config={"ops": {"cont_job_continuous": {"config": {"run_for_seconds": 15}}}},
+        resources=resources_from_settings(settings),
+    )
+    assert result.success
+    with open_client(settings.clickhouse_dsn) as client:
+        rows = client.query(f"SELECT count(), uniqExact(order_id) FROM {qualified_table(spec)}").result_rows[0]
+    assert rows == (30, 30)
