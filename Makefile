@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.riverhouse-installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test ui lint install clean java-check chromium
+.PHONY: demo test ui lint install clean java-check chromium bench
 
 install: $(STAMP)
 
@@ -43,6 +43,9 @@ test: $(STAMP) chromium ## every test tier: unit, spark, integration, dagster, e
 
 ui: $(STAMP) ## Dagster UI on http://127.0.0.1:3000 with the local Kafka
 	$(BIN)/riverhouse ui
+
+bench: $(STAMP) ## every benchmark scenario; writes bench/results/ and docs/benchmarks.md
+	$(BIN)/riverhouse bench
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests

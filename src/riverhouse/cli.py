@@ -258,6 +258,49 @@ def _print_summary(title: str, summary: dict[str, Any]) -> None:
     out.print(table)
 
 
+# ---------------------------------------------------------------------------- bench
+@app.command()
+def bench(
+    events: Annotated[int, typer.Option(help="Distinct orders per throughput scenario")] = 200_000,
+    duplicate_rate: Annotated[float, typer.Option(help="Extra duplicate copies, fraction of events")] = 0.1,
+    scenarios: Annotated[str, typer.Option(help="Comma-separated scenarios (default: all)")] = ",".join(
+        ("kafka_read_limit", "clickhouse_insert_limit", "baseline_consumer", "riverhouse_dedup",
+         "riverhouse_dedup_join", "freshness", "query_vs_final", "dedup_state")),
+    freshness_rate: Annotated[float, typer.Option(help="freshness: events/s produced")] = 20_000.0,
+    freshness_seconds: Annotated[float, typer.Option(help="freshness: seconds of production")] = 60.0,
+    state_keys: Annotated[str, typer.Option(help="dedup_state: distinct key counts, comma-separated")] = "1000000",
+    results: Annotated[Path, typer.Option(help="Folder for <timestamp>.json and latest.json")] = Path("bench/results"),
+    docs: Annotated[Path, typer.Option(help="Markdown page to render (a PNG goes next to it)")] = Path(
+        "docs/benchmarks.md"),
+    home: HomeOption = None,
+) -> None:
+    """Benchmark every scenario in one run; write bench/results/*.json and docs/benchmarks.md."""
+    from riverhouse.bench import SCENARIOS, BenchConfig, run_bench, targets
+
+    chosen = tuple(x.strip() for x in scenarios.split(",") if x.strip())
+    unknown = [x for x in chosen if x not in SCENARIOS]
+    if unknown:
+        _fail(f"unknown scenario(s) {', '.join(unknown)}; choose from {', '.join(SCENARIOS)}")
+    cfg = BenchConfig(events=events, duplicate_rate=duplicate_rate, scenarios=chosen, freshness_rate=freshness_rate,
+                      freshness_seconds=freshness_seconds,
+                      state_keys=tuple(int(k) for k in state_keys.split(",") if k.strip()),
+                      home=_settings(home).home / "bench", results_dir=results, docs=docs)
+    result, path = _guarded(lambda: run_bench(cfg, log=lambda m: err.print(m, highlight=False)))
+    table = Table(title="riverhouse bench", show_header=True, header_style="bold")
+    for column in ("scenario", "events", "seconds", "events/s", "excl. start-up", "exact"):
+        table.add_column(column, justify="left" if column == "scenario" else "right")
+    for name, r in result["scenarios"].items():
+        def num(value: Any, spec: str = "{:,.0f}") -> str:
+            return spec.format(value) if isinstance(value, int | float) else "-"
+
+        table.add_row(name, num(r.get("events")), num(r.get("seconds"), "{:,.1f}"), num(r.get("events_per_s")),
+                      num(r.get("events_per_s_excluding_startup")), "yes" if r.get("exact") else "NO")
+    out.print(table)
+    for name, measured, verdict, _ in targets(result):
+        out.print(f"  {name}: {measured} {verdict}", highlight=False)
+    out.print(f"results: {path} (and {path.parent / 'latest.json'}); page: {docs}")
+
+
 # ---------------------------------------------------------------------------- demo
 @app.command()
 def demo(

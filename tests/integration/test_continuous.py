@@ -40,7 +40,7 @@ class Continuous:
         for line in self.proc.stderr:
             self.lines.append(line.rstrip())
 
-    def wait_for_loaded(self, total: int, timeout_s: float = 120) -> None:
+    def wait_for_loaded(self, total: int, timeout_s: float = 300) -> None:
         """Until the process reports `total` rows loaded this session."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -54,8 +54,11 @@ class Continuous:
 
     def stop(self, sig: int = signal.SIGTERM) -> dict[str, Any] | None:
         os.kill(self.proc.pid, sig)
-        stdout, _ = self.proc.communicate(timeout=120)
-        self._reader.join(timeout=10)
+        # stderr belongs to the reader thread; stdout holds only the small JSON summary.
+        self.proc.wait(timeout=120)
+        assert self.proc.stdout is not None
+        stdout = self.proc.stdout.read()
+        self._reader.join(timeout=30)
         if sig == signal.SIGKILL:
             os.killpg(self.proc.pid, signal.SIGKILL)  # our own group: the orphaned JVM
             time.sleep(2)

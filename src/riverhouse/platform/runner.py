@@ -47,12 +47,13 @@ def run_once(spec: PipelineSpec, settings: Settings, load: bool = True,
         log(f"join: {gold.processed:,} driving events closed, {gold.emitted:,} emitted "
             f"({gold.matched:,} matched, {gold.unmatched_left:,} unmatched left), {gold.rejected:,} quarantined, "
             f"{gold.pending:,} waiting for their window to close")
-        summary.update({f"join_{k}": v for k, v in gold.summary().items() if k not in ("seconds",)})
+        summary.update({f"join_{k}": v for k, v in gold.summary().items()})
     if load:
         loaded = load_sink(spec, settings, log)
         summary["clickhouse_rows_loaded"] = loaded.rows_loaded
         summary["delta_versions_loaded"] = len(loaded.versions_loaded)
         summary["last_loaded_version"] = loaded.last_loaded_version
+        summary["load_seconds"] = round(loaded.seconds, 3)
     summary["seconds"] = round(time.monotonic() - started, 3)
     return summary
 
