@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import resource
 import shutil
 import statistics
 import threading
@@ -49,7 +48,7 @@ class BenchConfig:
     partitions: int = 4  # the local Kafka's partitions per topic (fixed by the mock cluster)
     freshness_rate: float = 20_000.0
     freshness_seconds: float = 60.0
-    state_keys: tuple[int, ...] = (1_000_000,)
+    state_keys: tuple[int, ...] = (1_000_000, 10_000_000)
     query_runs: int = 5
     scenarios: tuple[str, ...] = SCENARIOS
     home: Path = Path(".riverhouse/bench")
@@ -269,6 +268,7 @@ class Bench:
         return {"events": summary["read"], "seconds": total, "events_per_s": summary["read"] / total,
                 "events_per_s_excluding_startup": summary["read"] / work if work else None,
                 "startup_s": total - work, "spark_session_s": self.spark_startup_s, "batches": summary["batches"],
+                "stage_seconds": {**summary["stage_seconds"], "clickhouse_load": _load_seconds(summary)},
                 "exact": tuple(rows) == (expected_unique, expected_unique) and summary["read"] == messages,
                 "rows": rows[0], "expected_unique": expected_unique, "table": spec.sink.table}
 
@@ -302,7 +302,8 @@ class Bench:
                  and rows[1] == reference["expected_joined"])
         return {"events": events, "seconds": seconds, "events_per_s": events / seconds,
                 "events_per_s_excluding_startup": events / work if work else None, "exact": exact,
-                "rows": rows[0], "joined": rows[1], **reference}
+                "rows": rows[0], "joined": rows[1], "expected_joined": reference["expected_joined"],
+                "expected_unmatched": reference["expected_unmatched"]}
 
     def freshness(self) -> dict[str, Any]:
         """Continuous mode with a producer at a fixed rate: produce -> visible in ClickHouse."""
@@ -418,6 +419,7 @@ class Bench:
         span_us = int(window.total_seconds() * 1e6) // 2  # every key inside one window
         rng = np.random.default_rng(keys)
         peak = _PeakRss()
+        baseline = peak.tree_rss()  # the process tree before any key: JVM, Python, libraries
         peak.start()
         started = time.monotonic()
         inserted = events = 0
@@ -451,7 +453,9 @@ class Bench:
         peak.stop()
         size = sum(f.stat().st_size for f in Path(path).rglob("*.parquet"))
         return {"events": events, "seconds": seconds, "events_per_s": events / seconds, "keys": keys,
-                "peak_rss_bytes": peak.peak, "bytes_per_key": peak.peak / keys, "delta_bytes": size,
+                "peak_rss_bytes": peak.peak, "baseline_rss_bytes": baseline,
+                "bytes_per_key": (peak.peak - baseline) / keys, "peak_rss_per_key": peak.peak / keys,
+                "delta_bytes": size,
                 "delta_bytes_per_key": size / keys, "batch_rows": batch_rows, "exact": inserted == keys,
                 "generated": "straight into the dedup stage (Kafka retention cannot hold this many events)",
                 "note": "dedup state is the silver Delta table (MERGE against the window), not memory; "
@@ -510,7 +514,7 @@ class _PeakRss:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
 
-    def _tree_rss(self) -> int:
+    def tree_rss(self) -> int:
         total = 0
         pids = [os.getpid()]
         seen = set()
@@ -531,7 +535,7 @@ class _PeakRss:
 
     def _watch(self) -> None:
         while not self._stop.is_set():
-            self.peak = max(self.peak, self._tree_rss())
+            self.peak = max(self.peak, self.tree_rss())
             self._stop.wait(0.2)
 
     def start(self) -> None:
@@ -540,7 +544,7 @@ class _PeakRss:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
-        self.peak = max(self.peak, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+        self.peak = max(self.peak, self.tree_rss())
 
 
 def _silver_rows(settings: Settings, spec: PipelineSpec) -> int:
@@ -601,7 +605,10 @@ def targets(result: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
                 default=None)
     p95 = get("freshness", "p95_s")
     speedup = get("query_vs_final", "speedup")
-    per_key = get("dedup_state", "bytes_per_key")
+    # The target is set at 10M keys: use the largest key count measured.
+    largest = max((n for n in s if n.startswith("dedup_state") and "keys" in s[n]), key=lambda n: s[n]["keys"],
+                  default="dedup_state")
+    per_key = get(largest, "bytes_per_key")
 
     def row(name: str, value: float | None, goal: float, fmt: str, higher: bool = True) -> None:
         if value is None:
@@ -618,7 +625,9 @@ def targets(result: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
         (dedup / limit) if dedup and limit else None, 0.5, "{:.0%}")
     row("freshness p95 <= 3 s", p95, 3.0, "{:.2f} s", higher=False)
     row("query_vs_final: clean >= 3x faster than FINAL", speedup, 3.0, "{:.1f}x")
-    row("dedup_state <= 100 bytes of RAM per key", per_key, 100.0, "{:,.0f} bytes/key", higher=False)
+    keys = s.get(largest, {}).get("keys")
+    row(f"dedup_state <= 100 bytes of RAM per key (at {keys or 0:,} keys)", per_key, 100.0, "{:,.0f} bytes/key",
+        higher=False)
     return rows
 
 
@@ -673,8 +682,10 @@ def render_docs(result: dict[str, Any], docs: Path, source: str = "bench/results
             notes.append(f"FINAL {r['final_s'] * 1000:.1f} ms (exact: {r['final_exact']}), clean "
                          f"{r['clean_s'] * 1000:.1f} ms (exact: {r['clean_exact']}): {r['speedup']:.1f}x")
         if name.startswith("dedup_state"):
-            notes.append(f"{r['keys']:,} keys, peak RSS {r['peak_rss_bytes'] / 2**20:,.0f} MiB = "
-                         f"{r['bytes_per_key']:,.0f} bytes/key; silver {r['delta_bytes'] / 2**20:,.1f} MiB")
+            notes.append(f"{r['keys']:,} keys: peak RSS {r['peak_rss_bytes'] / 2**20:,.0f} MiB, "
+                         f"{r['baseline_rss_bytes'] / 2**20:,.0f} MiB before the first key, so "
+                         f"{r['bytes_per_key']:,.0f} bytes/key; silver {r['delta_bytes'] / 2**20:,.1f} MiB "
+                         "(generated straight into the dedup stage)")
         if r.get("startup_s") is not None:
             notes.append(f"start-up {r['startup_s']:.1f} s")
 
@@ -688,6 +699,24 @@ def render_docs(result: dict[str, Any], docs: Path, source: str = "bench/results
               "|---|---:|---|"]
     for name, measured, verdict, _ in targets(result):
         lines.append(f"| {name} | {measured} | {verdict} |")
+    dedup = s.get("riverhouse_dedup", {})
+    stages = dedup.get("stage_seconds") or {}
+    if stages:
+        work = sum(stages.values())
+        lines += ["", "## Where the time goes (riverhouse_dedup, this run)", "",
+                  f"Batch and load time per stage over {dedup.get('batches')} batches of up to 200,000 records, "
+                  f"after {dedup.get('startup_s', 0):.1f} s of start-up (the Spark session took "
+                  f"{dedup.get('spark_session_s') or 0:.1f} s; the rest is the streaming query planning its "
+                  "first batch):", "",
+                  "| stage | seconds | share |", "|---|---:|---:|"]
+        for stage, seconds in sorted(stages.items(), key=lambda kv: -kv[1]):
+            lines.append(f"| {stage} | {seconds:.2f} | {seconds / work:.0%} |")
+        lines += ["", "`read_parse_collect` is the Spark stage: the Python data source reads Kafka in a Python "
+                  "worker and hands Arrow batches to the JVM, the JVM parses and validates the JSON, and the "
+                  "result (raw value included, for bronze) is collected to the driver as Arrow. One plain "
+                  "librdkafka consumer reads the same records in `kafka_read_limit`'s time, Delta writes and "
+                  "the MERGE take a few percent, and ClickHouse inserts are an order of magnitude faster "
+                  "still: the Spark round trip is the largest bottleneck, and start-up dominates small runs."]
     lines += ["", "## How each figure is measured", "",
               "- `kafka_read_limit`: one librdkafka consumer reading the topic (the source's limit here).",
               "- `clickhouse_insert_limit`: the same number of rows inserted from prebuilt Arrow batches "

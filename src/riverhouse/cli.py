@@ -268,7 +268,7 @@ def bench(
          "riverhouse_dedup_join", "freshness", "query_vs_final", "dedup_state")),
     freshness_rate: Annotated[float, typer.Option(help="freshness: events/s produced")] = 20_000.0,
     freshness_seconds: Annotated[float, typer.Option(help="freshness: seconds of production")] = 60.0,
-    state_keys: Annotated[str, typer.Option(help="dedup_state: distinct key counts, comma-separated")] = "1000000",
+    state_keys: Annotated[str, typer.Option(help="dedup_state: distinct key counts, comma-separated")] = "1000000,10000000",
     results: Annotated[Path, typer.Option(help="Folder for <timestamp>.json and latest.json")] = Path("bench/results"),
     docs: Annotated[Path, typer.Option(help="Markdown page to render (a PNG goes next to it)")] = Path(
         "docs/benchmarks.md"),

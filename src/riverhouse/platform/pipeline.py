@@ -67,6 +67,8 @@ class BatchMetrics:
     bronze_version: int | None = None
     silver_version: int | None = None
     seconds: float = 0.0
+    # Where the batch's time went: Kafka read + JVM parse + transfer to the driver, and each Delta write.
+    stage_seconds: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -85,6 +87,13 @@ class IngestResult:
     def read(self) -> int:
         return self.total("read")
 
+    def stage_seconds(self) -> dict[str, float]:
+        totals: dict[str, float] = {}
+        for batch in self.batches:
+            for stage, seconds in batch.stage_seconds.items():
+                totals[stage] = round(totals.get(stage, 0.0) + seconds, 3)
+        return totals
+
     def summary(self) -> dict[str, Any]:
         return {
             "pipeline": self.pipeline,
@@ -96,6 +105,7 @@ class IngestResult:
             "inserted": self.total("inserted"),
             "replayed": self.total("replayed"),
             "silver_version": self.silver_version,
+            "stage_seconds": self.stage_seconds(),
             "end_offsets": self.end_offsets,
             "seconds": round(self.seconds, 3),
         }
@@ -241,12 +251,16 @@ class BatchWriter:
         started = time.monotonic()
         metrics = BatchMetrics(batch_id=batch_id)
         rows: pa.Table = parse_records(batch_df, self.src).toArrow()
+        stage = metrics.stage_seconds
+        stage["read_parse_collect"] = time.monotonic() - started
         batch_col = pa.array([batch_id] * rows.num_rows, pa.int64())
         rows = rows.append_column("_batch_id", batch_col)
         metrics.read = rows.num_rows
         metrics.offsets = _offset_ranges(rows)
         if rows.num_rows:
+            mark = time.monotonic()
             metrics.bronze_version = self._append_once(self.bronze_path, rows, self.bronze_schema, batch_id)
+            stage["bronze_write"] = time.monotonic() - mark
             crash_point("after_bronze_commit")
             rejected = rows.filter(pc.equal(rows.column("_status"), "rejected"))
             metrics.quarantined = rejected.num_rows
@@ -255,7 +269,9 @@ class BatchWriter:
             valid = rows.filter(pc.equal(rows.column("_status"), "ok")).select(self.silver_schema.names)
             valid = valid.cast(self.silver_schema)
             metrics.valid = valid.num_rows
+            mark = time.monotonic()
             self._write_silver(valid, batch_id, metrics)
+            stage["silver_dedup_merge"] = time.monotonic() - mark
             crash_point("after_silver_commit")
         metrics.seconds = time.monotonic() - started
         self.batches.append(metrics)

@@ -36,12 +36,16 @@ def run_once(spec: PipelineSpec, settings: Settings, load: bool = True,
 
     summary: dict[str, Any] = {"pipeline": spec.name}
     totals = {"read": 0, "quarantined": 0, "duplicates_dropped": 0, "inserted": 0, "replayed": 0, "batches": 0}
+    stages: dict[str, float] = {}
     for source in spec.sources:
         result = ingest(spark, spec, settings, source, on_batch=on_batch)
         for key in totals:
             totals[key] += result.summary()[key]
+        for stage, seconds in result.stage_seconds().items():
+            stages[stage] = round(stages.get(stage, 0.0) + seconds, 3)
         summary[f"silver_version_{source}"] = result.silver_version
     summary.update(totals)
+    summary["stage_seconds"] = stages
     if spec.is_join:
         gold = run_gold(spark, spec, settings, drain=drain)
         log(f"join: {gold.processed:,} driving events closed, {gold.emitted:,} emitted "
