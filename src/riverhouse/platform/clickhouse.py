@@ -391,21 +391,20 @@ def _insert_version(client: Any, spec: PipelineSpec, table_id: str, version: int
     return chunks
 
 
-def table_stats(dsn: str, spec: PipelineSpec) -> dict[str, int]:
-    """Rows and duplicate keys (dedup key; join pipelines: sink.order_by) in the ClickHouse table."""
+def duplicate_key_count(client: Any, spec: PipelineSpec) -> int:
+    """Keys (dedup key; join pipelines: sink.order_by) held by more than one ClickHouse row."""
     key = list(spec.sink.order_by) if spec.is_join else spec.sink_source.dedup_key
     key_expr = ", ".join(quote(k) for k in key)
+    return int(client.query(
+        f"SELECT count() FROM (SELECT {key_expr} FROM {qualified_table(spec)} GROUP BY {key_expr} HAVING count() > 1)"
+    ).result_rows[0][0])
+
+
+def table_stats(dsn: str, spec: PipelineSpec) -> dict[str, int]:
+    """Rows and duplicate keys in the ClickHouse table."""
     with open_client(dsn) as client:
         rows = client.query(f"SELECT count() FROM {qualified_table(spec)}").result_rows[0][0]
-        dupes = client.query(
-            f"SELECT count() FROM (SELECT {key_expr} FROM {qualified_table(spec)} "
-            f"GROUP BY {key_expr} HAVING count() > 1)"
-        ).result_rows[0][0]
-        loaded = client.query(
-            f"SELECT sum(rows) FROM {_ledger(spec)} WHERE pipeline = %(p)s AND target = %(t)s",
-            parameters={"p": spec.name, "t": spec.sink.table},
-        ).result_rows[0][0]
-    return {"rows": int(rows), "duplicate_keys": int(dupes), "ledger_rows": int(loaded or 0)}
+        return {"rows": int(rows), "duplicate_keys": duplicate_key_count(client, spec)}
 
 
 def sample_rows(dsn: str, spec: PipelineSpec, limit: int = 5) -> tuple[list[str], list[tuple[Any, ...]]]:
