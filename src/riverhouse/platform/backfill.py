@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
@@ -68,9 +68,12 @@ class RebuildResult:
     changed: bool = False
     delta_version: int | None = None
     seconds: float = 0.0
+    # The window's rows as the table now holds them (what the checks validate).
+    published: pa.Table | None = field(default=None, repr=False)
 
     def summary(self) -> dict[str, Any]:
-        return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in asdict(self).items()}
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "published"}
+        return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in values.items()}
 
 
 def window_label(start: datetime, end: datetime) -> str:
@@ -238,6 +241,7 @@ def rebuild_silver(spark: Any, spec: PipelineSpec, settings: Settings, source: s
             log(f"silver {source} {label}: replaced {current.num_rows:,} rows with {rows.num_rows:,} "
                 f"(Delta version {result.delta_version})")
         result.delta_version = silver.version()
+        result.published = rows
     result.seconds = time.monotonic() - started
     return result
 

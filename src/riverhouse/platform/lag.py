@@ -66,11 +66,12 @@ class PipelineLag:
                             for s in self.sources}}
 
 
-def pipeline_lag(spec: PipelineSpec, settings: Settings) -> PipelineLag:
-    """End offsets vs committed offsets for every source (raises if Kafka is unreachable)."""
+def pipeline_lag(spec: PipelineSpec, settings: Settings, sources: list[str] | None = None) -> PipelineLag:
+    """End offsets vs committed offsets for every source, or the given ones (raises if Kafka is unreachable)."""
     bootstrap = resolve_bootstrap(spec, settings)
     out = PipelineLag(spec.name)
-    for name, src in spec.sources.items():
+    for name in sources or list(spec.sources):
+        src = spec.sources[name]
         options = source_options(bootstrap, [src.topic], spec.kafka.config, spec.kafka.starting_offsets,
                                  spec.kafka.max_offsets_per_trigger)
         marks = watermarks(_client_config(options), [src.topic]).get(src.topic, {})
