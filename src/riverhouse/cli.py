@@ -191,7 +191,7 @@ def run(
         "Ctrl-C or SIGTERM, which stop after the current batch")] = False,
     home: HomeOption = None,
 ) -> None:
-    """Run a pipeline once: everything now in Kafka -> Delta (bronze/silver/gold) -> ClickHouse."""
+    """Run a pipeline: everything now in Kafka -> Delta (bronze/silver/gold) -> ClickHouse, once or --continuous."""
     from riverhouse.platform.runner import run_continuous, run_once
 
     settings = _settings(home)
@@ -261,11 +261,9 @@ def _print_summary(title: str, summary: dict[str, Any]) -> None:
 # ---------------------------------------------------------------------------- bench
 @app.command()
 def bench(
-    events: Annotated[int, typer.Option(help="Distinct orders per throughput scenario")] = 200_000,
+    events: Annotated[int, typer.Option(help="Distinct orders per throughput scenario", min=1000)] = 200_000,
     duplicate_rate: Annotated[float, typer.Option(help="Extra duplicate copies, fraction of events")] = 0.1,
-    scenarios: Annotated[str, typer.Option(help="Comma-separated scenarios (default: all)")] = ",".join(
-        ("kafka_read_limit", "clickhouse_insert_limit", "baseline_consumer", "riverhouse_dedup",
-         "riverhouse_dedup_join", "freshness", "query_vs_final", "dedup_state")),
+    scenarios: Annotated[str, typer.Option(help="Comma-separated scenarios, or all")] = "all",
     freshness_rate: Annotated[float, typer.Option(help="freshness: events/s produced")] = 20_000.0,
     freshness_seconds: Annotated[float, typer.Option(help="freshness: seconds of production")] = 60.0,
     state_keys: Annotated[str, typer.Option(help="dedup_state: distinct key counts, comma-separated")] = "1000000,10000000",
@@ -277,13 +275,19 @@ def bench(
     """Benchmark every scenario in one run; write bench/results/*.json and docs/benchmarks.md."""
     from riverhouse.bench import SCENARIOS, BenchConfig, run_bench, targets
 
-    chosen = tuple(x.strip() for x in scenarios.split(",") if x.strip())
+    chosen = SCENARIOS if scenarios.strip() == "all" else tuple(x.strip() for x in scenarios.split(",") if x.strip())
     unknown = [x for x in chosen if x not in SCENARIOS]
     if unknown:
         _fail(f"unknown scenario(s) {', '.join(unknown)}; choose from {', '.join(SCENARIOS)}")
+    try:
+        keys = tuple(int(k) for k in state_keys.split(",") if k.strip())
+    except ValueError:
+        _fail(f"--state-keys takes whole numbers separated by commas (e.g. 1000000,10000000), got {state_keys!r}")
+    if not keys or min(keys) < 1000:
+        _fail("--state-keys needs at least one count of 1,000 keys or more")
     cfg = BenchConfig(events=events, duplicate_rate=duplicate_rate, scenarios=chosen, freshness_rate=freshness_rate,
                       freshness_seconds=freshness_seconds,
-                      state_keys=tuple(int(k) for k in state_keys.split(",") if k.strip()),
+                      state_keys=keys,
                       home=_settings(home).home / "bench", results_dir=results, docs=docs)
     result, path = _guarded(lambda: run_bench(cfg, log=lambda m: err.print(m, highlight=False)))
     table = Table(title="riverhouse bench", show_header=True, header_style="bold")
