@@ -252,18 +252,12 @@ class Bench:
 
         spec = _orders_spec("bench_dedup", topic)
         spark = self.spark
-        batch_seconds: list[float] = []
-
-        def on_log(line: str) -> None:
-            if line.startswith("batch ") and line.endswith("s)"):
-                batch_seconds.append(float(line.rsplit("(", 1)[1].rstrip("s)")))
-
         started = time.monotonic()
-        summary = run_once(spec, self.settings, spark=spark, log=on_log)
+        summary = run_once(spec, self.settings, spark=spark, log=lambda m: None)
         seconds = time.monotonic() - started
         with open_client(self.settings.clickhouse_dsn) as client:
             rows = client.query(f"SELECT count(), uniqExact(order_id) FROM {qualified_table(spec)}").result_rows[0]
-        work = sum(batch_seconds) + _load_seconds(summary)
+        work = _work_seconds(summary)
         total = seconds + (self.spark_startup_s or 0.0)
         return {"events": summary["read"], "seconds": total, "events_per_s": summary["read"] / total,
                 "events_per_s_excluding_startup": summary["read"] / work if work else None,
@@ -283,21 +277,15 @@ class Bench:
         produce(self.state.bootstrap, "bench_join_users", user_records)
         spec = _join_spec("bench_join", "bench_join_orders", "bench_join_users")
         reference = expected_join(order_stats, user_stats, spec.join.window)
-        batch_seconds: list[float] = []
-
-        def on_log(line: str) -> None:
-            if line.startswith("batch ") and line.endswith("s)"):
-                batch_seconds.append(float(line.rsplit("(", 1)[1].rstrip("s)")))
-
         spark = self.spark
         started = time.monotonic()
-        summary = run_once(spec, self.settings, spark=spark, log=on_log, drain=True)
+        summary = run_once(spec, self.settings, spark=spark, log=lambda m: None, drain=True)
         seconds = time.monotonic() - started
         with open_client(self.settings.clickhouse_dsn) as client:
             rows = client.query(f"SELECT count(), countIf(user_name IS NOT NULL) FROM {qualified_table(spec)}"
                                 ).result_rows[0]
         events = order_stats.messages + user_stats.messages
-        work = sum(batch_seconds) + _load_seconds(summary) + (summary.get("join_seconds") or 0.0)
+        work = _work_seconds(summary)
         exact = (rows[0] == reference["expected_joined"] + reference["expected_unmatched"]
                  and rows[1] == reference["expected_joined"])
         return {"events": events, "seconds": seconds, "events_per_s": events / seconds,
@@ -552,6 +540,12 @@ def _silver_rows(settings: Settings, spec: PipelineSpec) -> int:
     from riverhouse.platform.tables import TableLayout
 
     return delta_row_count(TableLayout(settings.warehouse, spec.name).silver("orders"))
+
+
+def _work_seconds(summary: dict[str, Any]) -> float:
+    """Time spent in batches (every stage), the join and the load: the run minus its start-up."""
+    return (sum(summary.get("stage_seconds", {}).values()) + _load_seconds(summary)
+            + float(summary.get("join_seconds") or 0.0))
 
 
 def _load_seconds(summary: dict[str, Any]) -> float:
