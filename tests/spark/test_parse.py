@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import Any
 
 import pytest
 
-from riverhouse.platform.parse import parse_records
+from riverhouse.platform.parse import fill_missing_dates, parse_records
 from tests.conftest import orders_spec
 
 pytestmark = pytest.mark.spark
@@ -87,3 +87,15 @@ def test_quarantine_fallback_policy(spark: Any) -> None:
     src = src.model_copy(update={"event_time": src.event_time.model_copy(update={"fallback": "quarantine"})})
     rows = [r.asDict() for r in parse_records(kafka_rows(spark, [good(created_at=None)]), src).collect()]
     assert rows[0]["_reason"] == "missing event time field 'created_at'"
+
+
+def test_record_without_any_time_gets_the_batch_date(spark: Any) -> None:
+    schema = ("key binary, value binary, topic string, partition int, offset long, timestamp timestamp, "
+              "timestampType int, headers array<struct<key:string,value:binary>>")
+    rows = spark.createDataFrame([(b"k", b"not json", "orders", 0, 0, None, -1, None),
+                                  (b"k", b"[1]", "orders", 0, 1, KAFKA_TS, 0, None)], schema)
+    parsed = parse_records(rows, orders_spec("orders").sink_source).orderBy("_offset").toArrow()
+    assert parsed.column("_event_date").to_pylist() == [None, KAFKA_TS.date()]
+    filled = fill_missing_dates(parsed, date(2030, 5, 6))
+    assert filled.column("_event_date").to_pylist() == [date(2030, 5, 6), KAFKA_TS.date()]
+    assert filled.column("_reason").to_pylist() == parsed.column("_reason").to_pylist()

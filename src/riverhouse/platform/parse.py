@@ -6,8 +6,11 @@ reasons are Spark expressions, so they run on executors at JVM speed.
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
@@ -164,13 +167,25 @@ def parse_records(batch: DataFrame, src: SourceSpec) -> DataFrame:
         *[typed[f.name].alias(f.name) for f in src.fields],
     )
     out = out.withColumn("_status", F.when(F.col("_reason").isNull(), "ok").otherwise("rejected"))
-    # Rejected rows keep a partition date too (Kafka time) so bronze stays prunable.
+    # Rejected rows keep a partition date too (Kafka time) so bronze stays prunable. A
+    # record with neither time gets none here: `current_timestamp()` would be a new
+    # literal in every micro-batch, so Spark would compile the whole parse again each
+    # batch. `fill_missing_dates` gives those rows the batch's date on the driver.
     out = out.withColumn(
         "_event_date",
         F.to_date(
             F.when(F.col("_status") == "ok", F.col("_event_time")).otherwise(
-                F.coalesce(F.col("_event_time"), F.col("_kafka_timestamp"), F.current_timestamp())
+                F.coalesce(F.col("_event_time"), F.col("_kafka_timestamp"))
             )
         ),
     )
     return out
+
+
+def fill_missing_dates(rows: pa.Table, today: datetime.date) -> pa.Table:
+    """`_event_date` of the rows that had no time at all (rejected ones) -> `today`."""
+    column = rows.column("_event_date")
+    if column.null_count == 0:
+        return rows
+    index = rows.schema.get_field_index("_event_date")
+    return rows.set_column(index, "_event_date", pc.fill_null(column, pa.scalar(today, column.type)))

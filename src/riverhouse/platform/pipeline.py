@@ -4,12 +4,13 @@ Exactly once: Spark's checkpoint fixes the offsets of every batch id before the
 batch runs, and replays the same offsets after a crash. Each Delta table records
 `(app_id, batch_id)` as a Delta app transaction in the same commit as the data,
 so a replayed batch skips every table it already reached and finishes the rest.
-The silver MERGE is insert-if-absent, so even a replay without that record would
+The silver write is insert-if-absent, so even a replay without that record would
 not create a duplicate.
 """
 
 from __future__ import annotations
 
+import datetime
 import fcntl
 import json
 import os
@@ -17,6 +18,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,10 +29,10 @@ import pyarrow.compute as pc
 from deltalake import write_deltalake
 
 from riverhouse.platform import local_kafka
-from riverhouse.platform.dedup import dedup_in_batch, merge_insert_if_absent
+from riverhouse.platform.dedup import dedup_in_batch, insert_if_absent
 from riverhouse.platform.faults import crash_point
 from riverhouse.platform.kafka_source import FORMAT_NAME, source_options
-from riverhouse.platform.parse import parse_records
+from riverhouse.platform.parse import fill_missing_dates, parse_records
 from riverhouse.platform.settings import Settings
 from riverhouse.platform.spec import PipelineSpec, SourceSpec
 from riverhouse.platform.tables import (
@@ -250,7 +252,9 @@ class BatchWriter:
     def _process(self, batch_df: Any, batch_id: int) -> None:
         started = time.monotonic()
         metrics = BatchMetrics(batch_id=batch_id)
-        rows: pa.Table = parse_records(batch_df, self.src).toArrow()
+        # The batch is already parsed: the parse is part of the streaming query's plan
+        # (SourceStream.start), so it is analysed and compiled once, not per batch.
+        rows = fill_missing_dates(batch_df.toArrow(), datetime.datetime.now(datetime.UTC).date())
         stage = metrics.stage_seconds
         stage["read_parse_collect"] = time.monotonic() - started
         batch_col = pa.array([batch_id] * rows.num_rows, pa.int64())
@@ -258,25 +262,32 @@ class BatchWriter:
         metrics.read = rows.num_rows
         metrics.offsets = _offset_ranges(rows)
         if rows.num_rows:
-            mark = time.monotonic()
-            metrics.bronze_version = self._append_once(self.bronze_path, rows, self.bronze_schema, batch_id)
-            stage["bronze_write"] = time.monotonic() - mark
-            crash_point("after_bronze_commit")
-            rejected = rows.filter(pc.equal(rows.column("_status"), "rejected"))
-            metrics.quarantined = rejected.num_rows
-            if rejected.num_rows:
-                self._append_once(self.quarantine_path, rejected, self.quarantine_schema, batch_id)
-            valid = rows.filter(pc.equal(rows.column("_status"), "ok")).select(self.silver_schema.names)
-            valid = valid.cast(self.silver_schema)
-            metrics.valid = valid.num_rows
-            mark = time.monotonic()
-            self._write_silver(valid, batch_id, metrics)
-            stage["silver_dedup_merge"] = time.monotonic() - mark
+            # Bronze (+ quarantine) and silver are separate tables, each committed once per
+            # batch id, so they are written side by side (delta-rs and Arrow release the GIL).
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="riverhouse-bronze") as pool:
+                raw_written = pool.submit(self._write_bronze, rows, batch_id, metrics)
+                valid = rows.filter(pc.equal(rows.column("_status"), "ok")).select(self.silver_schema.names)
+                valid = valid.cast(self.silver_schema)
+                metrics.valid = valid.num_rows
+                mark = time.monotonic()
+                self._write_silver(valid, batch_id, metrics)
+                stage["silver_dedup"] = time.monotonic() - mark
+                raw_written.result()
             crash_point("after_silver_commit")
         metrics.seconds = time.monotonic() - started
         self.batches.append(metrics)
         if self.on_batch:
             self.on_batch(metrics)
+
+    def _write_bronze(self, rows: pa.Table, batch_id: int, metrics: BatchMetrics) -> None:
+        mark = time.monotonic()
+        metrics.bronze_version = self._append_once(self.bronze_path, rows, self.bronze_schema, batch_id)
+        crash_point("after_bronze_commit")
+        rejected = rows.filter(pc.equal(rows.column("_status"), "rejected"))
+        metrics.quarantined = rejected.num_rows
+        if rejected.num_rows:
+            self._append_once(self.quarantine_path, rejected, self.quarantine_schema, batch_id)
+        metrics.stage_seconds["bronze_write"] = time.monotonic() - mark
 
     def _write_silver(self, valid: pa.Table, batch_id: int, metrics: BatchMetrics) -> None:
         silver = ensure_table(self.silver_path, self.silver_schema, ["_event_date"], cdf=True)
@@ -291,7 +302,7 @@ class BatchWriter:
             metrics.inserted = valid.num_rows
         else:
             unique = dedup_in_batch(valid, self.src.dedup_key, dedup.window)
-            outcome = merge_insert_if_absent(
+            outcome = insert_if_absent(
                 silver, unique, self.src.dedup_key, dedup.window, self.app_id, batch_id
             )
             metrics.inserted = outcome.inserted
@@ -311,9 +322,10 @@ class SourceStream:
     layout: TableLayout
 
     def start(self, spark: Any, trigger: dict[str, Any]) -> Any:
-        stream = spark.readStream.format(FORMAT_NAME).options(**self.options).load()
+        kafka = spark.readStream.format(FORMAT_NAME).options(**self.options).load()
+        parsed = parse_records(kafka, self.spec.sources[self.source])
         return (
-            stream.writeStream.foreachBatch(self.writer)
+            parsed.writeStream.foreachBatch(self.writer)
             .option("checkpointLocation", str(self.checkpoint / "spark"))
             .queryName(f"riverhouse_{self.spec.name}_{self.source}")
             .trigger(**trigger)
