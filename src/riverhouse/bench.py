@@ -394,7 +394,7 @@ class Bench:
 
         import numpy as np
 
-        from riverhouse.platform.dedup import dedup_in_batch, merge_insert_if_absent
+        from riverhouse.platform.dedup import dedup_in_batch, insert_if_absent
         from riverhouse.platform.tables import TableLayout, ensure_table, silver_schema
 
         spec = _orders_spec(f"bench_state_{keys}", f"bench_state_{keys}")
@@ -434,7 +434,7 @@ class Bench:
             }).cast(schema)
             events += n
             unique = dedup_in_batch(rows, src.dedup_key, window)
-            outcome = merge_insert_if_absent(silver, unique, src.dedup_key, window, "bench-state", batch_id)
+            outcome = insert_if_absent(silver, unique, src.dedup_key, window, "bench-state", batch_id)
             inserted += outcome.inserted
             silver.update_incremental()
         seconds = time.monotonic() - started

@@ -1,4 +1,4 @@
-"""Silver MERGE against a real Delta table: window-bounded insert-if-absent, once per batch."""
+"""Silver dedup against a real Delta table: window-bounded insert-if-absent, once per batch."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from riverhouse.platform.dedup import merge_insert_if_absent
+from riverhouse.platform.dedup import insert_if_absent
 from riverhouse.platform.tables import committed, ensure_table, open_table, silver_schema
 from tests.conftest import orders_spec
 
@@ -46,11 +46,11 @@ def test_merge_is_window_bounded_and_committed_once(tmp_path: Path) -> None:
     path = str(tmp_path / "silver")
     schema = silver_schema(orders_spec("t").sink_source)
     table = ensure_table(path, schema, ["_event_date"], cdf=True)
-    out = merge_insert_if_absent(table, batch([("a", timedelta(0), 0), ("b", timedelta(0), 1)]),
+    out = insert_if_absent(table, batch([("a", timedelta(0), 0), ("b", timedelta(0), 1)]),
                                  ["order_id"], WINDOW, "app", 0)
     assert out.inserted == 2 and committed(table, "app", 0)
     # a: 30 minutes later is a duplicate; b: 2 hours later is outside the window -> new; c: new
-    out = merge_insert_if_absent(
+    out = insert_if_absent(
         open_table(path),
         batch([("a", timedelta(minutes=30), 2), ("b", timedelta(hours=2), 3), ("c", timedelta(0), 4)]),
         ["order_id"], WINDOW, "app", 1,
@@ -58,7 +58,7 @@ def test_merge_is_window_bounded_and_committed_once(tmp_path: Path) -> None:
     assert out.inserted == 2
     assert silver_ids(path) == [("a", 0), ("b", 1), ("b", 3), ("c", 4)]
     # An event *earlier* than the stored one but inside the window is a duplicate too.
-    out = merge_insert_if_absent(open_table(path), batch([("c", timedelta(minutes=-20), 5)]),
+    out = insert_if_absent(open_table(path), batch([("c", timedelta(minutes=-20), 5)]),
                                  ["order_id"], WINDOW, "app", 2)
     assert out.inserted == 0
     assert not committed(open_table(path), "app", 3)
@@ -69,8 +69,8 @@ def test_replaying_a_merge_creates_no_duplicate(tmp_path: Path) -> None:
     path = str(tmp_path / "silver")
     table = ensure_table(path, silver_schema(orders_spec("t").sink_source), ["_event_date"], cdf=True)
     rows = batch([("a", timedelta(0), 0), ("b", timedelta(days=3), 1)])
-    merge_insert_if_absent(table, rows, ["order_id"], WINDOW, "app", 0)
-    again = merge_insert_if_absent(open_table(path), rows, ["order_id"], WINDOW, "app", 0)
+    insert_if_absent(table, rows, ["order_id"], WINDOW, "app", 0)
+    again = insert_if_absent(open_table(path), rows, ["order_id"], WINDOW, "app", 0)
     assert again.inserted == 0
     assert silver_ids(path) == [("a", 0), ("b", 1)]
 
@@ -79,11 +79,13 @@ def test_merge_predicate_prunes_partitions_outside_the_window(tmp_path: Path) ->
     path = str(tmp_path / "silver")
     ensure_table(path, silver_schema(orders_spec("t").sink_source), ["_event_date"], cdf=True)
     for day in range(6):
-        merge_insert_if_absent(open_table(path), batch([(f"d{day}", timedelta(days=day), day)]),
+        insert_if_absent(open_table(path), batch([(f"d{day}", timedelta(days=day), day)]),
                                ["order_id"], WINDOW, "app", day)
     files_before = len(open_table(path).file_uris())
-    merge_insert_if_absent(open_table(path), batch([("x", timedelta(days=5), 99)]), ["order_id"], WINDOW, "app", 6)
-    history = open_table(path).history(1)[0]
-    # Only the partitions around day 5 are read, not the six days of history.
-    assert history["operationMetrics"]["num_target_files_scanned"] < files_before
-    assert "_event_date" in history["operationParameters"]["predicate"]
+    out = insert_if_absent(open_table(path), batch([("x", timedelta(days=5), 99), ("d5", timedelta(days=5), 98)]),
+                           ["order_id"], WINDOW, "app", 6)
+    # Only the partitions within a day of day 5 are read (days 4 and 5: 2 files), not the six days,
+    # and the stored d5 is still found there.
+    assert out.files_scanned == 2 and files_before == 6
+    assert out.inserted == 1
+    assert ("d5", 98) not in silver_ids(path) and ("x", 99) in silver_ids(path)

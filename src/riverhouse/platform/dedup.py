@@ -1,4 +1,4 @@
-"""Window-bounded deduplication: inside a micro-batch (Arrow), then against silver (MERGE).
+"""Window-bounded deduplication: inside a micro-batch (Arrow), then against silver (insert-if-absent).
 
 Semantics (`keep: first`): for each key, the first event (by event time, then
 Kafka partition and offset) is kept; a later event with the same key whose
@@ -15,9 +15,9 @@ from datetime import timedelta
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 
-from riverhouse.platform.tables import commit_properties
+from riverhouse.platform.tables import commit_properties, plain_strings
 
 ORDER_COLUMNS = ["_event_time", "_topic", "_partition", "_offset"]
 
@@ -60,55 +60,69 @@ def dedup_in_batch(rows: pa.Table, key: list[str], window: timedelta) -> pa.Tabl
 
 
 @dataclass(frozen=True)
-class MergeOutcome:
+class InsertOutcome:
     inserted: int
-    committed: bool
+    # Silver files read to find the stored events of the batch's keys: only the
+    # partitions within a window of the batch's dates.
+    files_scanned: int
 
 
-def _quote(name: str) -> str:
-    return f'"{name}"'
+def _stored_matches(silver: DeltaTable, rows: pa.Table, key: list[str],
+                    window: timedelta) -> tuple[pa.Table, int]:
+    """Stored (key..., _event_time) of silver rows sharing a key with `rows`, and the files read.
+
+    Only partitions within a window of the batch's dates are read. Memory follows the
+    batch, not the window: the scan streams those files and keeps only the rows whose
+    first key column holds one of the batch's values.
+    """
+    days = window.days + 1
+    lo_date = pc.min(rows.column("_event_date")).as_py() - timedelta(days=days)
+    hi_date = pc.max(rows.column("_event_date")).as_py() + timedelta(days=days)
+    near = (pc.field("_event_date") >= pa.scalar(lo_date, pa.date32())) & (
+        pc.field("_event_date") <= pa.scalar(hi_date, pa.date32()))
+    dataset = silver.to_pyarrow_dataset()
+    fragments = list(dataset.get_fragments(filter=near))
+    if not fragments:
+        return rows.select([*key, "_event_time"]).slice(0, 0), 0
+    first = key[0]
+    values = pc.unique(rows.column(first)).cast(dataset.schema.field(first).type)
+    stored = dataset.to_table(columns=[*key, "_event_time"], filter=near & pc.field(first).isin(values))
+    return plain_strings(stored).cast(rows.select([*key, "_event_time"]).schema), len(fragments)
 
 
-def merge_insert_if_absent(
+def insert_if_absent(
     silver: DeltaTable,
     rows: pa.Table,
     key: list[str],
     window: timedelta,
     app_id: str,
     batch_id: int,
-) -> MergeOutcome:
-    """Insert each row unless silver holds the same key within `window` of its event time.
+) -> InsertOutcome:
+    """Append each row unless silver holds the same key within `window` of its event time.
 
-    The predicate carries literal bounds on the partition column, so delta-rs prunes
-    every file outside [min date - window, max date + window]: the cost follows the
-    window, not the table's history.
+    The lookup reads only the partitions within a window of the batch's event dates, so
+    the cost follows the window, not the table's history. The append and the batch's
+    app transaction are one Delta commit. Silver has one writer at a time (the source's
+    run lock, which backfills take too), so what the lookup saw is still what the
+    append commits against. A plain append, unlike a MERGE, needs no change-data files:
+    readers of the change feed see its rows as inserts.
     """
     if rows.num_rows == 0:
-        return MergeOutcome(0, False)
-    delta = pa.scalar(window, pa.duration("us"))
-    source = rows.append_column("_window_lo", pc.subtract(rows.column("_event_time"), delta))
-    source = source.append_column("_window_hi", pc.add(rows.column("_event_time"), delta))
-    days = window.days + 1
-    lo_date = pc.min(rows.column("_event_date")).as_py() - timedelta(days=days)
-    hi_date = pc.max(rows.column("_event_date")).as_py() + timedelta(days=days)
-    predicate = " AND ".join(
-        [
-            *(f"t.{_quote(k)} = s.{_quote(k)}" for k in key),
-            f"t.\"_event_date\" >= '{lo_date.isoformat()}'",
-            f"t.\"_event_date\" <= '{hi_date.isoformat()}'",
-            't."_event_time" >= s."_window_lo"',
-            't."_event_time" <= s."_window_hi"',
-        ]
-    )
-    metrics = (
-        silver.merge(
-            source=source,
-            predicate=predicate,
-            source_alias="s",
-            target_alias="t",
-            commit_properties=commit_properties(app_id, batch_id),
-        )
-        .when_not_matched_insert(updates={c: f"s.{_quote(c)}" for c in rows.column_names})
-        .execute()
-    )
-    return MergeOutcome(int(metrics.get("num_target_rows_inserted", 0)), True)
+        return InsertOutcome(0, 0)
+    stored, files_scanned = _stored_matches(silver, rows, key, window)
+    keep = rows
+    if stored.num_rows:
+        delta = pa.scalar(window, pa.duration("us"))
+        probe = rows.select([*key, "_event_time"]).append_column("_row", pa.array(range(rows.num_rows), pa.int64()))
+        pairs = probe.join(stored.rename_columns([*key, "_stored_time"]), keys=key, join_type="inner")
+        lo = pc.subtract(pairs.column("_event_time"), delta)
+        hi = pc.add(pairs.column("_event_time"), delta)
+        stored_time = pairs.column("_stored_time")
+        within = pc.and_(pc.greater_equal(stored_time, lo), pc.less_equal(stored_time, hi))
+        duplicate_rows = pc.unique(pairs.filter(within).column("_row"))
+        if len(duplicate_rows):
+            mask = np.ones(rows.num_rows, dtype=bool)
+            mask[duplicate_rows.to_numpy()] = False
+            keep = rows.filter(pa.array(mask))
+    write_deltalake(silver, keep, mode="append", commit_properties=commit_properties(app_id, batch_id))
+    return InsertOutcome(keep.num_rows, files_scanned)
