@@ -213,7 +213,7 @@ class KafkaSpec(StrictModel):
     bootstrap_servers: str = "local"
     config: dict[str, str | int | float | bool] = Field(default_factory=dict)
     starting_offsets: Literal["earliest", "latest"] = "earliest"
-    max_offsets_per_trigger: int = Field(default=200_000, gt=0)
+    max_offsets_per_trigger: int = Field(default=500_000, gt=0)
 
     @field_validator("config")
     @classmethod
