@@ -113,7 +113,7 @@ def insert_if_absent(
     keep = rows
     if stored.num_rows:
         delta = pa.scalar(window, pa.duration("us"))
-        probe = rows.select([*key, "_event_time"]).append_column("_row", pa.array(range(rows.num_rows), pa.int64()))
+        probe = rows.select([*key, "_event_time"]).append_column("_row", pa.array(np.arange(rows.num_rows, dtype=np.int64)))
         pairs = probe.join(stored.rename_columns([*key, "_stored_time"]), keys=key, join_type="inner")
         lo = pc.subtract(pairs.column("_event_time"), delta)
         hi = pc.add(pairs.column("_event_time"), delta)

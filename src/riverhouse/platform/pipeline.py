@@ -68,6 +68,7 @@ class BatchMetrics:
     offsets: dict[str, dict[str, list[int]]] = field(default_factory=dict)
     bronze_version: int | None = None
     silver_version: int | None = None
+    started_at: float = 0.0  # time.monotonic() when the batch began
     seconds: float = 0.0
     # Where the batch's time went: Kafka read + JVM parse + transfer to the driver, and each Delta write.
     stage_seconds: dict[str, float] = field(default_factory=dict)
@@ -251,7 +252,7 @@ class BatchWriter:
 
     def _process(self, batch_df: Any, batch_id: int) -> None:
         started = time.monotonic()
-        metrics = BatchMetrics(batch_id=batch_id)
+        metrics = BatchMetrics(batch_id=batch_id, started_at=started)
         # The batch is already parsed: the parse is part of the streaming query's plan
         # (SourceStream.start), so it is analysed and compiled once, not per batch.
         rows = fill_missing_dates(batch_df.toArrow(), datetime.datetime.now(datetime.UTC).date())
