@@ -17,6 +17,9 @@ Options:
   failOnDataLoss        true (default): fail when planned offsets were deleted by retention
   kafka.<setting>       passed to librdkafka (SASL/SSL...); `${env:NAME}` is resolved
                         where the client is created, so secrets stay out of Spark plans.
+  parse.fields          JSON [[name, type], ...]: also parse each value with Arrow's JSON
+                        reader into a `_parsed` struct column (see arrow_parse.py)
+  parse.maxMessageBytes values larger than this are left to the JVM parse
 """
 
 from __future__ import annotations
@@ -73,9 +76,19 @@ def _topics(options: dict[str, str]) -> list[str]:
     return topics
 
 
-def _arrow_schema() -> Any:
+def _parse_fields(options: dict[str, str]) -> list[tuple[str, str]] | None:
+    from riverhouse.platform.arrow_parse import decode_fields
+
+    text = options.get("parse.fields")
+    return decode_fields(text) if text else None
+
+
+def _arrow_schema(parse_fields: list[tuple[str, str]] | None = None) -> Any:
     import pyarrow as pa
 
+    from riverhouse.platform.arrow_parse import PARSED_COLUMN, struct_type
+
+    extra = [(PARSED_COLUMN, struct_type(parse_fields))] if parse_fields else []
     return pa.schema(
         [
             ("key", pa.binary()),
@@ -89,6 +102,7 @@ def _arrow_schema() -> Any:
                 "headers",
                 pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())])),
             ),
+            *extra,
         ]
     )
 
@@ -231,6 +245,8 @@ def read_partition(options: dict[str, str], part: KafkaInputPartition, fail_on_d
     import pyarrow as pa
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
+    from riverhouse.platform.arrow_parse import PARSED_COLUMN, ArrowJsonParser
+
     config = _client_config(options)
     consumer = Consumer(
         {
@@ -242,10 +258,21 @@ def read_partition(options: dict[str, str], part: KafkaInputPartition, fail_on_d
             "fetch.max.bytes": 64 * 1024 * 1024,
             "max.partition.fetch.bytes": 16 * 1024 * 1024,
             "queued.max.messages.kbytes": 256 * 1024,
+            "queued.min.messages": 1_000_000,
         }
     )
-    schema = _arrow_schema()
-    names = schema.names
+    parse_fields = _parse_fields(options)
+    schema = _arrow_schema(parse_fields)
+    names = [n for n in schema.names if n != PARSED_COLUMN]
+    parser = (ArrowJsonParser(parse_fields, int(options.get("parse.maxmessagebytes", "1000000")))
+              if parse_fields else None)
+
+    def to_batch(cols: dict[str, list[Any]]) -> Any:
+        arrays = [pa.array(cols[n], schema.field(n).type) for n in names]
+        if parser is not None:
+            arrays.append(parser.parse(cols["value"]))
+        return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
     try:
         consumer.assign([TopicPartition(part.topic, part.partition, part.start)])
         cols: dict[str, list[Any]] = {n: [] for n in names}
@@ -301,10 +328,10 @@ def read_partition(options: dict[str, str], part: KafkaInputPartition, fail_on_d
                 next_offset = offset + 1
                 last_progress = time.monotonic()
             if len(cols["offset"]) >= ARROW_BATCH_ROWS:
-                yield pa.RecordBatch.from_pydict(cols, schema=schema)
+                yield to_batch(cols)
                 cols = {n: [] for n in names}
         if cols["offset"]:
-            yield pa.RecordBatch.from_pydict(cols, schema=schema)
+            yield to_batch(cols)
     finally:
         consumer.close()
 
@@ -315,18 +342,32 @@ class KafkaDataSource(DataSource):
         return FORMAT_NAME
 
     def schema(self) -> str:
-        return KAFKA_SCHEMA_DDL
+        from riverhouse.platform.arrow_parse import spark_ddl
+
+        options = {str(k).lower(): str(v) for k, v in self.options.items()}
+        fields = _parse_fields(options)
+        return f"{KAFKA_SCHEMA_DDL}, {spark_ddl(fields)}" if fields else KAFKA_SCHEMA_DDL
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
         return KafkaStreamReader(self.options)
 
 
 def source_options(bootstrap: str, topics: list[str], librdkafka: dict[str, Any], starting: str,
-                   max_offsets_per_trigger: int | None) -> dict[str, str]:
-    """Options for `spark.readStream.format("riverhouse_kafka")` from spec values."""
+                   max_offsets_per_trigger: int | None, parse_fields: list[tuple[str, str]] | None = None,
+                   max_message_bytes: int | None = None) -> dict[str, str]:
+    """Options for `spark.readStream.format("riverhouse_kafka")` from spec values.
+
+    `parse_fields` turns on the Arrow JSON parse in the source (when every type allows it).
+    """
+    from riverhouse.platform.arrow_parse import encode_fields, supported
+
     opts = {"bootstrap.servers": bootstrap, "subscribe": ",".join(topics), "startingOffsets": starting}
     if max_offsets_per_trigger:
         opts["maxOffsetsPerTrigger"] = str(max_offsets_per_trigger)
+    if parse_fields and supported(parse_fields):
+        opts["parse.fields"] = encode_fields(parse_fields)
+        if max_message_bytes:
+            opts["parse.maxMessageBytes"] = str(max_message_bytes)
     for key, value in librdkafka.items():
         opts[f"kafka.{key}"] = json.dumps(value) if isinstance(value, bool) else str(value)
     return opts

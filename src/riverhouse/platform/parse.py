@@ -1,7 +1,9 @@
-"""Parse and validate Kafka records in the JVM (Spark SQL), one status and reason per record.
+"""Parse and validate Kafka records (Spark SQL), one status and reason per record.
 
-Nothing here runs per-record Python: JSON parsing, UTF-8 checks, type checks and
-reasons are Spark expressions, so they run on executors at JVM speed.
+Nothing here runs per-record Python: UTF-8 checks, type checks and reasons are Spark
+expressions, so they run on executors at JVM speed. The JSON itself is parsed by the
+Kafka source with Arrow where it can (`arrow_parse.py`, the `_parsed` column) and by
+Spark's `from_json` for every other record, which also names what is wrong with them.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from riverhouse.platform.arrow_parse import CORRUPT, PARSED_COLUMN
 from riverhouse.platform.spec import SourceSpec
 
 # Timestamps and dates are read as text and converted here: Spark would read a JSON
@@ -39,7 +42,7 @@ JSON_TYPES: dict[str, DataType] = {
     "timestamp": StringType(),
     "date": StringType(),
 }
-CORRUPT = "_corrupt"
+
 EPOCH_MILLIS_RE = r"^-?[0-9]{1,15}$"
 MAX_ABS_EPOCH_MILLIS = 10**15
 
@@ -82,15 +85,13 @@ def parse_records(batch: DataFrame, src: SourceSpec) -> DataFrame:
     oversized = size > F.lit(src.max_message_bytes)
     text = F.when(~oversized, F.col("value").cast("string"))
     df = batch.withColumn("_text", text)
-    df = df.withColumn(
-        "_p",
-        F.when(
-            F.is_valid_utf8(F.col("_text")),
-            F.from_json(
-                F.col("_text"), json_schema, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}
-            ),
-        ),
+    jvm_parse = F.when(
+        F.is_valid_utf8(F.col("_text")),
+        F.from_json(F.col("_text"), json_schema, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}),
     )
+    # Records the source parsed with Arrow skip from_json (coalesce stops at the first non-null).
+    fast = PARSED_COLUMN in batch.columns
+    df = df.withColumn("_p", F.coalesce(F.col(PARSED_COLUMN), jvm_parse) if fast else jvm_parse)
     parsed = F.col("_p")
     typed = {f.name: _typed(parsed[f.name], f.type) for f in src.fields}
 

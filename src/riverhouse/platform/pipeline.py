@@ -361,7 +361,8 @@ def prepare_stream(spec: PipelineSpec, settings: Settings, source: str,
     writer.ensure_tables()
     options = source_options(
         bootstrap, [src.topic], spec.kafka.config, spec.kafka.starting_offsets,
-        spec.kafka.max_offsets_per_trigger,
+        spec.kafka.max_offsets_per_trigger, parse_fields=[(f.name, f.type) for f in src.fields],
+        max_message_bytes=src.max_message_bytes,
     )
     return SourceStream(spec, source, writer, options, ckpt, layout)
 
