@@ -12,10 +12,12 @@ order, so replays after a crash give the same rows.
 `drain=True` closes every pending window now (for bounded replays, demos and
 backfills): Flink's "stop with drain".
 
-Exactly once: gold rows are keyed by the driving event's Kafka coordinates and
-written with MERGE insert-if-absent; progress (the driving silver version read
-and the watermark) is stored in the same commit, so a crash anywhere re-runs to
-the same gold table.
+Exactly once: gold rows are keyed by the driving event's Kafka coordinates. Under
+the gold lock (one writer), events whose key gold already holds are left out, and
+the rest are appended in one commit together with the progress (the driving
+silver version read and the watermark), so a crash anywhere re-runs to the same
+gold table. Quarantined results use MERGE insert-if-absent: they are committed
+before gold, so a crash in between replays them.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from deltalake import CommitProperties, write_deltalake
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
@@ -182,14 +185,26 @@ def evaluate(spark: Any, spec: PipelineSpec, plan: JoinPlan, driving: pa.Table,
     return result.drop("_inner_ok", "_where_ok")
 
 
+_GOLD_SCHEMAS: dict[str, pa.Schema] = {}
+
+
 def gold_schema(spark: Any, spec: PipelineSpec) -> pa.Schema:
-    """The gold table's schema: the query evaluated by Spark on empty inputs."""
-    plan = spec.plan
-    driving = _empty(silver_schema(spec.sources[plan.driving_source]))
-    lookups = {s.alias: _empty(silver_schema(spec.sources[s.source])) for s in plan.steps}
-    schema = evaluate(spark, spec, plan, driving, lookups).toArrow().schema
-    # Gold columns are nullable: a LEFT JOIN leaves lookup columns empty.
-    return pa.schema([pa.field(f.name, f.type, nullable=True) for f in schema])
+    """The gold table's schema: the query analysed by Spark on empty inputs (no job runs).
+
+    It depends on the spec only, so each spec is analysed once per process.
+    """
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    key = spec.model_dump_json()
+    if key not in _GOLD_SCHEMAS:
+        plan = spec.plan
+        driving = _empty(silver_schema(spec.sources[plan.driving_source]))
+        lookups = {s.alias: _empty(silver_schema(spec.sources[s.source])) for s in plan.steps}
+        # The Arrow types `toArrow()` gives these columns (timestamps in UTC).
+        schema = to_arrow_schema(evaluate(spark, spec, plan, driving, lookups).schema, timezone="UTC")
+        # Gold columns are nullable: a LEFT JOIN leaves lookup columns empty.
+        _GOLD_SCHEMAS[key] = pa.schema([pa.field(f.name, f.type, nullable=True) for f in schema])
+    return _GOLD_SCHEMAS[key]
 
 
 def _state(gold: Any) -> tuple[int, datetime | None]:
@@ -259,9 +274,7 @@ def _processed_identities(gold_path_: str, lo_date: Any) -> set[tuple[str, int, 
     return set(zip(*(rows.column(c).to_pylist() for c in IDENTITY), strict=True)) if rows.num_rows else set()
 
 
-def _merge_by_identity(table: Any, rows: pa.Table, metadata: dict[str, str] | None) -> int:
-    from deltalake import CommitProperties
-
+def _merge_by_identity(table: Any, rows: pa.Table) -> int:
     lo = pc.min(rows.column("_left_event_date")).as_py()
     hi = pc.max(rows.column("_left_event_date")).as_py()
     predicate = " AND ".join(
@@ -269,8 +282,7 @@ def _merge_by_identity(table: Any, rows: pa.Table, metadata: dict[str, str] | No
          f"t.\"_left_event_date\" >= '{lo.isoformat()}'", f"t.\"_left_event_date\" <= '{hi.isoformat()}'"]
     )
     metrics = (
-        table.merge(source=rows, predicate=predicate, source_alias="s", target_alias="t",
-                    commit_properties=CommitProperties(custom_metadata=metadata) if metadata else None)
+        table.merge(source=rows, predicate=predicate, source_alias="s", target_alias="t")
         .when_not_matched_insert(updates={c: f's."{c}"' for c in rows.column_names})
         .execute()
     )
@@ -379,12 +391,16 @@ def _run_gold(spark: Any, spec: PipelineSpec, settings: Settings, drain: bool) -
 
     rejected = rows.filter(pc.equal(status, "rejected"))
     if rejected.num_rows:
-        _merge_by_identity(quarantine, rejected, None)
+        # Insert-if-absent: a crash after this commit and before gold's replays these rows.
+        _merge_by_identity(quarantine, rejected)
     crash_point("after_gold_quarantine")
     metadata = {STATE_VERSION: str(current)}
     if next_watermark is not None:
         metadata[STATE_WATERMARK] = next_watermark.astimezone(UTC).isoformat()
-    _merge_by_identity(gold, rows, metadata)
+    # A plain append: `closed` already left out every identity gold holds, read under the
+    # gold lock (the only writer), and the rows and the progress are one commit. A MERGE
+    # would check again, and write every row twice (data and change-data files).
+    write_deltalake(gold, rows, mode="append", commit_properties=CommitProperties(custom_metadata=metadata))
     crash_point("after_gold_commit")
     result.gold_version = open_table(gold_path(layout, spec)).version()
     result.seconds = time.monotonic() - started
