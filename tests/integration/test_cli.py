@@ -85,3 +85,27 @@ def test_demo_json_matches_the_generator_and_repeats(tmp_path: Path) -> None:
     assert summary["joined_rows"] + summary["unmatched_left"] == summary["expected_unique"]
     assert runs[1] == runs[0]  # each demo run resets its own state
     assert local_kafka.status(tmp_path / "home" / "demo" / "kafka") is None  # demo cleans up its Kafka
+
+
+def test_bench_small_run_writes_results_and_page(tmp_path: Path) -> None:
+    """`riverhouse bench` end to end on a small topic: every chosen scenario exact, JSON and page written."""
+    results, docs = tmp_path / "results", tmp_path / "docs" / "benchmarks.md"  # folders that do not exist yet
+    proc = cli("bench", "--events", "3000", "--scenarios",
+               "kafka_read_limit,clickhouse_insert_limit,baseline_consumer,riverhouse_dedup,query_vs_final",
+               "--results", str(results), "--docs", str(docs), "--home", str(tmp_path / "home"), timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    latest = json.loads((results / "latest.json").read_text())
+    assert latest["machine"]["cores"] >= 1
+    scenarios = latest["scenarios"]
+    assert set(scenarios) == {"kafka_read_limit", "clickhouse_insert_limit", "baseline_consumer",
+                              "riverhouse_dedup", "query_vs_final"}
+    for name, result in scenarios.items():
+        assert result["exact"] is True, (name, result)
+    dedup = scenarios["riverhouse_dedup"]
+    # 3,000 orders + 10% duplicates read; three warm runs, the median one reported.
+    assert dedup["events"] == 3300 and len(dedup["steady_runs_seconds"]) == 3
+    assert round(dedup["steady"]["steady_seconds"], 3) == sorted(dedup["steady_runs_seconds"])[1]
+    assert dedup["events_per_s_excluding_startup"] > dedup["events_per_s"]
+    page = docs.read_text()
+    assert "| riverhouse_dedup | 3,300 |" in page and (docs.parent / "benchmarks.png").stat().st_size > 1000
+    assert "riverhouse_dedup >= 100,000 events/s" in proc.stdout
