@@ -748,8 +748,8 @@ def render_docs(result: dict[str, Any], docs: Path, source: str = "bench/results
                   "records and names what is wrong with the bad ones, and the result (raw value included, for "
                   "bronze) is collected to the driver as Arrow."]
     lines += ["", "## Why targets are missed, and what the profiles show", "",
-              "- **Throughput** (`riverhouse_dedup`): the Spark round trip `read_parse_collect` is the "
-              "largest remaining cost. Profiled with py-spy (Python, all processes) and Java Flight Recorder "
+              "- **Throughput** (`riverhouse_dedup`; what limits it, and so the two ratios below): the "
+              "Spark round trip `read_parse_collect` is the largest remaining cost. Profiled with py-spy (Python, all processes) and Java Flight Recorder "
               "(JVM). Jackson `from_json` was its top frame (an `InputStreamReader` per record); the JSON is "
               "now parsed with Arrow in the source's workers (about 0.2 s of one core per 220,000 records), "
               "which took the stage from about 1.4 s to 1.1 to 1.2 s in A/B runs on a warm process. What is "
