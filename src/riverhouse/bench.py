@@ -297,16 +297,16 @@ class Bench:
                 "exact": cold["exact"] and all(r["exact"] for r in runs), "rows": cold["rows"],
                 "expected_unique": expected_unique, "table": cold["table"]}
 
-    def riverhouse_dedup_join(self, count: int) -> dict[str, Any]:
+    def _join_run(self, name: str, count: int, seed: int) -> dict[str, Any]:
         from riverhouse.platform.runner import run_once
 
-        cfg = GeneratorConfig(count=count, duplicate_rate=self.cfg.duplicate_rate, malformed=0, seed=7,
+        cfg = GeneratorConfig(count=count, duplicate_rate=self.cfg.duplicate_rate, malformed=0, seed=seed,
                               users=max(10, count // 20))
         records, order_stats = orders(cfg)
-        produce(self.state.bootstrap, "bench_join_orders", records)
+        produce(self.state.bootstrap, f"{name}_orders", records)
         user_records, user_stats = user_events(replace(cfg, count=max(10, count // 10)))
-        produce(self.state.bootstrap, "bench_join_users", user_records)
-        spec = _join_spec("bench_join", "bench_join_orders", "bench_join_users")
+        produce(self.state.bootstrap, f"{name}_users", user_records)
+        spec = _join_spec(name, f"{name}_orders", f"{name}_users")
         reference = expected_join(order_stats, user_stats, spec.join.window)
         spark = self.spark
         started = time.monotonic()
@@ -315,15 +315,32 @@ class Bench:
         with open_client(self.settings.clickhouse_dsn) as client:
             rows = client.query(f"SELECT count(), countIf(user_name IS NOT NULL) FROM {qualified_table(spec)}"
                                 ).result_rows[0]
-        events = order_stats.messages + user_stats.messages
-        work = seconds - summary["query_startup_s"]
         exact = (rows[0] == reference["expected_joined"] + reference["expected_unmatched"]
                  and rows[1] == reference["expected_joined"])
-        return {"events": events, "seconds": seconds, "events_per_s": events / seconds,
-                "events_per_s_excluding_startup": events / work if work else None, "exact": exact,
-                "startup_s": summary["query_startup_s"],
-                "rows": rows[0], "joined": rows[1], "expected_joined": reference["expected_joined"],
+        return {"events": order_stats.messages + user_stats.messages, "seconds": seconds,
+                "startup_s": summary["query_startup_s"], "work_seconds": seconds - summary["query_startup_s"],
+                "join_seconds": summary.get("join_seconds"), "load_seconds": summary.get("load_seconds"),
+                "stage_seconds": summary["stage_seconds"], "exact": exact, "rows": rows[0], "joined": rows[1],
+                "expected_joined": reference["expected_joined"],
                 "expected_unmatched": reference["expected_unmatched"]}
+
+    def riverhouse_dedup_join(self, count: int) -> dict[str, Any]:
+        """The first join pipeline in the process, then warm runs on fresh topics (median), as for dedup.
+
+        The first run also pays for the first join in the JVM (operators loaded, code generated).
+        """
+        first = self._join_run("bench_join", count, seed=7)
+        runs = [self._join_run(f"bench_join_steady_{i + 1}", count, seed=8 + i) for i in range(self.cfg.steady_runs)]
+        steady = sorted(runs, key=lambda r: r["work_seconds"])[(len(runs) - 1) // 2]
+        return {"events": first["events"], "seconds": first["seconds"],
+                "events_per_s": first["events"] / first["seconds"],
+                "events_per_s_excluding_startup": steady["events"] / steady["work_seconds"],
+                "first_excluding_startup": first["events"] / first["work_seconds"],
+                "startup_s": first["startup_s"], "steady": steady,
+                "steady_runs_seconds": [round(r["work_seconds"], 3) for r in runs],
+                "exact": first["exact"] and all(r["exact"] for r in runs),
+                "rows": first["rows"], "joined": first["joined"], "expected_joined": first["expected_joined"],
+                "expected_unmatched": first["expected_unmatched"]}
 
     def freshness(self) -> dict[str, Any]:
         """Continuous mode with a producer at a fixed rate: produce -> visible in ClickHouse."""
@@ -767,7 +784,9 @@ def render_docs(result: dict[str, Any], docs: Path, source: str = "bench/results
               "in one Python process with no persistence, no window and no replay safety; Riverhouse "
               "writes every event to bronze and silver Delta and commits exactly once. On 2 cores shared "
               "by the broker, the JVM, Python workers and the driver, that work is the gap.",
-              "- **Join**: two streaming queries, then the gold stage. Profiled on a warm process for "
+              "- **Join**: two streaming queries, then the gold stage. In a warm run of 116,000 events "
+              "about 4 s of work: ingest of both sources about 1.5 s, the gold stage about 2.2 s, the "
+              "ClickHouse load 0.3 s (`steady` in the JSON). Profiled on a warm process for "
               "110,000 driving events: about 0.3 s went to computing the gold schema with a Spark job "
               "(now Spark's analysis only, once per spec) and 0.2 s to a delta-rs MERGE (now an append of "
               "the events gold lacks); the rest is Spark's fixed cost for the join itself: the Arrow "
@@ -800,7 +819,10 @@ def render_docs(result: dict[str, Any], docs: Path, source: str = "bench/results
               "median run is reported and all are in the JSON (`steady_runs_seconds`). Every run must be "
               "exact.",
               "- `riverhouse_dedup_join`: orders + user events, LEFT temporal join, windows drained, in the "
-              "warm process; `excl. start-up` leaves out the two streaming queries' start.",
+              "warm process. `events/s` is the first join pipeline of the process, with its two streaming "
+              "queries' start; `excl. start-up` is the median of three more on fresh topics, without the "
+              "queries' start (as for dedup: the first join also pays for loading and compiling the join's "
+              "operators in the JVM; `first_excluding_startup` in the JSON). Every run must be exact.",
               "- `freshness`: continuous mode and a producer at a fixed rate; latency = when the "
               "ClickHouse load of a row's Delta version returned minus the row's Kafka timestamp.",
               "- `query_vs_final`: `SELECT count(), sum(amount), uniqExact(order_id)` on a "
