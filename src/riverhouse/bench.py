@@ -286,7 +286,7 @@ class Bench:
             run = self._dedup_run(name, name, stats.messages, stats.unique)
             run["steady_seconds"] = run["seconds"] - run["query_startup_s"]
             runs.append(run)
-        steady = sorted(runs, key=lambda r: r["steady_seconds"])[(len(runs) - 1) // 2]
+        steady = _median_run(runs, "steady_seconds")
         steady_seconds = steady["steady_seconds"]
         return {"events": cold["events"], "seconds": total, "events_per_s": cold["events"] / total,
                 "events_per_s_excluding_startup": steady["events"] / steady_seconds,
@@ -331,7 +331,7 @@ class Bench:
         """
         first = self._join_run("bench_join", count, seed=7)
         runs = [self._join_run(f"bench_join_steady_{i + 1}", count, seed=8 + i) for i in range(self.cfg.steady_runs)]
-        steady = sorted(runs, key=lambda r: r["work_seconds"])[(len(runs) - 1) // 2]
+        steady = _median_run(runs, "work_seconds")
         return {"events": first["events"], "seconds": first["seconds"],
                 "events_per_s": first["events"] / first["seconds"],
                 "events_per_s_excluding_startup": steady["events"] / steady["work_seconds"],
@@ -533,6 +533,11 @@ class Bench:
             "freshness_rate": cfg.freshness_rate, "freshness_seconds": cfg.freshness_seconds,
             "state_keys": list(cfg.state_keys), "spark_session_s": self.spark_startup_s},
             "started_at": datetime.now(UTC).isoformat(), "scenarios": results}
+
+
+def _median_run(runs: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    """The run with the median `key` (the lower one of an even count)."""
+    return sorted(runs, key=lambda r: r[key])[(len(runs) - 1) // 2]
 
 
 def _assign_from_start(consumer: Any, topic: str) -> None:

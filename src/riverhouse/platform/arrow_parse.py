@@ -39,8 +39,6 @@ ARROW_TYPES: dict[str, pa.DataType] = {
     "timestamp": pa.string(),
     "date": pa.string(),
 }
-SPARK_DDL_TYPES = {"string": "string", "int": "int", "long": "bigint", "double": "double",
-                   "boolean": "boolean", "timestamp": "string", "date": "string"}
 
 
 def supported(field_types: list[tuple[str, str]]) -> bool:
@@ -60,12 +58,6 @@ def decode_fields(text: str) -> list[tuple[str, str]]:
 
 def struct_type(fields: list[tuple[str, str]]) -> pa.StructType:
     return pa.struct([pa.field(n, ARROW_TYPES[t]) for n, t in fields] + [pa.field(CORRUPT, pa.string())])
-
-
-def spark_ddl(fields: list[tuple[str, str]]) -> str:
-    """`_parsed struct<...>`: the same shape as the JVM parse's `from_json` schema."""
-    members = ", ".join(f"`{n}`: {SPARK_DDL_TYPES[t]}" for n, t in fields)
-    return f"{PARSED_COLUMN} struct<{members}, `{CORRUPT}`: string>"
 
 
 class ArrowJsonParser:

@@ -342,11 +342,15 @@ class KafkaDataSource(DataSource):
         return FORMAT_NAME
 
     def schema(self) -> str:
-        from riverhouse.platform.arrow_parse import spark_ddl
+        from riverhouse.platform.arrow_parse import PARSED_COLUMN
+        from riverhouse.platform.parse import json_struct
 
         options = {str(k).lower(): str(v) for k, v in self.options.items()}
         fields = _parse_fields(options)
-        return f"{KAFKA_SCHEMA_DDL}, {spark_ddl(fields)}" if fields else KAFKA_SCHEMA_DDL
+        # `_parsed` has the type from_json reads into, so parse_records can coalesce the two.
+        if not fields:
+            return KAFKA_SCHEMA_DDL
+        return f"{KAFKA_SCHEMA_DDL}, {PARSED_COLUMN} {json_struct(fields).simpleString()}"
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
         return KafkaStreamReader(self.options)

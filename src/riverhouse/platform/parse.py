@@ -47,6 +47,13 @@ EPOCH_MILLIS_RE = r"^-?[0-9]{1,15}$"
 MAX_ABS_EPOCH_MILLIS = 10**15
 
 
+def json_struct(field_types: list[tuple[str, str]]) -> StructType:
+    """What `from_json` reads a value into; the Kafka source's `_parsed` column has this type too."""
+    return StructType(
+        [StructField(name, JSON_TYPES[typ]) for name, typ in field_types] + [StructField(CORRUPT, StringType())]
+    )
+
+
 def _epoch_millis_to_ts(col: Column) -> Column:
     millis = col.try_cast("long")
     return F.when(F.abs(millis) < F.lit(MAX_ABS_EPOCH_MILLIS), F.timestamp_millis(millis))
@@ -77,10 +84,7 @@ def _snippet(col: Column) -> Column:
 
 def parse_records(batch: DataFrame, src: SourceSpec) -> DataFrame:
     """Kafka rows -> typed fields + _status/_reason/_event_time/_event_date (+ raw columns)."""
-    json_schema = StructType(
-        [StructField(f.name, JSON_TYPES[f.type]) for f in src.fields]
-        + [StructField(CORRUPT, StringType())]
-    )
+    json_schema = json_struct([(f.name, f.type) for f in src.fields])
     size = F.octet_length(F.col("value"))
     oversized = size > F.lit(src.max_message_bytes)
     text = F.when(~oversized, F.col("value").cast("string"))
