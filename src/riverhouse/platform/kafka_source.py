@@ -24,6 +24,7 @@ Options:
 
 from __future__ import annotations
 
+import bisect
 import json
 import time
 import uuid
@@ -242,10 +243,14 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 
 def read_partition(options: dict[str, str], part: KafkaInputPartition, fail_on_data_loss: bool) -> Iterator[Any]:
-    import pyarrow as pa
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
+    """Records [start, end) of one partition as Arrow batches of about ARROW_BATCH_ROWS rows.
 
-    from riverhouse.platform.arrow_parse import PARSED_COLUMN, ArrowJsonParser
+    Per record, Python only fetches librdkafka's fields (one list comprehension each);
+    the columns are built with Arrow and numpy, and the JSON is parsed with Arrow.
+    """
+    from confluent_kafka import Consumer, TopicPartition
+
+    from riverhouse.platform.arrow_parse import ArrowJsonParser
 
     config = _client_config(options)
     consumer = Consumer(
@@ -263,19 +268,11 @@ def read_partition(options: dict[str, str], part: KafkaInputPartition, fail_on_d
     )
     parse_fields = _parse_fields(options)
     schema = _arrow_schema(parse_fields)
-    names = [n for n in schema.names if n != PARSED_COLUMN]
     parser = (ArrowJsonParser(parse_fields, int(options.get("parse.maxmessagebytes", "1000000")))
               if parse_fields else None)
-
-    def to_batch(cols: dict[str, list[Any]]) -> Any:
-        arrays = [pa.array(cols[n], schema.field(n).type) for n in names]
-        if parser is not None:
-            arrays.append(parser.parse(cols["value"]))
-        return pa.RecordBatch.from_arrays(arrays, schema=schema)
-
     try:
         consumer.assign([TopicPartition(part.topic, part.partition, part.start)])
-        cols: dict[str, list[Any]] = {n: [] for n in names}
+        pending: list[Any] = []  # records of the next Arrow batch
         last_progress = time.monotonic()
         next_offset = part.start
         while next_offset < part.end:
@@ -290,50 +287,89 @@ def read_partition(options: dict[str, str], part: KafkaInputPartition, fail_on_d
                         f"(planned up to {part.end}) for {STALL_TIMEOUT_S:.0f}s"
                     )
                 continue
-            for msg in messages:
-                err = msg.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        # Offsets up to end may hold only control records (transactions).
-                        next_offset = max(next_offset, msg.offset() or next_offset)
-                        if next_offset >= part.end:
-                            break
-                        continue
-                    if err.code() == KafkaError._AUTO_OFFSET_RESET:
-                        raise KafkaSourceError(
-                            f"offsets {part.start}..{part.end - 1} of {part.topic}[{part.partition}] are no "
-                            "longer in Kafka (deleted by retention). Set the source option "
-                            "failOnDataLoss=false to skip them."
-                        )
-                    raise KafkaSourceError(f"reading {part.topic}[{part.partition}]: {err.str()}")
-                offset = msg.offset()
-                if offset >= part.end:
-                    next_offset = part.end
-                    break
-                if offset < part.start:
-                    continue
-                ts_type, ts_ms = msg.timestamp()
-                cols["key"].append(msg.key())
-                cols["value"].append(msg.value())
-                cols["topic"].append(part.topic)
-                cols["partition"].append(part.partition)
-                cols["offset"].append(offset)
-                cols["timestamp"].append(ts_ms * 1000 if ts_type != 0 else None)
-                # librdkafka: 1 = create time, 2 = log append; Spark's Kafka source: 0 / 1.
-                cols["timestampType"].append(ts_type - 1 if ts_type != 0 else -1)
-                headers = msg.headers()
-                cols["headers"].append(
-                    [{"key": k, "value": v} for k, v in headers] if headers else None
-                )
-                next_offset = offset + 1
+            records, next_offset = _in_range(messages, part, next_offset)
+            if records:
+                pending.extend(records)
                 last_progress = time.monotonic()
-            if len(cols["offset"]) >= ARROW_BATCH_ROWS:
-                yield to_batch(cols)
-                cols = {n: [] for n in names}
-        if cols["offset"]:
-            yield to_batch(cols)
+            if len(pending) >= ARROW_BATCH_ROWS:
+                yield _record_batch(pending, part, schema, parser)
+                pending = []
+        if pending:
+            yield _record_batch(pending, part, schema, parser)
     finally:
         consumer.close()
+
+
+def _in_range(messages: list[Any], part: KafkaInputPartition, next_offset: int) -> tuple[list[Any], int]:
+    """The records of `messages` inside [start, end), and the next offset to read.
+
+    Raises on a real error. Offsets up to `end` may hold only control records
+    (transactions): the partition-EOF event moves `next_offset` past them.
+    """
+    from confluent_kafka import KafkaError
+
+    if any([m.error() is not None for m in messages]):
+        records = []
+        for msg in messages:
+            err = msg.error()
+            if err is None:
+                records.append(msg)
+            elif err.code() == KafkaError._PARTITION_EOF:
+                next_offset = max(next_offset, msg.offset() or next_offset)
+            elif err.code() == KafkaError._AUTO_OFFSET_RESET:
+                raise KafkaSourceError(
+                    f"offsets {part.start}..{part.end - 1} of {part.topic}[{part.partition}] are no "
+                    "longer in Kafka (deleted by retention). Set the source option "
+                    "failOnDataLoss=false to skip them."
+                )
+            else:
+                raise KafkaSourceError(f"reading {part.topic}[{part.partition}]: {err.str()}")
+        messages = records
+    if not messages:
+        return [], next_offset
+    offsets = [m.offset() for m in messages]
+    # One partition's offsets ascend, so the records in range are one slice.
+    lo = bisect.bisect_left(offsets, part.start)
+    hi = bisect.bisect_left(offsets, part.end)
+    if hi > lo:
+        next_offset = max(next_offset, offsets[hi - 1] + 1)
+    if hi < len(offsets):
+        next_offset = part.end
+    return messages[lo:hi], next_offset
+
+
+def _record_batch(messages: list[Any], part: KafkaInputPartition, schema: Any, parser: Any) -> Any:
+    from itertools import chain
+
+    import numpy as np
+    import pyarrow as pa
+
+    count = len(messages)
+    values = [m.value() for m in messages]
+    # librdkafka: (type, ms) with type 0 = none, 1 = create time, 2 = log append;
+    # Spark's Kafka source says -1 / 0 / 1.
+    stamps = [m.timestamp() for m in messages]
+    stamps_array = np.fromiter(chain.from_iterable(stamps), np.int64, 2 * count).reshape(count, 2)
+    kinds, millis = stamps_array[:, 0], stamps_array[:, 1]
+    headers = [m.headers() for m in messages]
+    header_type = schema.field("headers").type
+    if any(h is not None for h in headers):
+        header_array = pa.array([[{"key": k, "value": v} for k, v in h] if h else None for h in headers], header_type)
+    else:
+        header_array = pa.nulls(count, header_type)
+    arrays = [
+        pa.array([m.key() for m in messages], pa.binary()),
+        pa.array(values, pa.binary()),
+        pa.array([part.topic] * count, pa.string()),
+        pa.array(np.full(count, part.partition, dtype=np.int32)),
+        pa.array([m.offset() for m in messages], pa.int64()),
+        pa.array(millis * 1000, pa.int64(), mask=kinds == 0).cast(schema.field("timestamp").type),
+        pa.array(np.where(kinds == 0, -1, kinds - 1).astype(np.int32)),
+        header_array,
+    ]
+    if parser is not None:
+        arrays.append(parser.parse(values))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
 class KafkaDataSource(DataSource):
