@@ -344,13 +344,9 @@ def load_new_versions(
             return result
         skipped = rebuild_versions(silver, first, current)
         changes = _version_rows(delta_path, first, current, columns, order, spec.is_join)
-        versions = changes.column("_commit_version").to_numpy(zero_copy_only=False) if changes.num_rows else []
-        by_version: dict[int, list[int]] = {}
-        for index, version in enumerate(versions):
-            by_version.setdefault(int(version), []).append(index)
+        versions = changes.column("_commit_version").to_numpy(zero_copy_only=False)
         for version in range(first, current + 1):
-            indices = [] if version in skipped else by_version.get(version, [])
-            rows = changes.take(pa.array(indices, pa.int64())) if indices else changes.slice(0, 0)
+            rows = changes.slice(0, 0) if version in skipped else changes.filter(pa.array(versions == version))
             rows = rows.sort_by([(c, "ascending") for c in order])
             rows = rows.select(columns).rename_columns([*columns[:-1], PARTITION_COLUMN])
             chunks = _insert_version(client, spec, table_id, version, rows, log)
