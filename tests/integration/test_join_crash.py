@@ -16,7 +16,7 @@ from riverhouse.platform.generator import GeneratorConfig, expected_join, orders
 from riverhouse.platform.settings import Settings
 from riverhouse.platform.spec import load_spec
 from tests.conftest import REPO, produce
-from tests.integration.test_crash import run_cli
+from tests.integration.test_crash import rerun, run_cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -43,7 +43,7 @@ def join_spec_file(tmp_path: Path, topic: str) -> tuple[Path, Any]:
     ],
 )
 def test_join_pipeline_sigkill_then_rerun(tmp_path: Path, kafka: str, topic: str, settings: Settings,
-                                          point: str, visit: str) -> None:
+                                          spark: Any, point: str, visit: str) -> None:
     cfg = GeneratorConfig(count=300, duplicate_rate=0.2, malformed=3, users=40, seed=5)
     order_records, order_stats = orders(cfg)
     user_records, user_stats = user_events(cfg)
@@ -54,8 +54,7 @@ def test_join_pipeline_sigkill_then_rerun(tmp_path: Path, kafka: str, topic: str
     spec_path, spec = join_spec_file(tmp_path, topic)
     crashed = run_cli(spec_path, settings, "--drain", RIVERHOUSE_CRASH_AT=point, RIVERHOUSE_CRASH_ON=visit)
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
-    rerun = run_cli(spec_path, settings, "--drain")
-    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    rerun(spec_path, settings, spark, drain=True)
 
     with open_client(settings.clickhouse_dsn) as client:
         rows = client.query(f"SELECT order_id, user_name FROM {qualified_table(spec)}").result_rows

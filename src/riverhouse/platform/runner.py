@@ -17,6 +17,7 @@ from riverhouse.platform.pipeline import (
     ingest,
     pipeline_lock,
     prepare_stream,
+    resolve_bootstrap,
     sink_lock,
 )
 from riverhouse.platform.settings import Settings
@@ -28,6 +29,7 @@ def run_once(spec: PipelineSpec, settings: Settings, load: bool = True,
              log: Callable[[str], None] = print, spark: Any = None, drain: bool = False) -> dict[str, Any]:
     """Ingest every source, run the join (join pipelines), load ClickHouse; returns the counts."""
     started = time.monotonic()
+    resolve_bootstrap(spec, settings)  # no Kafka: say so before a Spark start-up
     spark = spark or get_spark(settings.spark_master, conf=settings.spark_conf)
 
     def on_batch(m: BatchMetrics) -> None:
@@ -85,6 +87,7 @@ def run_continuous(spec: PipelineSpec, settings: Settings, stop: threading.Event
     same as for triggered runs: a kill at any point is repaired by the next run.
     """
     started = time.monotonic()
+    resolve_bootstrap(spec, settings)
     spark = spark or get_spark(settings.spark_master, conf=settings.spark_conf)
     interval = spec.orchestration.trigger_interval
     totals = {"read": 0, "quarantined": 0, "duplicates_dropped": 0, "inserted": 0, "replayed": 0, "batches": 0}
