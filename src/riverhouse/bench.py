@@ -57,6 +57,16 @@ class BenchConfig:
     docs: Path = Path("docs/benchmarks.md")
 
 
+# A Kafka sink (Kafka engine, Kafka Connect) flushes a block every so many rows: one part each.
+RMT_INSERT_ROWS = 50_000
+# query_vs_final: the issue's query first; the others are what dashboards ask of such a table.
+FINAL_QUERIES = {
+    "count_sum_uniq": "SELECT count(), sum(amount), uniqExact(order_id) FROM {t}",
+    "count": "SELECT count() FROM {t}",
+    "sum_amount": "SELECT sum(amount) FROM {t}",
+    "top_users": "SELECT user_id, sum(amount) AS total FROM {t} GROUP BY user_id ORDER BY total DESC, user_id LIMIT 10",
+}
+
 # Every consumer in the bench reads with the same librdkafka tuning as Riverhouse's source.
 # `queued.min.messages` (default 100,000) caps librdkafka's prefetch: with the default a
 # single consumer read this topic at ~190k records/s, with a deeper queue at ~900k/s.
@@ -86,7 +96,34 @@ def machine_facts() -> dict[str, Any]:
         "chdb": chdb.__version__,
         "librdkafka": confluent_kafka.libversion()[0],
         "kafka": "librdkafka mock cluster (local, in-memory)",
+        "calibration": calibrate(),
     }
+
+
+def calibrate() -> dict[str, float]:
+    """Seconds for fixed pieces of work, so runs on differently fast machines can be compared.
+
+    Shared machines of one kind differ (and vary by the hour): the ratios of one run are
+    fair, absolute events/s are only comparable between runs with similar calibration.
+    """
+    import numpy as np
+
+    def best_of(action: Callable[[], object], runs: int = 3) -> float:
+        times = []
+        for _ in range(runs):
+            started = time.perf_counter()
+            action()
+            times.append(time.perf_counter() - started)
+        return round(min(times), 4)
+
+    def python_loop() -> int:
+        total = 0
+        for i in range(2_000_000):
+            total += i
+        return total
+
+    keys = pa.array(np.random.default_rng(0).integers(0, 10**12, 1_000_000).astype(str))
+    return {"python_loop_2m_s": best_of(python_loop), "arrow_sort_1m_strings_s": best_of(lambda: keys.sort())}
 
 
 def _orders_spec(name: str, topic: str) -> PipelineSpec:
@@ -146,10 +183,12 @@ class Bench:
         local_kafka.stop(self.home / "kafka")
 
     # -- data -------------------------------------------------------------------
+    def _orders_config(self, count: int, seed: int) -> GeneratorConfig:
+        return GeneratorConfig(count=count, duplicate_rate=self.cfg.duplicate_rate, malformed=0, seed=seed,
+                               users=max(10, count // 20))
+
     def produce_orders(self, topic: str, count: int, seed: int = 1) -> Any:
-        cfg = GeneratorConfig(count=count, duplicate_rate=self.cfg.duplicate_rate, malformed=0, seed=seed,
-                              users=max(10, count // 20))
-        records, stats = orders(cfg)
+        records, stats = orders(self._orders_config(count, seed))
         started = time.monotonic()
         produce(self.state.bootstrap, topic, records)
         self.log(f"  produced {stats.messages:,} orders to {topic} in {time.monotonic() - started:.1f}s")
@@ -205,10 +244,8 @@ class Bench:
         seen_keys: set[str] = set()
         columns: dict[str, list[Any]] = {k: [] for k in ORDER_FIELDS}
         consumed = inserted = 0
-        started = time.monotonic()
-        _assign_from_start(consumer, topic)
         last: dict[int, Any] = {}  # partition -> last message consumed
-        with open_client(self.settings.clickhouse_dsn) as client:
+        with open_client(self.settings.clickhouse_dsn) as client, CpuMeter() as cpu:
             client.command("DROP TABLE IF EXISTS bench_baseline")
             client.command("CREATE TABLE bench_baseline (order_id String, user_id String, amount Int32, "
                            "price Float64, created_at String) ENGINE = MergeTree ORDER BY order_id")
@@ -228,6 +265,8 @@ class Bench:
                     consumer.commit(offsets=[TopicPartition(topic, p, m.offset() + 1) for p, m in last.items()],
                                     asynchronous=False)
 
+            started = time.monotonic()
+            _assign_from_start(consumer, topic)
             while consumed < messages and time.monotonic() - started < 600:
                 for msg in consumer.consume(10_000, timeout=1.0):
                     if msg.error() is not None:
@@ -252,22 +291,27 @@ class Bench:
         consumer.close()
         return {"events": consumed, "seconds": seconds, "events_per_s": consumed / seconds,
                 "exact": tuple(rows) == (expected_unique, expected_unique) and consumed == messages,
-                "rows": rows[0], "expected_unique": expected_unique, "batch_rows": batch_rows}
+                "rows": rows[0], "expected_unique": expected_unique, "batch_rows": batch_rows,
+                "cpu": cpu.window(started, started + seconds)}
 
     def _dedup_run(self, name: str, topic: str, messages: int, expected_unique: int) -> dict[str, Any]:
         from riverhouse.platform.runner import run_once
 
         spec = _orders_spec(name, topic)
-        started = time.monotonic()
-        summary = run_once(spec, self.settings, spark=self.spark, log=lambda m: None)
-        seconds = time.monotonic() - started
+        spark = self.spark
+        with CpuMeter() as cpu:
+            started = time.monotonic()
+            summary = run_once(spec, self.settings, spark=spark, log=lambda m: None)
+            seconds = time.monotonic() - started
         with open_client(self.settings.clickhouse_dsn) as client:
             rows = client.query(f"SELECT count(), uniqExact(order_id) FROM {qualified_table(spec)}").result_rows[0]
         return {"events": summary["read"], "seconds": seconds, "query_startup_s": summary["query_startup_s"],
                 "batches": summary["batches"],
                 "stage_seconds": {**summary["stage_seconds"], "clickhouse_load": _load_seconds(summary)},
                 "exact": tuple(rows) == (expected_unique, expected_unique) and summary["read"] == messages,
-                "rows": rows[0], "expected_unique": expected_unique, "table": spec.sink.table}
+                "rows": rows[0], "expected_unique": expected_unique, "table": spec.sink.table,
+                # From the first batch to every row in ClickHouse (the steady part of the run).
+                "cpu": cpu.window(started + summary["query_startup_s"], started + seconds)}
 
     def riverhouse_dedup(self, topic: str, messages: int, expected_unique: int) -> dict[str, Any]:
         """A cold run (Spark session, query start, JVM warm-up) and steady runs of the same size.
@@ -300,8 +344,7 @@ class Bench:
     def _join_run(self, name: str, count: int, seed: int) -> dict[str, Any]:
         from riverhouse.platform.runner import run_once
 
-        cfg = GeneratorConfig(count=count, duplicate_rate=self.cfg.duplicate_rate, malformed=0, seed=seed,
-                              users=max(10, count // 20))
+        cfg = self._orders_config(count, seed)
         records, order_stats = orders(cfg)
         produce(self.state.bootstrap, f"{name}_orders", records)
         user_records, user_stats = user_events(replace(cfg, count=max(10, count // 10)))
@@ -309,9 +352,10 @@ class Bench:
         spec = _join_spec(name, f"{name}_orders", f"{name}_users")
         reference = expected_join(order_stats, user_stats, spec.join.window)
         spark = self.spark
-        started = time.monotonic()
-        summary = run_once(spec, self.settings, spark=spark, log=lambda m: None, drain=True)
-        seconds = time.monotonic() - started
+        with CpuMeter() as cpu:
+            started = time.monotonic()
+            summary = run_once(spec, self.settings, spark=spark, log=lambda m: None, drain=True)
+            seconds = time.monotonic() - started
         with open_client(self.settings.clickhouse_dsn) as client:
             rows = client.query(f"SELECT count(), countIf(user_name IS NOT NULL) FROM {qualified_table(spec)}"
                                 ).result_rows[0]
@@ -322,7 +366,9 @@ class Bench:
                 "join_seconds": summary.get("join_seconds"), "load_seconds": summary.get("load_seconds"),
                 "stage_seconds": summary["stage_seconds"], "exact": exact, "rows": rows[0], "joined": rows[1],
                 "expected_joined": reference["expected_joined"],
-                "expected_unmatched": reference["expected_unmatched"]}
+                "expected_unmatched": reference["expected_unmatched"],
+                # The whole run: the two queries' start-ups sit between the stages.
+                "cpu_whole_run": cpu.window(started, started + seconds)}
 
     def riverhouse_dedup_join(self, count: int) -> dict[str, Any]:
         """The first join pipeline in the process, then warm runs on fresh topics (median), as for dedup.
@@ -398,39 +444,66 @@ class Bench:
                 "measured_rows": n, "exact": rows[0] == stats.unique and rows[1] == stats.unique,
                 "trigger_interval_s": spec.orchestration.trigger_interval.total_seconds()}
 
-    def query_vs_final(self, topic_stats: Any, clean_table: str) -> dict[str, Any]:
-        """The same raw events in a ReplacingMergeTree (FINAL) vs Riverhouse's clean table."""
-        events = topic_stats.events
-        unique_sum = sum(int(e["amount"]) for e in events)
-        unique = len(events)
-        raw_rows = list(events)
-        raw_rows += events[: int(len(events) * self.cfg.duplicate_rate)]
-        table = pa.table({"order_id": [e["order_id"] for e in raw_rows],
-                          "amount": pa.array([int(e["amount"]) for e in raw_rows], pa.int32())})
+    def query_vs_final(self, count: int, seed: int, clean_table: str) -> dict[str, Any]:
+        """The raw events as Kafka carried them, in a ReplacingMergeTree (`FINAL`), vs Riverhouse's table.
+
+        The ReplacingMergeTree gets every record produced to the topic (duplicates
+        included), in produce order, in inserts of `RMT_INSERT_ROWS` as a Kafka sink
+        would flush them, and is queried as a live table is: parts not merged yet.
+        Each query's answer is checked against the generator's distinct events.
+        """
+        records, stats = orders(self._orders_config(count, seed))
+        raw = [json.loads(value) for _, value in records if value]
+        events = stats.events
+        table = pa.table({
+            "order_id": [e["order_id"] for e in raw],
+            "user_id": [e["user_id"] for e in raw],
+            "amount": pa.array([int(e["amount"]) for e in raw], pa.int32()),
+        })
+        by_user: dict[str, int] = {}
+        for e in events:
+            by_user[e["user_id"]] = by_user.get(e["user_id"], 0) + int(e["amount"])
+        top_users = sorted(by_user.items(), key=lambda kv: (-kv[1], kv[0]))[:10]
+        expected = {
+            "count_sum_uniq": (len(events), sum(int(e["amount"]) for e in events), len(events)),
+            "count": (len(events),),
+            "sum_amount": (sum(int(e["amount"]) for e in events),),
+            "top_users": tuple(top_users),
+        }
         with open_client(self.settings.clickhouse_dsn) as client:
             client.command("DROP TABLE IF EXISTS bench_rmt")
-            client.command("CREATE TABLE bench_rmt (order_id String, amount Int32) "
+            client.command("CREATE TABLE bench_rmt (order_id String, user_id String, amount Int32) "
                            "ENGINE = ReplacingMergeTree ORDER BY order_id")
-            for offset in range(0, table.num_rows, 50_000):
-                client.insert_arrow("bench_rmt", table.slice(offset, 50_000))  # several parts, as streams leave
-            query = "SELECT count(), sum(amount), uniqExact(order_id) FROM {t}"
+            for offset in range(0, table.num_rows, RMT_INSERT_ROWS):
+                client.insert_arrow("bench_rmt", table.slice(offset, RMT_INSERT_ROWS))
+            parts = int(client.command("SELECT count() FROM system.parts WHERE active AND table = 'bench_rmt'"))
 
-            def timed(sql: str) -> tuple[float, tuple[Any, ...]]:
+            def timed(sql: str, one_row: bool) -> tuple[float, tuple[Any, ...]]:
                 times, answer = [], ()
                 for _ in range(self.cfg.query_runs):
                     started = time.perf_counter()
-                    answer = tuple(client.query(sql).result_rows[0])
+                    rows = client.query(sql).result_rows
                     times.append(time.perf_counter() - started)
+                    answer = tuple(rows[0]) if one_row else tuple(tuple(r) for r in rows)
                 return statistics.median(times), answer
 
-            final_s, final_answer = timed(query.format(t="bench_rmt FINAL"))
-            clean_s, clean_answer = timed(query.format(t=quote(clean_table)))
-        want = (unique, unique_sum, unique)
-        return {"events": table.num_rows, "seconds": final_s + clean_s, "events_per_s": None,
-                "final_s": final_s, "clean_s": clean_s, "speedup": final_s / clean_s if clean_s else None,
-                "final_exact": final_answer == want, "clean_exact": clean_answer == want,
-                "exact": final_answer == want and clean_answer == want, "runs": self.cfg.query_runs,
-                "expected": list(want), "final_answer": list(final_answer), "clean_answer": list(clean_answer)}
+            queries: dict[str, Any] = {}
+            for name, template in FINAL_QUERIES.items():
+                one_row = name != "top_users"
+                final_s, final_answer = timed(template.format(t="bench_rmt FINAL"), one_row)
+                clean_s, clean_answer = timed(template.format(t=quote(clean_table)), one_row)
+                want = expected[name]
+                queries[name] = {"sql": template.format(t="<table>"), "final_s": round(final_s, 5),
+                                 "clean_s": round(clean_s, 5),
+                                 "speedup": round(final_s / clean_s, 3) if clean_s else None,
+                                 "final_exact": final_answer == want, "clean_exact": clean_answer == want}
+        main = queries["count_sum_uniq"]
+        return {"events": table.num_rows, "seconds": main["final_s"] + main["clean_s"], "events_per_s": None,
+                "final_s": main["final_s"], "clean_s": main["clean_s"], "speedup": main["speedup"],
+                "final_exact": main["final_exact"], "clean_exact": main["clean_exact"],
+                "exact": all(q["final_exact"] and q["clean_exact"] for q in queries.values()),
+                "runs": self.cfg.query_runs, "rmt_parts": parts, "rmt_insert_rows": RMT_INSERT_ROWS,
+                "expected": list(expected["count_sum_uniq"]), "queries": queries}
 
     def dedup_state(self, keys: int, batch_rows: int = 200_000) -> dict[str, Any]:
         """Memory and Delta size while deduplicating `keys` distinct keys, all inside one window.
@@ -521,7 +594,7 @@ class Bench:
         scenario("baseline_consumer", lambda: self.baseline_consumer("bench_orders", messages, stats.unique))
         scenario("riverhouse_dedup", lambda: self.riverhouse_dedup("bench_orders", messages, stats.unique))
         scenario("riverhouse_dedup_join", lambda: self.riverhouse_dedup_join(cfg.events // 2))
-        scenario("query_vs_final", lambda: self.query_vs_final(stats, "bench_dedup"))
+        scenario("query_vs_final", lambda: self.query_vs_final(cfg.events, 1, "bench_dedup"))
         scenario("freshness", self.freshness)
         if "dedup_state" in chosen:
             for keys in cfg.state_keys:
@@ -548,6 +621,111 @@ def _assign_from_start(consumer: Any, topic: str) -> None:
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(partitions)])
 
 
+def _process_tree(root: int | None = None) -> list[int]:
+    """`root` (this process) and every process below it.
+
+    Read from each process's parent in /proc: a thread's children (the JVM starts
+    Python workers from its threads) are not in the main thread's `children` list.
+    """
+    root = root or os.getpid()
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(parents.get(pid, []))
+    return out
+
+
+def _role(pid: int) -> str:
+    """What a process of the tree does: driver, jvm, spark_python (workers, planners), kafka, other."""
+    if pid == os.getpid():
+        return "driver"
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return "other"
+    if "java" in cmd.split(" ", 1)[0]:
+        return "jvm"
+    if "pyspark" in cmd:
+        return "spark_python"
+    if "local_kafka" in cmd:
+        return "kafka"
+    return "other"
+
+
+CPU_ROLES = ("driver", "jvm", "spark_python", "kafka", "other")
+CpuSample = dict[int, tuple[str, float]]  # pid -> (role, CPU seconds it has used)
+
+
+def cpu_by_process() -> CpuSample:
+    """User + system CPU seconds of every process of the tree so far, with its role."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    out: CpuSample = {}
+    for pid in _process_tree():
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        # utime and stime are fields 14 and 15 of stat, 11 and 12 after the command.
+        out[pid] = (_role(pid), (int(fields[11]) + int(fields[12])) / ticks)
+    return out
+
+
+class CpuMeter:
+    """Samples each process's CPU time every `interval_s`, so any window of a run can be read back.
+
+    `window(t0, t1)` (time.monotonic() values) says what each role used in between, next
+    to what the machine's cores allowed (cores x wall). Processes that end inside the
+    window (Spark's planners and source runners) count up to their last sample.
+    """
+
+    def __init__(self, interval_s: float = 0.1) -> None:
+        self.interval_s = interval_s
+        self.samples: list[tuple[float, CpuSample]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample_until_stopped, daemon=True)
+
+    def _sample(self) -> None:
+        self.samples.append((time.monotonic(), cpu_by_process()))
+
+    def _sample_until_stopped(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._sample()
+
+    def __enter__(self) -> CpuMeter:
+        self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+    def window(self, t0: float, t1: float) -> dict[str, Any]:
+        first = min(self.samples, key=lambda sample: abs(sample[0] - t0))
+        latest: CpuSample = {}
+        for when, sample in self.samples:
+            if when > t1 + self.interval_s / 2:
+                break
+            latest.update(sample)
+        used = dict.fromkeys(CPU_ROLES, 0.0)
+        for pid, (role, seconds) in latest.items():
+            used[role] += max(0.0, seconds - first[1].get(pid, (role, 0.0))[1])
+        used = {role: round(value, 3) for role, value in used.items()}
+        wall = max(t1 - t0, 1e-9)
+        cores = os.cpu_count() or 1
+        return {"wall_s": round(wall, 3), "cores": cores, "by_role": used, "total": round(sum(used.values()), 3),
+                "utilization": round(sum(used.values()) / (wall * cores), 3)}
+
+
 class _PeakRss:
     """Peak resident memory of this process and its children (Spark's JVM, Python workers)."""
 
@@ -558,19 +736,11 @@ class _PeakRss:
 
     def tree_rss(self) -> int:
         total = 0
-        pids = [os.getpid()]
-        seen = set()
-        while pids:
-            pid = pids.pop()
-            if pid in seen:
-                continue
-            seen.add(pid)
+        for pid in _process_tree():
             try:
                 for line in Path(f"/proc/{pid}/status").read_text().splitlines():
                     if line.startswith("VmRSS:"):
                         total += int(line.split()[1]) * 1024
-                children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-                pids.extend(int(c) for c in children)
             except OSError:
                 continue
         return total
@@ -622,7 +792,18 @@ THROUGHPUT = ("kafka_read_limit", "clickhouse_insert_limit", "baseline_consumer"
 
 
 def write_results(result: dict[str, Any], results_dir: Path) -> Path:
+    """`<timestamp>.json` and `latest.json`; the run before (when there is one) is summarized in `previous`."""
     results_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        before = json.loads((results_dir / "latest.json").read_text())
+        result["previous"] = {
+            "started_at": before.get("started_at"),
+            "calibration": before.get("machine", {}).get("calibration"),
+            "events_per_s": {name: r.get("events_per_s_excluding_startup") or r.get("events_per_s")
+                             for name, r in before.get("scenarios", {}).items() if name in THROUGHPUT},
+        }
+    except (OSError, ValueError, AttributeError):
+        pass
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     path = results_dir / f"{stamp}.json"
     text = json.dumps(result, indent=2, default=str)
@@ -673,8 +854,10 @@ def targets(result: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
     return rows
 
 
-def render_docs(result: dict[str, Any], docs: Path, source: str = "bench/results/latest.json") -> Path:
-    """docs/benchmarks.md with the table, the targets and a PNG plot of the latest run."""
+ANALYSIS = Path(__file__).resolve().parents[2] / "bench" / "analysis.md"
+
+
+def _plot(result: dict[str, Any], png: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -682,8 +865,6 @@ def render_docs(result: dict[str, Any], docs: Path, source: str = "bench/results
 
     s = result["scenarios"]
     names = [n for n in THROUGHPUT if isinstance(s.get(n, {}).get("events_per_s"), int | float)]
-    png = docs.with_suffix(".png")
-    docs.parent.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(9, 4))
     values = [s[n]["events_per_s"] for n in names]
     steady = [s[n].get("events_per_s_excluding_startup") or 0 for n in names]
@@ -699,20 +880,14 @@ def render_docs(result: dict[str, Any], docs: Path, source: str = "bench/results
     fig.savefig(png, dpi=110)
     plt.close(fig)
 
-    m = result["machine"]
-    lines = [
-        "# Benchmarks",
-        "",
-        "Measured by `make bench` (`riverhouse bench`): every scenario in one run against the same local",
-        "Kafka (librdkafka mock cluster) and the same embedded ClickHouse engine (chDB), so ratios are fair.",
-        f"Rendered from `{source}`; each run's raw figures are in `bench/results/<timestamp>.json`.",
-        "",
-        f"Machine: {m['cores']} cores, {m['ram_bytes'] / 2**30:.0f} GiB RAM, {m['platform']}; Python {m['python']}, "
-        f"PySpark {m['pyspark']}, deltalake {m['deltalake']}, chDB {m['chdb']}, librdkafka {m['librdkafka']}.",
-        "",
-        "| scenario | events | seconds | events/s | excl. start-up | exact | notes |",
-        "|---|---:|---:|---:|---:|:---:|---|",
-    ]
+
+def _fmt(value: Any, spec: str = "{:,.0f}") -> str:
+    return spec.format(value) if isinstance(value, int | float) else ""
+
+
+def _scenario_lines(s: dict[str, Any]) -> list[str]:
+    lines = ["| scenario | events | seconds | events/s | excl. start-up | exact | notes |",
+             "|---|---:|---:|---:|---:|:---:|---|"]
     for name, r in s.items():
         if "error" in r:
             lines.append(f"| {name} | | | | | no | error: {r['error']} |")
@@ -723,7 +898,8 @@ def render_docs(result: dict[str, Any], docs: Path, source: str = "bench/results
                          f"{r['rate']:,.0f} events/s" if r.get("p95_s") is not None else "no rows measured")
         if name == "query_vs_final":
             notes.append(f"FINAL {r['final_s'] * 1000:.1f} ms (exact: {r['final_exact']}), clean "
-                         f"{r['clean_s'] * 1000:.1f} ms (exact: {r['clean_exact']}): {r['speedup']:.1f}x")
+                         f"{r['clean_s'] * 1000:.1f} ms (exact: {r['clean_exact']}): {r['speedup']:.1f}x; "
+                         f"{r.get('rmt_parts', '?')} unmerged parts")
         if name.startswith("dedup_state"):
             notes.append(f"{r['keys']:,} keys: peak RSS {r['peak_rss_bytes'] / 2**20:,.0f} MiB, "
                          f"{r['baseline_rss_bytes'] / 2**20:,.0f} MiB before the first key, so "
@@ -731,83 +907,145 @@ def render_docs(result: dict[str, Any], docs: Path, source: str = "bench/results
                          "(generated straight into the dedup stage)")
         if r.get("startup_s") is not None:
             notes.append(f"start-up {r['startup_s']:.1f} s")
-
-        def fmt(value: Any, spec: str = "{:,.0f}") -> str:
-            return spec.format(value) if isinstance(value, int | float) else ""
-
-        lines.append(f"| {name} | {fmt(r.get('events'))} | {fmt(r.get('seconds'), '{:,.1f}')} | "
-                     f"{fmt(r.get('events_per_s'))} | {fmt(r.get('events_per_s_excluding_startup'))} | "
+        lines.append(f"| {name} | {_fmt(r.get('events'))} | {_fmt(r.get('seconds'), '{:,.1f}')} | "
+                     f"{_fmt(r.get('events_per_s'))} | {_fmt(r.get('events_per_s_excluding_startup'))} | "
                      f"{'yes' if r.get('exact') else 'no'} | {'; '.join(notes)} |")
-    lines += ["", "![throughput](benchmarks.png)", "", "## Targets", "", "| target | measured | verdict |",
-              "|---|---:|---|"]
-    for name, measured, verdict, _ in targets(result):
-        lines.append(f"| {name} | {measured} | {verdict} |")
-    dedup = s.get("riverhouse_dedup", {})
+    return lines
+
+
+def _cpu_lines(s: dict[str, Any]) -> list[str]:
+    """CPU microseconds per event by process role: the baseline next to Riverhouse's warm runs."""
+    rows = []
+    for label, name, path, key in (
+        ("baseline_consumer", "baseline_consumer", (), "cpu"),
+        ("riverhouse_dedup (median warm run, first batch to rows in ClickHouse)", "riverhouse_dedup", ("steady",),
+         "cpu"),
+        ("riverhouse_dedup_join (median warm run, whole run)", "riverhouse_dedup_join", ("steady",),
+         "cpu_whole_run"),
+    ):
+        r = s.get(name, {})
+        for step in path:
+            r = r.get(step) or {}
+        cpu = r.get(key)
+        if cpu and r.get("events"):
+            rows.append((label, r["events"], cpu))
+    if not rows:
+        return []
+    lines = ["", "## Where the CPU goes", "",
+             "CPU microseconds per event, by process (user + system time read from /proc every 0.1 s): "
+             "`driver` is the Python process (Delta writes with delta-rs, the dedup lookup, the embedded "
+             "ClickHouse engine), `jvm` is Spark's driver and executors (including its JIT and GC threads), "
+             "`spark_python` the Python workers that run the Kafka source, `kafka` the local broker. "
+             "`use of cores` is CPU time over wall time x cores.", "",
+             f"| run | events | wall s | {' | '.join(CPU_ROLES)} | total | use of cores |",
+             "|---|---:|---:|" + "---:|" * (len(CPU_ROLES) + 2)]
+    for label, events, cpu in rows:
+        per_event = [cpu["by_role"].get(role, 0.0) * 1e6 / events for role in CPU_ROLES]
+        lines.append(f"| {label} | {events:,} | {cpu['wall_s']:.2f} | "
+                     + " | ".join(f"{v:.1f}" for v in per_event)
+                     + f" | {cpu['total'] * 1e6 / events:.1f} | {cpu['utilization']:.0%} |")
+    return lines
+
+
+def _stage_lines(dedup: dict[str, Any]) -> list[str]:
     stages = dict(dedup.get("stage_seconds") or {})
     steady = dedup.get("steady") or {}
-    if stages and steady:
-        overlapped = stages.pop("bronze_write", None)
-        wall = steady["steady_seconds"]
-        other = max(0.0, wall - sum(stages.values()))
-        lines += ["", "## Where the time goes (riverhouse_dedup, this run)", "",
-                  f"Start-up of the cold run: {dedup.get('spark_session_s') or 0:.1f} s for the Spark session and "
-                  f"{dedup.get('query_startup_s') or 0:.1f} s to start the streaming query (the checkpoint, the "
-                  "source's planning process, the first offsets); the JVM and the Python workers also warm up "
-                  "during the first batch. The median steady run "
-                  f"(of {', '.join(f'{x:.2f}' for x in dedup.get('steady_runs_seconds') or [wall])} s) of "
-                  f"{steady.get('events', 0):,} events took {wall:.2f} s from its first batch to every row "
-                  f"in ClickHouse, in {steady.get('batches')} batch(es) of up to "
-                  f"{KafkaSpec.model_fields['max_offsets_per_trigger'].default:,} records:", "",
-                  "| stage | seconds | share |", "|---|---:|---:|"]
-        for stage, seconds in sorted(stages.items(), key=lambda kv: -kv[1]):
-            lines.append(f"| {stage} | {seconds:.2f} | {seconds / wall:.0%} |")
-        lines.append(f"| between batches (offsets, commit log) | {other:.2f} | {other / wall:.0%} |")
-        if overlapped is not None:
-            lines.append(f"| bronze_write (side by side with silver_dedup) | ({overlapped:.2f}) | |")
-        lines += ["", "`read_parse_collect` is the Spark stage: the Python data source reads Kafka in Python "
-                  "workers and parses the JSON there with Arrow (Spark's `from_json` takes every block Arrow "
-                  "cannot read exactly as Spark would), hands Arrow batches to the JVM, the JVM validates the "
-                  "records and names what is wrong with the bad ones, and the result (raw value included, for "
-                  "bronze) is collected to the driver as Arrow."]
-    lines += ["", "## Why targets are missed, and what the profiles show", "",
-              "- **Throughput** (`riverhouse_dedup`; what limits it, and so the two ratios below): the "
-              "Spark round trip `read_parse_collect` is the largest remaining cost. Profiled with py-spy (Python, all processes) and Java Flight Recorder "
-              "(JVM). Jackson `from_json` was its top frame (an `InputStreamReader` per record); the JSON is "
-              "now parsed with Arrow in the source's workers (about 0.2 s of one core per 220,000 records), "
-              "which took the stage from about 1.4 s to 1.1 to 1.2 s in A/B runs on a warm process. What is "
-              "left is Spark's own data movement: the source's Arrow batches become JVM rows, and the rows "
-              "become Arrow again for the driver; the four Kafka partitions are read in about 0.45 s of "
-              "Python when run back to back outside Spark. Next steps: keep the raw value (for bronze) out "
-              "of the JVM round trip, and overlap the next batch's read with the current batch's writes.",
-              "- **50% of min(kafka_read_limit, clickhouse_insert_limit)**: the read limit is one "
-              "librdkafka consumer doing nothing but read, about 0.9 M records/s here, so the target asks "
-              "for about 450,000 events/s end to end with JSON parsing, two Delta commits and a "
-              "ClickHouse load on 2 cores. (Earlier runs reported a read limit of about 190,000/s: "
-              "librdkafka's default prefetch queue, `queued.min.messages` = 100,000, throttled that "
-              "consumer; every consumer in the bench and the source now read with a deeper queue.)",
-              "- **2x baseline_consumer**: with the same read tuning the baseline reads and deduplicates "
-              "in one Python process with no persistence, no window and no replay safety; Riverhouse "
-              "writes every event to bronze and silver Delta and commits exactly once. On 2 cores shared "
-              "by the broker, the JVM, Python workers and the driver, that work is the gap.",
-              "- **Join**: two streaming queries, then the gold stage. In a warm run of 116,000 events "
-              "about 4 s of work: ingest of both sources about 1.5 s, the gold stage about 2.2 s, the "
-              "ClickHouse load 0.3 s (`steady` in the JSON). Profiled on a warm process for "
-              "110,000 driving events: about 0.3 s went to computing the gold schema with a Spark job "
-              "(now Spark's analysis only, once per spec) and 0.2 s to a delta-rs MERGE (now an append of "
-              "the events gold lacks); the rest is Spark's fixed cost for the join itself: the Arrow "
-              "candidates become a local relation, projections over it are evaluated row by row in the "
-              "optimizer (`ConvertToLocalRelation` in the JVM profile), then the broadcast join, the "
-              "shuffle and sort of the latest-match window, and the way back to Arrow, about 1.5 s. "
-              "Hash-partitioning the driving events by identity (to use both cores and drop the window's "
-              "shuffle) made no measurable difference.",
-              "- **query_vs_final**: on these 220,000 events both queries take a few tens of milliseconds, "
-              "mostly fixed cost. The generator's order ids arrive in near key order, so the "
-              "ReplacingMergeTree's parts barely overlap and `FINAL` has little to merge; the gap grows "
-              "with unmerged, overlapping parts (random keys such as UUIDs) and with data size.",
-              "- **dedup_state**: the dedup state is the silver Delta table on disk, looked up within the "
-              "window per batch, so memory follows the batch, not the number of keys. The first run's "
-              "growth is one batch's working set; the 10M run starts where the 1M run left the allocator "
-              "and barely grows, which is what its bytes per key measure."]
+    if not stages or not steady:
+        return []
+    overlapped = stages.pop("bronze_write", None)
+    wall = steady["steady_seconds"]
+    other = max(0.0, wall - sum(stages.values()))
+    lines = ["", "## Where the time goes (riverhouse_dedup, this run)", "",
+             f"Start-up of the cold run: {dedup.get('spark_session_s') or 0:.1f} s for the Spark session and "
+             f"{dedup.get('query_startup_s') or 0:.1f} s to start the streaming query (the checkpoint, the "
+             "source's planning process, the first offsets); the JVM and the Python workers also warm up "
+             "during the first batch. The median warm run "
+             f"(of {', '.join(f'{x:.2f}' for x in dedup.get('steady_runs_seconds') or [wall])} s) of "
+             f"{steady.get('events', 0):,} events took {wall:.2f} s from its first batch to every row "
+             f"in ClickHouse, in {steady.get('batches')} batch(es) of up to "
+             f"{KafkaSpec.model_fields['max_offsets_per_trigger'].default:,} records:", "",
+             "| stage | seconds | share |", "|---|---:|---:|"]
+    for stage, seconds in sorted(stages.items(), key=lambda kv: -kv[1]):
+        lines.append(f"| {stage} | {seconds:.2f} | {seconds / wall:.0%} |")
+    lines.append(f"| between batches (offsets, commit log) | {other:.2f} | {other / wall:.0%} |")
+    if overlapped is not None:
+        lines.append(f"| bronze_write (side by side with silver_dedup) | ({overlapped:.2f}) | |")
+    lines += ["", "`read_parse_collect` is the Spark stage: the Python data source reads Kafka in Python "
+              "workers and parses the JSON there with Arrow (Spark's `from_json` takes every block Arrow "
+              "cannot read exactly as Spark would), hands Arrow batches to the JVM, the JVM validates the "
+              "records and names what is wrong with the bad ones, and the result (raw value included, for "
+              "bronze) is collected to the driver as Arrow."]
+    return lines
+
+
+def _final_lines(r: dict[str, Any]) -> list[str]:
+    queries = r.get("queries") or {}
+    if not queries:
+        return []
+    lines = ["", "## query_vs_final, query by query", "",
+             f"The same {r['events']:,} raw events (duplicates included) in a ReplacingMergeTree, inserted "
+             f"{r.get('rmt_insert_rows', 0):,} rows at a time as a Kafka sink flushes them "
+             f"({r.get('rmt_parts', '?')} parts, not merged yet), queried with `FINAL`, against Riverhouse's "
+             f"clean table; median of {r.get('runs')} runs each. The first query is the target's.", "",
+             "| query | FINAL ms | clean ms | speedup | FINAL exact | clean exact |", "|---|---:|---:|---:|:---:|:---:|"]
+    for q in queries.values():
+        lines.append(f"| `{q['sql']}` | {q['final_s'] * 1000:.1f} | {q['clean_s'] * 1000:.1f} | "
+                     f"{_fmt(q.get('speedup'), '{:.1f}x')} | {'yes' if q['final_exact'] else 'no'} | "
+                     f"{'yes' if q['clean_exact'] else 'no'} |")
+    return lines
+
+
+def _machine_lines(result: dict[str, Any]) -> list[str]:
+    m = result["machine"]
+    lines = [f"Machine: {m['cores']} cores, {m['ram_bytes'] / 2**30:.0f} GiB RAM, {m['platform']}; Python {m['python']}, "
+             f"PySpark {m['pyspark']}, deltalake {m['deltalake']}, chDB {m['chdb']}, librdkafka {m['librdkafka']}."]
+    cal = m.get("calibration") or {}
+    if cal:
+        text = (f"Calibration (fixed work, best of 3): a 2M-step Python loop {cal['python_loop_2m_s']:.3f} s, "
+                f"an Arrow sort of 1M strings {cal['arrow_sort_1m_strings_s']:.3f} s.")
+        before = (result.get("previous") or {}).get("calibration") or {}
+        if before.get("python_loop_2m_s"):
+            ratio = cal["python_loop_2m_s"] / before["python_loop_2m_s"]
+            text += (f" The previous run ({str(result['previous'].get('started_at'))[:16]}) took "
+                     f"{before['python_loop_2m_s']:.3f} s for the loop: this machine was {ratio:.2f}x as slow. "
+                     "Shared machines of one kind differ, so compare ratios within one run, and absolute "
+                     "figures only between runs with similar calibration.")
+        lines += ["", text]
+    return lines
+
+
+def render_docs(result: dict[str, Any], docs: Path, source: str = "bench/results/latest.json",
+                analysis: Path = ANALYSIS) -> Path:
+    """docs/benchmarks.md: this run's figures, tables and plot, then the maintained analysis (bench/analysis.md)."""
+    s = result["scenarios"]
+    docs.parent.mkdir(parents=True, exist_ok=True)
+    _plot(result, docs.with_suffix(".png"))
+    lines = [
+        "# Benchmarks",
+        "",
+        "Measured by `make bench` (`riverhouse bench`): every scenario in one run against the same local",
+        "Kafka (librdkafka mock cluster) and the same embedded ClickHouse engine (chDB), so ratios are fair.",
+        f"Rendered from `{source}` (run of {result['started_at'][:16]} UTC); each run's raw figures are in "
+        "`bench/results/<timestamp>.json`.",
+        "",
+        *_machine_lines(result),
+        "",
+        *_scenario_lines(s),
+        "",
+        "![throughput](benchmarks.png)",
+        "",
+        "## Targets",
+        "",
+        "| target | measured | verdict |",
+        "|---|---:|---|",
+    ]
+    for name, measured, verdict, _ in targets(result):
+        lines.append(f"| {name} | {measured} | {verdict} |")
+    lines += _cpu_lines(s)
+    lines += _stage_lines(s.get("riverhouse_dedup", {}))
+    lines += _final_lines(s.get("query_vs_final", {}))
+    if analysis.exists():
+        lines += ["", analysis.read_text().strip()]
     lines += ["", "## How each figure is measured", "",
               "- `kafka_read_limit`: one librdkafka consumer reading the topic (the source's limit here), "
               "with the same prefetch tuning as Riverhouse's source (`queued.min.messages` 1,000,000).",
@@ -830,9 +1068,12 @@ def render_docs(result: dict[str, Any], docs: Path, source: str = "bench/results
               "operators in the JVM; `first_excluding_startup` in the JSON). Every run must be exact.",
               "- `freshness`: continuous mode and a producer at a fixed rate; latency = when the "
               "ClickHouse load of a row's Delta version returned minus the row's Kafka timestamp.",
-              "- `query_vs_final`: `SELECT count(), sum(amount), uniqExact(order_id)` on a "
-              "ReplacingMergeTree with the raw events (`FINAL`) vs Riverhouse's table; median of runs.",
+              "- `query_vs_final`: the records produced to the topic, in produce order, in a "
+              "ReplacingMergeTree (`FINAL`) vs Riverhouse's table; each query's answer is checked against "
+              "the generator's distinct events; median of runs.",
               "- `dedup_state`: peak RSS of the whole process tree while deduplicating N distinct keys.",
+              "- CPU: user + system seconds of each process below the bench (read from /proc), sampled "
+              "every 0.1 s; a process that ends counts up to its last sample.",
               ""]
     docs.write_text("\n".join(lines))
     return docs

@@ -106,6 +106,15 @@ def test_bench_small_run_writes_results_and_page(tmp_path: Path) -> None:
     assert dedup["events"] == 3300 and len(dedup["steady_runs_seconds"]) == 3
     assert round(dedup["steady"]["steady_seconds"], 3) == sorted(dedup["steady_runs_seconds"])[1]
     assert dedup["events_per_s_excluding_startup"] > dedup["events_per_s"]
+    # The CPU meter sees Spark's JVM and its Python workers (the Kafka source), and the baseline's own process.
+    steady_cpu = dedup["steady"]["cpu"]["by_role"]
+    assert steady_cpu["jvm"] > 0 and steady_cpu["spark_python"] > 0 and steady_cpu["driver"] > 0
+    assert scenarios["baseline_consumer"]["cpu"]["by_role"]["driver"] > 0
+    assert scenarios["baseline_consumer"]["cpu"]["by_role"]["jvm"] == 0
+    final = scenarios["query_vs_final"]
+    assert set(final["queries"]) == {"count_sum_uniq", "count", "sum_amount", "top_users"}
+    assert final["rmt_parts"] >= 1 and final["expected"][0] == 3000
     page = docs.read_text()
+    assert "## Where the CPU goes" in page and "## query_vs_final, query by query" in page
     assert "| riverhouse_dedup | 3,300 |" in page and (docs.parent / "benchmarks.png").stat().st_size > 1000
     assert "riverhouse_dedup >= 100,000 events/s" in proc.stdout
