@@ -1,0 +1,51 @@
+"""The local SparkSession: its Python workers import the installed pyspark, not Spark's zip."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from riverhouse.platform.spark import local_spark_home
+
+pytestmark = pytest.mark.spark
+
+
+def _worker_imports(_: Any) -> list[str]:
+    import pyspark
+
+    return [pyspark.__file__]
+
+
+def test_workers_import_pyspark_from_site_packages(spark: Any) -> None:
+    import pyspark
+
+    files = spark.sparkContext.parallelize([1, 2], 2).mapPartitions(_worker_imports).collect()
+    # The zip has no bytecode cache: importing from it recompiled pyspark in every worker.
+    assert files and all(".zip" not in f for f in files), files
+    assert {Path(f).resolve() for f in files} == {Path(pyspark.__file__).resolve()}
+
+
+def test_overlay_links_everything_but_the_zip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    package = tmp_path / "pyspark"
+    (package / "bin").mkdir(parents=True)
+    (package / "bin" / "spark-submit").write_text("#!/bin/sh\n")
+    (package / "jars").mkdir()
+    lib = package / "python" / "lib"
+    lib.mkdir(parents=True)
+    (lib / "pyspark.zip").write_bytes(b"zip")
+    (lib / "py4j-0.10.9.9-src.zip").write_bytes(b"py4j")
+
+    home = local_spark_home(package, "4.3.0")
+    assert home is not None and home.is_relative_to(tmp_path / "cache")
+    assert (home / "bin" / "spark-submit").read_text() == "#!/bin/sh\n"
+    assert (home / "jars").resolve() == (package / "jars").resolve()
+    assert (home / "python" / "lib" / "py4j-0.10.9.9-src.zip").read_bytes() == b"py4j"
+    assert not (home / "python" / "lib" / "pyspark.zip").exists()
+    assert local_spark_home(package, "4.3.0") == home  # made once, then reused
+    assert local_spark_home(package, "4.4.0") != home  # another pyspark, another folder
+
+    (lib / "pyspark.zip").unlink()  # not a pip-installed pyspark: leave SPARK_HOME alone
+    assert local_spark_home(package, "4.5.0") is None
