@@ -18,8 +18,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from itertools import pairwise
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -35,6 +36,9 @@ from riverhouse.platform.generator import (
 from riverhouse.platform.settings import Settings
 from riverhouse.platform.spec import KafkaSpec, PipelineSpec, parse_spec
 
+if TYPE_CHECKING:
+    from riverhouse.platform.pipeline import BatchMetrics
+
 SCENARIOS = ("kafka_read_limit", "clickhouse_insert_limit", "baseline_consumer", "riverhouse_dedup",
              "riverhouse_dedup_join", "freshness", "query_vs_final", "dedup_state")
 ORDER_FIELDS = {"order_id": "string", "user_id": "string", "amount": "int", "price": "double",
@@ -47,7 +51,8 @@ class BenchConfig:
     duplicate_rate: float = 0.10
     partitions: int = 4  # the local Kafka's partitions per topic (fixed by the mock cluster)
     freshness_rate: float = 20_000.0
-    freshness_seconds: float = 60.0
+    freshness_seconds: float = 60.0  # measured, after the warm-up
+    freshness_warmup: float = 15.0  # seconds of traffic at the rate before the measured period
     state_keys: tuple[int, ...] = (1_000_000, 10_000_000)
     query_runs: int = 5
     steady_runs: int = 3  # warm riverhouse_dedup runs; the median is the steady state
@@ -389,31 +394,42 @@ class Bench:
                 "expected_unmatched": first["expected_unmatched"]}
 
     def freshness(self) -> dict[str, Any]:
-        """Continuous mode with a producer at a fixed rate: produce -> visible in ClickHouse."""
+        """Continuous mode with a producer at a fixed rate: produce -> visible in ClickHouse.
+
+        The producer runs for `freshness_warmup` + `freshness_seconds` without a pause; the
+        percentiles are over the rows produced after the warm-up (a pipeline that runs for
+        days is warm), and the warm-up rows' own percentiles are reported beside them.
+        """
         from riverhouse.platform.runner import run_continuous
         from riverhouse.platform.tables import TableLayout, read_inserts
 
         topic = "bench_fresh"
         spec = _orders_spec("bench_fresh", topic)
-        count = int(self.cfg.freshness_rate * self.cfg.freshness_seconds)
+        rate, warmup = self.cfg.freshness_rate, self.cfg.freshness_warmup
+        count = int(rate * (warmup + self.cfg.freshness_seconds))
         cfg = GeneratorConfig(count=count, duplicate_rate=0.0, malformed=0, seed=11, users=1000)
         produce(self.state.bootstrap, topic, iter([(b"warmup", b"{}")]))  # the topic exists before the query
         stop = threading.Event()
         visible: list[tuple[int, float]] = []  # (last silver version loaded, time it became visible)
+        loads: list[float] = []  # seconds of each ClickHouse load
+        batches: list[BatchMetrics] = []
 
         def on_log(line: str) -> None:
             if line.startswith("loaded ") and "Delta version" in line:
                 version = int(line.split("Delta version ")[1].split(",")[0])
                 visible.append((version, time.time()))
+                loads.append(float(line.rsplit(" in ", 1)[1].rstrip("s")))
 
         spark = self.spark
-        worker = threading.Thread(target=lambda: run_continuous(spec, self.settings, stop, log=on_log, spark=spark),
-                                  daemon=True)
+        worker = threading.Thread(target=lambda: run_continuous(spec, self.settings, stop, log=on_log, spark=spark,
+                                                                observe=batches.append), daemon=True)
         worker.start()
-        time.sleep(20)  # the query's start-up is not freshness
+        deadline = time.monotonic() + 120
+        while not batches and worker.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.5)  # the query's start-up (its first batch: the one record above) is not freshness
         records, stats = orders(cfg)
-        produced_at = time.time()
-        produce(self.state.bootstrap, topic, records, rate=self.cfg.freshness_rate)
+        produced_at, producing = time.time(), time.monotonic()
+        produce(self.state.bootstrap, topic, records, rate=rate)
         produce_seconds = time.time() - produced_at
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -424,25 +440,29 @@ class Bench:
         stop.set()
         worker.join(timeout=120)
         path = TableLayout(self.settings.warehouse, spec.name).silver("orders")
-        latencies: list[float] = []
+        measured: list[float] = []
+        warming: list[float] = []
         previous = -1
         for version, seen_at in visible:  # one load makes versions previous+1 .. version visible
             rows = read_inserts(path, previous + 1, version, ["order_id", "_kafka_timestamp"])
             previous = version
             for ts in rows.column("_kafka_timestamp").to_pylist():
-                latencies.append(seen_at - ts.timestamp())
-        latencies.sort()
+                sent = ts.timestamp()
+                (warming if sent < produced_at + warmup else measured).append(seen_at - sent)
         with open_client(self.settings.clickhouse_dsn) as client:
             rows = client.query(f"SELECT uniqExact(order_id), count() FROM {qualified_table(spec)}").result_rows[0]
-        n = len(latencies)
-
-        def pct(p: float) -> float | None:
-            return latencies[min(n - 1, int(p * n))] if n else None
-
+        steady = _percentiles(measured)
         return {"events": stats.messages, "seconds": produce_seconds, "events_per_s": stats.messages / produce_seconds,
-                "rate": self.cfg.freshness_rate, "p50_s": pct(0.50), "p95_s": pct(0.95), "p99_s": pct(0.99),
-                "measured_rows": n, "exact": rows[0] == stats.unique and rows[1] == stats.unique,
-                "trigger_interval_s": spec.orchestration.trigger_interval.total_seconds()}
+                "rate": rate, "p50_s": steady.get("p50"), "p95_s": steady.get("p95"), "p99_s": steady.get("p99"),
+                "measured_rows": len(measured), "warmup_s": warmup, "warmup_rows": len(warming),
+                "warmup_percentiles_s": _percentiles(warming),
+                "exact": rows[0] == stats.unique and rows[1] == stats.unique,
+                "trigger_interval_s": spec.orchestration.trigger_interval.total_seconds(),
+                "profile": _freshness_profile(
+                    [b for b in batches if b.read and b.started_at >= producing + warmup],
+                    [took for (_, seen_at), took in zip(visible, loads, strict=True) if seen_at >= produced_at + warmup]),
+                "warmup_batches": [[b.read, round(b.seconds, 3)] for b in batches
+                                   if b.read and producing - 1 <= b.started_at < producing + warmup]}
 
     def query_vs_final(self, count: int, seed: int, clean_table: str) -> dict[str, Any]:
         """The raw events as Kafka carried them, in a ReplacingMergeTree (`FINAL`), vs Riverhouse's table.
@@ -511,65 +531,26 @@ class Bench:
         The local Kafka keeps ~5 MB per partition, far less than a million events, so the
         events are generated straight into the dedup stage (the same in-batch dedup and
         window-bounded insert-if-absent the stream uses, batch by batch, 10% duplicates).
+        It runs in a process of its own, so its peak RSS (the kernel's high-water mark) is
+        the dedup stage's alone, not the bench's idle Spark JVM's ups and downs.
         """
-        from datetime import timedelta
+        import multiprocessing
 
-        import numpy as np
-
-        from riverhouse.platform.dedup import dedup_in_batch, insert_if_absent
-        from riverhouse.platform.tables import TableLayout, ensure_table, silver_schema
+        from riverhouse.platform.tables import TableLayout
 
         spec = _orders_spec(f"bench_state_{keys}", f"bench_state_{keys}")
-        src = spec.sources["orders"]
-        schema = silver_schema(src)
         path = TableLayout(self.settings.warehouse, spec.name).silver("orders")
-        silver = ensure_table(path, schema, ["_event_date"], cdf=True)
-        base = datetime(2026, 1, 1, tzinfo=UTC)
-        window = src.dedup.window if src.dedup else timedelta(hours=1)
-        span_us = int(window.total_seconds() * 1e6) // 2  # every key inside one window
-        rng = np.random.default_rng(keys)
-        peak = _PeakRss()
-        baseline = peak.tree_rss()  # the process tree before any key: JVM, Python, libraries
-        peak.start()
-        started = time.monotonic()
-        inserted = events = 0
-        for batch_id, lo in enumerate(range(0, keys, batch_rows)):
-            ids = np.arange(lo, min(keys, lo + batch_rows))
-            dupes = rng.choice(ids, size=max(1, len(ids) // 10))
-            all_ids = np.concatenate([ids, dupes])
-            n = len(all_ids)
-            times = pa.array(base.timestamp() * 1e6 + (all_ids * 7919) % span_us, pa.int64()).cast(
-                pa.timestamp("us", tz="UTC"))
-            rows = pa.table({
-                "order_id": pa.array([f"o-{i:010d}" for i in all_ids]),
-                "user_id": pa.array([f"u{i % 5000:06d}" for i in all_ids]),
-                "amount": pa.array((all_ids % 10).astype("int32")),
-                "price": pa.array((all_ids % 1000) / 10.0),
-                "created_at": times,
-                "_event_time": times,
-                "_event_date": pa.array([base.date()] * n, pa.date32()),
-                "_topic": pa.array(["bench_state"] * n),
-                "_partition": pa.array(np.zeros(n, dtype="int32")),
-                "_offset": pa.array(np.arange(events, events + n, dtype="int64")),
-                "_kafka_timestamp": times,
-                "_batch_id": pa.array(np.full(n, batch_id, dtype="int64")),
-            }).cast(schema)
-            events += n
-            unique = dedup_in_batch(rows, src.dedup_key, window)
-            outcome = insert_if_absent(silver, unique, src.dedup_key, window, "bench-state", batch_id)
-            inserted += outcome.inserted
-            silver.update_incremental()
-        seconds = time.monotonic() - started
-        peak.stop()
-        size = sum(f.stat().st_size for f in Path(path).rglob("*.parquet"))
-        return {"events": events, "seconds": seconds, "events_per_s": events / seconds, "keys": keys,
-                "peak_rss_bytes": peak.peak, "baseline_rss_bytes": baseline,
-                "bytes_per_key": (peak.peak - baseline) / keys, "peak_rss_per_key": peak.peak / keys,
-                "delta_bytes": size,
-                "delta_bytes_per_key": size / keys, "batch_rows": batch_rows, "exact": inserted == keys,
-                "generated": "straight into the dedup stage (Kafka retention cannot hold this many events)",
-                "note": "dedup state is the silver Delta table (looked up within the window), not memory; "
-                        "RSS is the whole process tree (driver JVM, Python, workers)"}
+        context = multiprocessing.get_context("spawn")
+        results = context.Queue()
+        worker = context.Process(target=_dedup_state_process, args=(path, keys, batch_rows, results))
+        worker.start()
+        try:
+            status, result = results.get(timeout=1800)
+        finally:
+            worker.join(timeout=60)
+        if status != "ok":
+            raise RuntimeError(result)
+        return result
 
     # -- the run ----------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -601,11 +582,123 @@ class Bench:
                 name = "dedup_state" if keys == cfg.state_keys[0] else f"dedup_state_{keys}"
                 chosen.add(name)
                 scenario(name, lambda k=keys: self.dedup_state(k))
+            _marginal_memory(results)
         return {"machine": machine_facts(), "config": {
             "events": cfg.events, "duplicate_rate": cfg.duplicate_rate, "partitions": cfg.partitions,
             "freshness_rate": cfg.freshness_rate, "freshness_seconds": cfg.freshness_seconds,
+            "freshness_warmup": cfg.freshness_warmup,
             "state_keys": list(cfg.state_keys), "spark_session_s": self.spark_startup_s},
             "started_at": datetime.now(UTC).isoformat(), "scenarios": results}
+
+
+def _marginal_memory(results: dict[str, Any]) -> None:
+    """RAM per additional key between the smallest and the largest dedup_state run (on the largest).
+
+    Each run's peak includes a fixed working set (one batch, allocator pools); the slope
+    between two key counts is what the state itself costs per key.
+    """
+    runs = sorted((r for n, r in results.items() if n.startswith("dedup_state") and "keys" in r),
+                  key=lambda r: r["keys"])
+    if len(runs) >= 2 and runs[-1]["keys"] > runs[0]["keys"]:
+        small, large = runs[0], runs[-1]
+        large["marginal_bytes_per_key"] = round(
+            (large["peak_rss_bytes"] - small["peak_rss_bytes"]) / (large["keys"] - small["keys"]), 2)
+        large["marginal_from_keys"] = small["keys"]
+
+
+def _dedup_state_process(path: str, keys: int, batch_rows: int, results: Any) -> None:
+    try:
+        results.put(("ok", measure_dedup_state(path, keys, batch_rows)))
+    except Exception as exc:  # the parent reports it as the scenario's error
+        results.put(("error", f"{type(exc).__name__}: {exc}"))
+
+
+def _own_memory(field: str) -> int:
+    """VmRSS (now) or VmHWM (peak so far) of this process, in bytes."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def measure_dedup_state(path: str, keys: int, batch_rows: int) -> dict[str, Any]:
+    """The dedup stage over `keys` generated keys (10% duplicates) into the silver table at `path`."""
+    from datetime import timedelta
+
+    import numpy as np
+
+    from riverhouse.platform.dedup import dedup_in_batch, insert_if_absent
+    from riverhouse.platform.tables import ensure_table, silver_schema
+
+    src = _orders_spec("bench_state", "bench_state").sources["orders"]
+    schema = silver_schema(src)
+    silver = ensure_table(path, schema, ["_event_date"], cdf=True)
+    base = datetime(2026, 1, 1, tzinfo=UTC)
+    window = src.dedup.window if src.dedup else timedelta(hours=1)
+    span_us = int(window.total_seconds() * 1e6) // 2  # every key inside one window
+    rng = np.random.default_rng(keys)
+    baseline = _own_memory("VmRSS")  # Python, pyarrow, delta-rs loaded; no key yet
+    started = time.monotonic()
+    inserted = events = 0
+    for batch_id, lo in enumerate(range(0, keys, batch_rows)):
+        ids = np.arange(lo, min(keys, lo + batch_rows))
+        dupes = rng.choice(ids, size=max(1, len(ids) // 10))
+        all_ids = np.concatenate([ids, dupes])
+        n = len(all_ids)
+        times = pa.array(base.timestamp() * 1e6 + (all_ids * 7919) % span_us, pa.int64()).cast(
+            pa.timestamp("us", tz="UTC"))
+        rows = pa.table({
+            "order_id": pa.array([f"o-{i:010d}" for i in all_ids]),
+            "user_id": pa.array([f"u{i % 5000:06d}" for i in all_ids]),
+            "amount": pa.array((all_ids % 10).astype("int32")),
+            "price": pa.array((all_ids % 1000) / 10.0),
+            "created_at": times,
+            "_event_time": times,
+            "_event_date": pa.array([base.date()] * n, pa.date32()),
+            "_topic": pa.array(["bench_state"] * n),
+            "_partition": pa.array(np.zeros(n, dtype="int32")),
+            "_offset": pa.array(np.arange(events, events + n, dtype="int64")),
+            "_kafka_timestamp": times,
+            "_batch_id": pa.array(np.full(n, batch_id, dtype="int64")),
+        }).cast(schema)
+        events += n
+        unique = dedup_in_batch(rows, src.dedup_key, window)
+        outcome = insert_if_absent(silver, unique, src.dedup_key, window, "bench-state", batch_id)
+        inserted += outcome.inserted
+        silver.update_incremental()
+    seconds = time.monotonic() - started
+    peak = _own_memory("VmHWM")
+    size = sum(f.stat().st_size for f in Path(path).rglob("*.parquet"))
+    return {"events": events, "seconds": seconds, "events_per_s": events / seconds, "keys": keys,
+            "peak_rss_bytes": peak, "baseline_rss_bytes": baseline,
+            "bytes_per_key": (peak - baseline) / keys, "delta_bytes": size,
+            "delta_bytes_per_key": size / keys, "batch_rows": batch_rows, "exact": inserted == keys,
+            "generated": "straight into the dedup stage (Kafka retention cannot hold this many events)",
+            "note": "the dedup state is the silver Delta table (looked up within the window), not memory; "
+                    "RSS is the dedup stage's own process (peak = the kernel's high-water mark)"}
+
+
+def _percentiles(values: list[float]) -> dict[str, float]:
+    """p50/p95/p99 (nearest rank) of `values`; empty if there are none."""
+    ordered = sorted(values)
+    n = len(ordered)
+    return {f"p{p}": round(ordered[min(n - 1, int(p / 100 * n))], 4) for p in (50, 95, 99)} if n else {}
+
+
+def _freshness_profile(batches: list[BatchMetrics], loads: list[float]) -> dict[str, Any]:
+    """What a row waits for in continuous mode: its batch (records, seconds, stages) and the load."""
+    def spread(values: list[float]) -> dict[str, float] | None:
+        return {**_percentiles(values), "max": round(max(values), 4)} if values else None
+
+    stages = sorted({name for b in batches for name in b.stage_seconds})
+    gaps = [b.started_at - (a.started_at + a.seconds) for a, b in pairwise(batches)]
+    return {"batches": len(batches), "records": spread([float(b.read) for b in batches]),
+            "batch_s": spread([b.seconds for b in batches]),
+            "between_batches_s": spread(gaps),
+            "stage_s": {name: spread([b.stage_seconds.get(name, 0.0) for b in batches]) for name in stages},
+            "loads": len(loads), "load_s": spread(loads),
+            "per_batch": [[b.read, round(b.seconds, 3), round(b.stage_seconds.get("read_parse_collect", 0.0), 3)]
+                          for b in batches]}
 
 
 def _median_run(runs: list[dict[str, Any]], key: str) -> dict[str, Any]:
@@ -724,39 +817,6 @@ class CpuMeter:
         cores = os.cpu_count() or 1
         return {"wall_s": round(wall, 3), "cores": cores, "by_role": used, "total": round(sum(used.values()), 3),
                 "utilization": round(sum(used.values()) / (wall * cores), 3)}
-
-
-class _PeakRss:
-    """Peak resident memory of this process and its children (Spark's JVM, Python workers)."""
-
-    def __init__(self) -> None:
-        self.peak = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-
-    def tree_rss(self) -> int:
-        total = 0
-        for pid in _process_tree():
-            try:
-                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                    if line.startswith("VmRSS:"):
-                        total += int(line.split()[1]) * 1024
-            except OSError:
-                continue
-        return total
-
-    def _watch(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self.tree_rss())
-            self._stop.wait(0.2)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, self.tree_rss())
 
 
 def _silver_rows(settings: Settings, spec: PipelineSpec) -> int:
@@ -896,15 +956,26 @@ def _scenario_lines(s: dict[str, Any]) -> list[str]:
         if name == "freshness":
             notes.append(f"p50 {r['p50_s']:.2f} s, p95 {r['p95_s']:.2f} s, p99 {r['p99_s']:.2f} s at "
                          f"{r['rate']:,.0f} events/s" if r.get("p95_s") is not None else "no rows measured")
+            warm, profile = r.get("warmup_percentiles_s") or {}, r.get("profile") or {}
+            if warm:
+                notes.append(f"after {r['warmup_s']:g} s of warm-up traffic (its rows: p50 {warm['p50']:.2f} s, "
+                             f"p95 {warm['p95']:.2f} s)")
+            if profile.get("batch_s") and profile.get("load_s"):
+                notes.append(f"batches of {profile['records']['p50']:,.0f} records took {profile['batch_s']['p50']:.2f} s "
+                             f"(p95 {profile['batch_s']['p95']:.2f} s), {profile['between_batches_s']['p50']:.2f} s "
+                             f"between batches, loads {profile['load_s']['p50']:.2f} s")
         if name == "query_vs_final":
             notes.append(f"FINAL {r['final_s'] * 1000:.1f} ms (exact: {r['final_exact']}), clean "
                          f"{r['clean_s'] * 1000:.1f} ms (exact: {r['clean_exact']}): {r['speedup']:.1f}x; "
                          f"{r.get('rmt_parts', '?')} unmerged parts")
         if name.startswith("dedup_state"):
-            notes.append(f"{r['keys']:,} keys: peak RSS {r['peak_rss_bytes'] / 2**20:,.0f} MiB, "
-                         f"{r['baseline_rss_bytes'] / 2**20:,.0f} MiB before the first key, so "
-                         f"{r['bytes_per_key']:,.0f} bytes/key; silver {r['delta_bytes'] / 2**20:,.1f} MiB "
+            notes.append(f"{r['keys']:,} keys: the dedup process peaked at {r['peak_rss_bytes'] / 2**20:,.0f} MiB "
+                         f"RSS, {r['baseline_rss_bytes'] / 2**20:,.0f} MiB before the first key, so "
+                         f"{r['bytes_per_key']:,.1f} bytes/key; silver {r['delta_bytes'] / 2**20:,.1f} MiB "
                          "(generated straight into the dedup stage)")
+            if r.get("marginal_bytes_per_key") is not None:
+                notes.append(f"{r['marginal_bytes_per_key']:,.1f} bytes of peak RSS per key added since the "
+                             f"{r['marginal_from_keys']:,}-key run")
         if r.get("startup_s") is not None:
             notes.append(f"start-up {r['startup_s']:.1f} s")
         lines.append(f"| {name} | {_fmt(r.get('events'))} | {_fmt(r.get('seconds'), '{:,.1f}')} | "
@@ -1066,12 +1137,19 @@ def render_docs(result: dict[str, Any], docs: Path, source: str = "bench/results
               "queries' start; `excl. start-up` is the median of three more on fresh topics, without the "
               "queries' start (as for dedup: the first join also pays for loading and compiling the join's "
               "operators in the JVM; `first_excluding_startup` in the JSON). Every run must be exact.",
-              "- `freshness`: continuous mode and a producer at a fixed rate; latency = when the "
-              "ClickHouse load of a row's Delta version returned minus the row's Kafka timestamp.",
+              "- `freshness`: continuous mode (1 s trigger; the join and the load run as soon as a batch "
+              "lands) and a producer at a fixed rate; latency = when the ClickHouse load of a row's Delta "
+              "version returned minus the row's Kafka timestamp. The percentiles cover the rows produced after "
+              "the first `freshness_warmup` seconds of traffic: the first data batches of a new process run "
+              "cold (JIT) and build a backlog that takes a few batches to drain; those rows' percentiles are "
+              "reported beside them (`warmup_percentiles_s`, `warmup_batches` in the JSON).",
               "- `query_vs_final`: the records produced to the topic, in produce order, in a "
               "ReplacingMergeTree (`FINAL`) vs Riverhouse's table; each query's answer is checked against "
               "the generator's distinct events; median of runs.",
-              "- `dedup_state`: peak RSS of the whole process tree while deduplicating N distinct keys.",
+              "- `dedup_state`: N distinct keys (plus 10% duplicates) through the dedup stage in a process "
+              "of its own; bytes/key = (its peak RSS, the kernel's high-water mark, minus its RSS before the "
+              "first key) / N. Spark is not in this process: the Spark stage's memory follows the batch size, "
+              "not the keys in the window.",
               "- CPU: user + system seconds of each process below the bench (read from /proc), sampled "
               "every 0.1 s; a process that ends counts up to its last sample.",
               ""]

@@ -265,7 +265,9 @@ def bench(
     duplicate_rate: Annotated[float, typer.Option(help="Extra duplicate copies, fraction of events")] = 0.1,
     scenarios: Annotated[str, typer.Option(help="Comma-separated scenarios, or all")] = "all",
     freshness_rate: Annotated[float, typer.Option(help="freshness: events/s produced")] = 20_000.0,
-    freshness_seconds: Annotated[float, typer.Option(help="freshness: seconds of production")] = 60.0,
+    freshness_seconds: Annotated[float, typer.Option(help="freshness: seconds of production measured")] = 60.0,
+    freshness_warmup: Annotated[float, typer.Option(
+        help="freshness: seconds of production before the measured ones (not counted)", min=0)] = 15.0,
     state_keys: Annotated[str, typer.Option(help="dedup_state: distinct key counts, comma-separated")] = "1000000,10000000",
     results: Annotated[Path, typer.Option(help="Folder for <timestamp>.json and latest.json")] = Path("bench/results"),
     docs: Annotated[Path, typer.Option(help="Markdown page to render (a PNG goes next to it)")] = Path(
@@ -286,7 +288,7 @@ def bench(
     if not keys or min(keys) < 1000:
         _fail("--state-keys needs at least one count of 1,000 keys or more")
     cfg = BenchConfig(events=events, duplicate_rate=duplicate_rate, scenarios=chosen, freshness_rate=freshness_rate,
-                      freshness_seconds=freshness_seconds,
+                      freshness_seconds=freshness_seconds, freshness_warmup=freshness_warmup,
                       state_keys=keys,
                       home=_settings(home).home / "bench", results_dir=results, docs=docs)
     result, path = _guarded(lambda: run_bench(cfg, log=lambda m: err.print(m, highlight=False)))

@@ -86,7 +86,8 @@ def _stored_matches(silver: DeltaTable, rows: pa.Table, key: list[str],
         return rows.select([*key, "_event_time"]).slice(0, 0), 0
     first = key[0]
     values = pc.unique(rows.column(first)).cast(dataset.schema.field(first).type)
-    stored = dataset.to_table(columns=[*key, "_event_time"], filter=near & pc.field(first).isin(values))
+    stored = dataset.scanner(columns=[*key, "_event_time"], filter=near & pc.field(first).isin(values),
+                             batch_readahead=2, fragment_readahead=1).to_table()
     return plain_strings(stored).cast(rows.select([*key, "_event_time"]).schema), len(fragments)
 
 
