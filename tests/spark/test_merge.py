@@ -8,8 +8,14 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from riverhouse.platform.dedup import insert_if_absent
-from riverhouse.platform.tables import committed, ensure_table, open_table, silver_schema
+from riverhouse.platform.dedup import compact_lookup_days, insert_if_absent
+from riverhouse.platform.tables import (
+    committed,
+    ensure_table,
+    open_table,
+    read_inserts,
+    silver_schema,
+)
 from tests.conftest import orders_spec
 
 pytestmark = pytest.mark.spark
@@ -89,3 +95,30 @@ def test_merge_predicate_prunes_partitions_outside_the_window(tmp_path: Path) ->
     assert out.files_scanned == 2 and files_before == 6
     assert out.inserted == 1
     assert ("d5", 98) not in silver_ids(path) and ("x", 99) in silver_ids(path)
+
+
+def test_compaction_keeps_rows_dedup_and_the_change_feed(tmp_path: Path) -> None:
+    """OPTIMIZE of the lookup's days: fewer files, same rows, no change-feed rows, replays still skipped."""
+    path = str(tmp_path / "silver")
+    schema = silver_schema(orders_spec("t").sink_source)
+    ensure_table(path, schema, ["_event_date"], cdf=True)
+    for i in range(6):  # six batches -> six small files in the day
+        insert_if_absent(open_table(path), batch([(f"k{i}", timedelta(minutes=i), i)]), ["order_id"], WINDOW, "app", i)
+    before = open_table(path)
+    assert len(before.file_uris()) == 6
+    rows_before, version_before = silver_ids(path), before.version()
+
+    done = compact_lookup_days(before, batch([("k9", timedelta(0), 9)]), WINDOW)
+
+    after = open_table(path)
+    assert done["files_removed"] == 6 and len(after.file_uris()) == done["files_added"] == 1
+    assert after.version() == version_before + 1
+    assert silver_ids(path) == rows_before
+    # The loader reads the change feed: the OPTIMIZE commit must add no rows to it.
+    assert read_inserts(path, after.version(), after.version(), ["order_id"]).num_rows == 0
+    # The last batch id survives the compaction (a replayed batch is still skipped) ...
+    assert committed(after, "app", 5)
+    # ... and the lookup still finds stored keys in the compacted file.
+    out = insert_if_absent(after, batch([("k3", timedelta(minutes=20), 30), ("new", timedelta(0), 31)]),
+                           ["order_id"], WINDOW, "app", 6)
+    assert out.inserted == 1 and out.files_scanned == 1

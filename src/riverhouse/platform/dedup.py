@@ -9,8 +9,9 @@ has already been published downstream, so the stored event wins.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import date, timedelta
 
 import numpy as np
 import pyarrow as pa
@@ -20,6 +21,15 @@ from deltalake import DeltaTable, write_deltalake
 from riverhouse.platform.tables import commit_properties, plain_strings
 
 ORDER_COLUMNS = ["_event_time", "_topic", "_partition", "_offset"]
+# Each batch adds a file to every day it touches, and each dedup lookup opens every file
+# within a window of the batch's days: past this many, those days are compacted.
+COMPACT_AT_FILES_DEFAULT = 16
+
+
+def compact_at_files() -> int:
+    """Files a dedup lookup may open before their days are compacted ($RIVERHOUSE_COMPACT_AT_FILES)."""
+    raw = os.environ.get("RIVERHOUSE_COMPACT_AT_FILES", "")
+    return int(raw) if raw.strip().isdigit() and int(raw) > 0 else COMPACT_AT_FILES_DEFAULT
 
 
 def _micros(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
@@ -67,6 +77,25 @@ class InsertOutcome:
     files_scanned: int
 
 
+def _lookup_days(rows: pa.Table, window: timedelta) -> tuple[date, date]:
+    """First and last `_event_date` a batch's lookup reads: its own days, a window either side."""
+    days = timedelta(days=window.days + 1)
+    return (pc.min(rows.column("_event_date")).as_py() - days, pc.max(rows.column("_event_date")).as_py() + days)
+
+
+def compact_lookup_days(silver: DeltaTable, rows: pa.Table, window: timedelta) -> dict[str, int]:
+    """Rewrite the small files of the days a lookup for `rows` reads into few large ones.
+
+    An OPTIMIZE commit changes no data (`dataChange` false): the change feed the
+    loader and the Dagster assets read has no rows for it, and each app's last batch
+    id stays in the log, so replays are still skipped.
+    """
+    lo, hi = _lookup_days(rows, window)
+    done = silver.optimize.compact(partition_filters=[("_event_date", ">=", lo.isoformat()),
+                                                      ("_event_date", "<=", hi.isoformat())])
+    return {"files_removed": int(done.get("numFilesRemoved", 0)), "files_added": int(done.get("numFilesAdded", 0))}
+
+
 def _stored_matches(silver: DeltaTable, rows: pa.Table, key: list[str],
                     window: timedelta) -> tuple[pa.Table, int]:
     """Stored (key..., _event_time) of silver rows sharing a key with `rows`, and the files read.
@@ -75,9 +104,7 @@ def _stored_matches(silver: DeltaTable, rows: pa.Table, key: list[str],
     batch, not the window: the scan streams those files and keeps only the rows whose
     first key column holds one of the batch's values.
     """
-    days = window.days + 1
-    lo_date = pc.min(rows.column("_event_date")).as_py() - timedelta(days=days)
-    hi_date = pc.max(rows.column("_event_date")).as_py() + timedelta(days=days)
+    lo_date, hi_date = _lookup_days(rows, window)
     near = (pc.field("_event_date") >= pa.scalar(lo_date, pa.date32())) & (
         pc.field("_event_date") <= pa.scalar(hi_date, pa.date32()))
     dataset = silver.to_pyarrow_dataset()

@@ -14,6 +14,7 @@ import signal
 POINTS = (
     "after_bronze_commit",
     "after_silver_commit",
+    "after_silver_compaction",
     "during_clickhouse_insert",
     "before_ledger_write",
 )

@@ -29,7 +29,12 @@ import pyarrow.compute as pc
 from deltalake import write_deltalake
 
 from riverhouse.platform import local_kafka
-from riverhouse.platform.dedup import dedup_in_batch, insert_if_absent
+from riverhouse.platform.dedup import (
+    compact_at_files,
+    compact_lookup_days,
+    dedup_in_batch,
+    insert_if_absent,
+)
 from riverhouse.platform.faults import crash_point
 from riverhouse.platform.kafka_source import FORMAT_NAME, source_options
 from riverhouse.platform.parse import fill_missing_dates, parse_records
@@ -72,6 +77,8 @@ class BatchMetrics:
     seconds: float = 0.0
     # Where the batch's time went: Kafka read + JVM parse + transfer to the driver, and each Delta write.
     stage_seconds: dict[str, float] = field(default_factory=dict)
+    # Files the batch's silver compaction removed and added (see dedup.compact_lookup_days).
+    compacted: dict[str, int] | None = None
 
 
 @dataclass
@@ -308,6 +315,14 @@ class BatchWriter:
             )
             metrics.inserted = outcome.inserted
             metrics.duplicates_dropped = valid.num_rows - outcome.inserted
+            metrics.silver_version = silver.version()
+            if outcome.files_scanned >= compact_at_files():
+                # After the batch's own commit: a crash here leaves only unreferenced files.
+                mark = time.monotonic()
+                metrics.compacted = compact_lookup_days(silver, unique, dedup.window)
+                metrics.stage_seconds["silver_compact"] = time.monotonic() - mark
+                crash_point("after_silver_compaction")
+            return
         metrics.silver_version = silver.version()
 
 
