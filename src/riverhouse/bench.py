@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from riverhouse.platform import local_kafka
-from riverhouse.platform.clickhouse import open_client, qualified_table, quote
+from riverhouse.platform.clickhouse import create_table_sql, open_client, qualified_table, quote
 from riverhouse.platform.generator import (
     GeneratorConfig,
     expected_join,
@@ -54,6 +54,7 @@ class BenchConfig:
     freshness_seconds: float = 60.0  # measured, after the warm-up
     freshness_warmup: float = 15.0  # seconds of traffic at the rate before the measured period
     state_keys: tuple[int, ...] = (1_000_000, 10_000_000)
+    final_scale: tuple[int, ...] = (2_000_000,)  # query_vs_final again on this many generated orders
     query_runs: int = 5
     steady_runs: int = 3  # warm riverhouse_dedup runs; the median is the steady state
     scenarios: tuple[str, ...] = SCENARIOS
@@ -64,6 +65,7 @@ class BenchConfig:
 
 # A Kafka sink (Kafka engine, Kafka Connect) flushes a block every so many rows: one part each.
 RMT_INSERT_ROWS = 50_000
+CLICKHOUSE_BATCH_ROWS = 100_000  # prebuilt Arrow batches: the sink's limit, and bulk-built tables
 # query_vs_final: the issue's query first; the others are what dashboards ask of such a table.
 FINAL_QUERIES = {
     "count_sum_uniq": "SELECT count(), sum(amount), uniqExact(order_id) FROM {t}",
@@ -225,7 +227,7 @@ class Bench:
             "price": pa.array([float(i % 1000) / 10 for i in range(rows)]),
             "created_at": pa.array([datetime(2026, 1, 1, tzinfo=UTC)] * rows, pa.timestamp("us", tz="UTC")),
         })
-        batch = 100_000
+        batch = CLICKHOUSE_BATCH_ROWS
         with open_client(self.settings.clickhouse_dsn) as client:
             client.command("DROP TABLE IF EXISTS bench_insert_limit")
             client.command("CREATE TABLE bench_insert_limit (order_id String, user_id String, amount Int32, "
@@ -490,12 +492,59 @@ class Bench:
             "sum_amount": (sum(int(e["amount"]) for e in events),),
             "top_users": tuple(top_users),
         }
+        return self._versus_final(table, quote(clean_table), expected)
+
+    def query_vs_final_at_scale(self, distinct: int) -> dict[str, Any]:
+        """The same comparison on `distinct` generated orders (+10% duplicates), built in ClickHouse directly.
+
+        Kafka's retention and the pipeline's run time keep the main scenario at the bench's
+        event count; here the clean table is made with the DDL Riverhouse's loader uses,
+        holding what the pipeline would leave in it (one row per order), so only the
+        tables' size differs. Expected answers come from the generator's arrays.
+        """
+        import numpy as np
+
+        rng = np.random.default_rng(distinct)
+        ids = np.arange(distinct)
+        raw_ids = np.concatenate([ids, rng.choice(ids, size=distinct // 10)])
+        raw_ids = raw_ids[rng.permutation(len(raw_ids))]
+        users = ids % 5000
+        amounts = (ids % 10).astype("int64")
+
+        def orders_of(which: np.ndarray) -> pa.Table:
+            return pa.table({"order_id": pa.array([f"o-{i:010d}" for i in which]),
+                             "user_id": pa.array([f"u{i % 5000:06d}" for i in which]),
+                             "amount": pa.array((which % 10).astype("int32"))})
+
+        totals = np.bincount(users, weights=amounts, minlength=5000).astype("int64")
+        top = sorted(((f"u{u:06d}", int(t)) for u, t in enumerate(totals)), key=lambda kv: (-kv[1], kv[0]))[:10]
+        total = int(amounts.sum())
+        expected = {"count_sum_uniq": (distinct, total, distinct), "count": (distinct,), "sum_amount": (total,),
+                    "top_users": tuple(top)}
+        spec = _orders_spec(f"bench_final_{distinct}", f"bench_final_{distinct}")
+        clean = orders_of(ids)
+        day = datetime(2026, 1, 1, tzinfo=UTC)
+        clean = clean.append_column("price", pa.array((ids % 1000) / 10.0)).append_column(
+            "created_at", pa.array([day] * distinct, pa.timestamp("us", tz="UTC"))).append_column(
+            "_event_date", pa.array([day.date()] * distinct, pa.date32()))
+        with open_client(self.settings.clickhouse_dsn) as client:
+            client.command(f"DROP TABLE IF EXISTS {qualified_table(spec)}")
+            client.command(create_table_sql(spec))
+            for offset in range(0, distinct, CLICKHOUSE_BATCH_ROWS):
+                client.insert_arrow(qualified_table(spec), clean.slice(offset, CLICKHOUSE_BATCH_ROWS))
+        result = self._versus_final(orders_of(raw_ids), qualified_table(spec), expected)
+        result["generated"] = ("straight into ClickHouse (the clean table with the loader's DDL, one row per "
+                               "order): Kafka's retention cannot hold this many events")
+        return result
+
+    def _versus_final(self, raw: pa.Table, clean_table: str, expected: dict[str, tuple[Any, ...]]) -> dict[str, Any]:
+        """`raw` into a ReplacingMergeTree in `RMT_INSERT_ROWS` inserts; FINAL_QUERIES on it and on `clean_table`."""
         with open_client(self.settings.clickhouse_dsn) as client:
             client.command("DROP TABLE IF EXISTS bench_rmt")
             client.command("CREATE TABLE bench_rmt (order_id String, user_id String, amount Int32) "
                            "ENGINE = ReplacingMergeTree ORDER BY order_id")
-            for offset in range(0, table.num_rows, RMT_INSERT_ROWS):
-                client.insert_arrow("bench_rmt", table.slice(offset, RMT_INSERT_ROWS))
+            for offset in range(0, raw.num_rows, RMT_INSERT_ROWS):
+                client.insert_arrow("bench_rmt", raw.slice(offset, RMT_INSERT_ROWS))
             parts = int(client.command("SELECT count() FROM system.parts WHERE active AND table = 'bench_rmt'"))
 
             def timed(sql: str, one_row: bool) -> tuple[float, tuple[Any, ...]]:
@@ -511,14 +560,15 @@ class Bench:
             for name, template in FINAL_QUERIES.items():
                 one_row = name != "top_users"
                 final_s, final_answer = timed(template.format(t="bench_rmt FINAL"), one_row)
-                clean_s, clean_answer = timed(template.format(t=quote(clean_table)), one_row)
+                clean_s, clean_answer = timed(template.format(t=clean_table), one_row)
                 want = expected[name]
                 queries[name] = {"sql": template.format(t="<table>"), "final_s": round(final_s, 5),
                                  "clean_s": round(clean_s, 5),
                                  "speedup": round(final_s / clean_s, 3) if clean_s else None,
                                  "final_exact": final_answer == want, "clean_exact": clean_answer == want}
+            client.command("DROP TABLE IF EXISTS bench_rmt")
         main = queries["count_sum_uniq"]
-        return {"events": table.num_rows, "seconds": main["final_s"] + main["clean_s"], "events_per_s": None,
+        return {"events": raw.num_rows, "seconds": main["final_s"] + main["clean_s"], "events_per_s": None,
                 "final_s": main["final_s"], "clean_s": main["clean_s"], "speedup": main["speedup"],
                 "final_exact": main["final_exact"], "clean_exact": main["clean_exact"],
                 "exact": all(q["final_exact"] and q["clean_exact"] for q in queries.values()),
@@ -576,6 +626,10 @@ class Bench:
         scenario("riverhouse_dedup", lambda: self.riverhouse_dedup("bench_orders", messages, stats.unique))
         scenario("riverhouse_dedup_join", lambda: self.riverhouse_dedup_join(cfg.events // 2))
         scenario("query_vs_final", lambda: self.query_vs_final(cfg.events, 1, "bench_dedup"))
+        if "query_vs_final" in chosen:
+            for distinct in cfg.final_scale:
+                chosen.add(f"query_vs_final_{distinct}")
+                scenario(f"query_vs_final_{distinct}", lambda n=distinct: self.query_vs_final_at_scale(n))
         scenario("freshness", self.freshness)
         if "dedup_state" in chosen:
             for keys in cfg.state_keys:
@@ -587,7 +641,7 @@ class Bench:
             "events": cfg.events, "duplicate_rate": cfg.duplicate_rate, "partitions": cfg.partitions,
             "freshness_rate": cfg.freshness_rate, "freshness_seconds": cfg.freshness_seconds,
             "freshness_warmup": cfg.freshness_warmup,
-            "state_keys": list(cfg.state_keys), "spark_session_s": self.spark_startup_s},
+            "state_keys": list(cfg.state_keys), "final_scale": list(cfg.final_scale), "spark_session_s": self.spark_startup_s},
             "started_at": datetime.now(UTC).isoformat(), "scenarios": results}
 
 
@@ -964,7 +1018,7 @@ def _scenario_lines(s: dict[str, Any]) -> list[str]:
                 notes.append(f"batches of {profile['records']['p50']:,.0f} records took {profile['batch_s']['p50']:.2f} s "
                              f"(p95 {profile['batch_s']['p95']:.2f} s), {profile['between_batches_s']['p50']:.2f} s "
                              f"between batches, loads {profile['load_s']['p50']:.2f} s")
-        if name == "query_vs_final":
+        if name.startswith("query_vs_final") and r.get("final_s") is not None:
             notes.append(f"FINAL {r['final_s'] * 1000:.1f} ms (exact: {r['final_exact']}), clean "
                          f"{r['clean_s'] * 1000:.1f} ms (exact: {r['clean_exact']}): {r['speedup']:.1f}x; "
                          f"{r.get('rmt_parts', '?')} unmerged parts")
@@ -1049,20 +1103,26 @@ def _stage_lines(dedup: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _final_lines(r: dict[str, Any]) -> list[str]:
-    queries = r.get("queries") or {}
-    if not queries:
-        return []
-    lines = ["", "## query_vs_final, query by query", "",
-             f"The same {r['events']:,} raw events (duplicates included) in a ReplacingMergeTree, inserted "
-             f"{r.get('rmt_insert_rows', 0):,} rows at a time as a Kafka sink flushes them "
-             f"({r.get('rmt_parts', '?')} parts, not merged yet), queried with `FINAL`, against Riverhouse's "
-             f"clean table; median of {r.get('runs')} runs each. The first query is the target's.", "",
-             "| query | FINAL ms | clean ms | speedup | FINAL exact | clean exact |", "|---|---:|---:|---:|:---:|:---:|"]
-    for q in queries.values():
-        lines.append(f"| `{q['sql']}` | {q['final_s'] * 1000:.1f} | {q['clean_s'] * 1000:.1f} | "
-                     f"{_fmt(q.get('speedup'), '{:.1f}x')} | {'yes' if q['final_exact'] else 'no'} | "
-                     f"{'yes' if q['clean_exact'] else 'no'} |")
+def _final_lines(s: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
+    for name, r in s.items():
+        queries = r.get("queries") or {}
+        if not name.startswith("query_vs_final") or not queries:
+            continue
+        clean = ("Riverhouse's clean table" if name == "query_vs_final" else
+                 "a clean table with the loader's DDL holding one row per order (both generated straight into "
+                 "ClickHouse)")
+        lines += ["", f"## {name}, query by query", "",
+                  f"{r['events']:,} raw events (duplicates included) in a ReplacingMergeTree, inserted "
+                  f"{r.get('rmt_insert_rows', 0):,} rows at a time as a Kafka sink flushes them "
+                  f"({r.get('rmt_parts', '?')} parts, not merged yet), queried with `FINAL`, against {clean}; "
+                  f"median of {r.get('runs')} runs each. The first query is the target's.", "",
+                  "| query | FINAL ms | clean ms | speedup | FINAL exact | clean exact |",
+                  "|---|---:|---:|---:|:---:|:---:|"]
+        for q in queries.values():
+            lines.append(f"| `{q['sql']}` | {q['final_s'] * 1000:.1f} | {q['clean_s'] * 1000:.1f} | "
+                         f"{_fmt(q.get('speedup'), '{:.1f}x')} | {'yes' if q['final_exact'] else 'no'} | "
+                         f"{'yes' if q['clean_exact'] else 'no'} |")
     return lines
 
 
@@ -1114,7 +1174,7 @@ def render_docs(result: dict[str, Any], docs: Path, source: str = "bench/results
         lines.append(f"| {name} | {measured} | {verdict} |")
     lines += _cpu_lines(s)
     lines += _stage_lines(s.get("riverhouse_dedup", {}))
-    lines += _final_lines(s.get("query_vs_final", {}))
+    lines += _final_lines(s)
     if analysis.exists():
         lines += ["", analysis.read_text().strip()]
     lines += ["", "## How each figure is measured", "",
@@ -1145,7 +1205,9 @@ def render_docs(result: dict[str, Any], docs: Path, source: str = "bench/results
               "reported beside them (`warmup_percentiles_s`, `warmup_batches` in the JSON).",
               "- `query_vs_final`: the records produced to the topic, in produce order, in a "
               "ReplacingMergeTree (`FINAL`) vs Riverhouse's table; each query's answer is checked against "
-              "the generator's distinct events; median of runs.",
+              "the generator's distinct events; median of runs. `query_vs_final_<N>`: the same on N "
+              "generated orders (+10% duplicates) built straight into ClickHouse, the clean table with the "
+              "loader's DDL and one row per order, to show how the ratio moves with the table's size.",
               "- `dedup_state`: N distinct keys (plus 10% duplicates) through the dedup stage in a process "
               "of its own; bytes/key = (its peak RSS, the kernel's high-water mark, minus its RSS before the "
               "first key) / N. Spark is not in this process: the Spark stage's memory follows the batch size, "

@@ -269,6 +269,8 @@ def bench(
     freshness_warmup: Annotated[float, typer.Option(
         help="freshness: seconds of production before the measured ones (not counted)", min=0)] = 15.0,
     state_keys: Annotated[str, typer.Option(help="dedup_state: distinct key counts, comma-separated")] = "1000000,10000000",
+    final_scale: Annotated[str, typer.Option(
+        help="query_vs_final: also on this many generated orders, comma-separated ('none': skip)")] = "2000000",
     results: Annotated[Path, typer.Option(help="Folder for <timestamp>.json and latest.json")] = Path("bench/results"),
     docs: Annotated[Path, typer.Option(help="Markdown page to render (a PNG goes next to it)")] = Path(
         "docs/benchmarks.md"),
@@ -287,9 +289,16 @@ def bench(
         _fail(f"--state-keys takes whole numbers separated by commas (e.g. 1000000,10000000), got {state_keys!r}")
     if not keys or min(keys) < 1000:
         _fail("--state-keys needs at least one count of 1,000 keys or more")
+    scale_text = "" if final_scale.strip().lower() == "none" else final_scale
+    try:
+        scales = tuple(int(n) for n in scale_text.split(",") if n.strip())
+    except ValueError:
+        _fail(f"--final-scale takes whole numbers separated by commas, or none, got {final_scale!r}")
+    if scales and min(scales) < 1000:
+        _fail("--final-scale needs counts of 1,000 orders or more")
     cfg = BenchConfig(events=events, duplicate_rate=duplicate_rate, scenarios=chosen, freshness_rate=freshness_rate,
                       freshness_seconds=freshness_seconds, freshness_warmup=freshness_warmup,
-                      state_keys=keys,
+                      state_keys=keys, final_scale=scales,
                       home=_settings(home).home / "bench", results_dir=results, docs=docs)
     result, path = _guarded(lambda: run_bench(cfg, log=lambda m: err.print(m, highlight=False)))
     table = Table(title="riverhouse bench", show_header=True, header_style="bold")

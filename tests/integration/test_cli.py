@@ -92,13 +92,13 @@ def test_bench_small_run_writes_results_and_page(tmp_path: Path) -> None:
     results, docs = tmp_path / "results", tmp_path / "docs" / "benchmarks.md"  # folders that do not exist yet
     proc = cli("bench", "--events", "3000", "--scenarios",
                "kafka_read_limit,clickhouse_insert_limit,baseline_consumer,riverhouse_dedup,query_vs_final",
-               "--results", str(results), "--docs", str(docs), "--home", str(tmp_path / "home"), timeout=900)
+               "--final-scale", "20000", "--results", str(results), "--docs", str(docs), "--home", str(tmp_path / "home"), timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     latest = json.loads((results / "latest.json").read_text())
     assert latest["machine"]["cores"] >= 1
     scenarios = latest["scenarios"]
     assert set(scenarios) == {"kafka_read_limit", "clickhouse_insert_limit", "baseline_consumer",
-                              "riverhouse_dedup", "query_vs_final"}
+                              "riverhouse_dedup", "query_vs_final", "query_vs_final_20000"}
     for name, result in scenarios.items():
         assert result["exact"] is True, (name, result)
     dedup = scenarios["riverhouse_dedup"]
@@ -114,7 +114,11 @@ def test_bench_small_run_writes_results_and_page(tmp_path: Path) -> None:
     final = scenarios["query_vs_final"]
     assert set(final["queries"]) == {"count_sum_uniq", "count", "sum_amount", "top_users"}
     assert final["rmt_parts"] >= 1 and final["expected"][0] == 3000
+    # The generated variant: 20,000 orders + 10% duplicates in the ReplacingMergeTree, each answer checked.
+    scaled = scenarios["query_vs_final_20000"]
+    assert scaled["events"] == 22000 and scaled["expected"][0] == 20000 and scaled["rmt_parts"] >= 1
     page = docs.read_text()
     assert "## Where the CPU goes" in page and "## query_vs_final, query by query" in page
+    assert "## query_vs_final_20000, query by query" in page
     assert "| riverhouse_dedup | 3,300 |" in page and (docs.parent / "benchmarks.png").stat().st_size > 1000
     assert "riverhouse_dedup >= 100,000 events/s" in proc.stdout
