@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -133,6 +133,22 @@ def calibrate() -> dict[str, float]:
     return {"python_loop_2m_s": best_of(python_loop), "arrow_sort_1m_strings_s": best_of(lambda: keys.sort())}
 
 
+def _generated_orders(ids: Any, created_at: pa.Array | None = None) -> pa.Table:
+    """Orders built from integer ids without Kafka: id i is order `o-<i>`, user i % 5000, amount i % 10."""
+    import numpy as np
+
+    ids = np.asarray(ids)
+    if created_at is None:
+        created_at = pa.array([datetime(2026, 1, 1, tzinfo=UTC)] * len(ids), pa.timestamp("us", tz="UTC"))
+    return pa.table({
+        "order_id": pa.array([f"o-{i:010d}" for i in ids]),
+        "user_id": pa.array([f"u{i % 5000:06d}" for i in ids]),
+        "amount": pa.array((ids % 10).astype("int32")),
+        "price": pa.array((ids % 1000) / 10.0),
+        "created_at": created_at,
+    })
+
+
 def _orders_spec(name: str, topic: str) -> PipelineSpec:
     return parse_spec({
         "name": name,
@@ -220,13 +236,7 @@ class Bench:
         return {"events": seen, "seconds": seconds, "events_per_s": seen / seconds, "exact": seen == messages}
 
     def clickhouse_insert_limit(self, rows: int) -> dict[str, Any]:
-        table = pa.table({
-            "order_id": pa.array([f"o-{i:09d}" for i in range(rows)]),
-            "user_id": pa.array([f"u{i % 5000:06d}" for i in range(rows)]),
-            "amount": pa.array([i % 10 for i in range(rows)], pa.int32()),
-            "price": pa.array([float(i % 1000) / 10 for i in range(rows)]),
-            "created_at": pa.array([datetime(2026, 1, 1, tzinfo=UTC)] * rows, pa.timestamp("us", tz="UTC")),
-        })
+        table = _generated_orders(range(rows))
         batch = CLICKHOUSE_BATCH_ROWS
         with open_client(self.settings.clickhouse_dsn) as client:
             client.command("DROP TABLE IF EXISTS bench_insert_limit")
@@ -511,28 +521,21 @@ class Bench:
         users = ids % 5000
         amounts = (ids % 10).astype("int64")
 
-        def orders_of(which: np.ndarray) -> pa.Table:
-            return pa.table({"order_id": pa.array([f"o-{i:010d}" for i in which]),
-                             "user_id": pa.array([f"u{i % 5000:06d}" for i in which]),
-                             "amount": pa.array((which % 10).astype("int32"))})
-
         totals = np.bincount(users, weights=amounts, minlength=5000).astype("int64")
         top = sorted(((f"u{u:06d}", int(t)) for u, t in enumerate(totals)), key=lambda kv: (-kv[1], kv[0]))[:10]
         total = int(amounts.sum())
         expected = {"count_sum_uniq": (distinct, total, distinct), "count": (distinct,), "sum_amount": (total,),
                     "top_users": tuple(top)}
         spec = _orders_spec(f"bench_final_{distinct}", f"bench_final_{distinct}")
-        clean = orders_of(ids)
-        day = datetime(2026, 1, 1, tzinfo=UTC)
-        clean = clean.append_column("price", pa.array((ids % 1000) / 10.0)).append_column(
-            "created_at", pa.array([day] * distinct, pa.timestamp("us", tz="UTC"))).append_column(
-            "_event_date", pa.array([day.date()] * distinct, pa.date32()))
+        clean = _generated_orders(ids)
+        clean = clean.append_column("_event_date", pa.array([date(2026, 1, 1)] * distinct, pa.date32()))
         with open_client(self.settings.clickhouse_dsn) as client:
             client.command(f"DROP TABLE IF EXISTS {qualified_table(spec)}")
             client.command(create_table_sql(spec))
             for offset in range(0, distinct, CLICKHOUSE_BATCH_ROWS):
                 client.insert_arrow(qualified_table(spec), clean.slice(offset, CLICKHOUSE_BATCH_ROWS))
-        result = self._versus_final(orders_of(raw_ids), qualified_table(spec), expected)
+        raw = _generated_orders(raw_ids).select(["order_id", "user_id", "amount"])
+        result = self._versus_final(raw, qualified_table(spec), expected)
         result["generated"] = ("straight into ClickHouse (the clean table with the loader's DDL, one row per "
                                "order): Kafka's retention cannot hold this many events")
         return result
@@ -701,12 +704,9 @@ def measure_dedup_state(path: str, keys: int, batch_rows: int) -> dict[str, Any]
         n = len(all_ids)
         times = pa.array(base.timestamp() * 1e6 + (all_ids * 7919) % span_us, pa.int64()).cast(
             pa.timestamp("us", tz="UTC"))
+        orders = _generated_orders(all_ids, created_at=times)
         rows = pa.table({
-            "order_id": pa.array([f"o-{i:010d}" for i in all_ids]),
-            "user_id": pa.array([f"u{i % 5000:06d}" for i in all_ids]),
-            "amount": pa.array((all_ids % 10).astype("int32")),
-            "price": pa.array((all_ids % 1000) / 10.0),
-            "created_at": times,
+            **{name: orders.column(name) for name in orders.column_names},
             "_event_time": times,
             "_event_date": pa.array([base.date()] * n, pa.date32()),
             "_topic": pa.array(["bench_state"] * n),

@@ -308,22 +308,19 @@ class BatchWriter:
                 write_deltalake(silver, valid, mode="append",
                                 commit_properties=commit_properties(self.app_id, batch_id))
             metrics.inserted = valid.num_rows
-        else:
-            unique = dedup_in_batch(valid, self.src.dedup_key, dedup.window)
-            outcome = insert_if_absent(
-                silver, unique, self.src.dedup_key, dedup.window, self.app_id, batch_id
-            )
-            metrics.inserted = outcome.inserted
-            metrics.duplicates_dropped = valid.num_rows - outcome.inserted
             metrics.silver_version = silver.version()
-            if outcome.files_scanned >= compact_at_files():
-                # After the batch's own commit: a crash here leaves only unreferenced files.
-                mark = time.monotonic()
-                metrics.compacted = compact_lookup_days(silver, unique, dedup.window)
-                metrics.stage_seconds["silver_compact"] = time.monotonic() - mark
-                crash_point("after_silver_compaction")
             return
+        unique = dedup_in_batch(valid, self.src.dedup_key, dedup.window)
+        outcome = insert_if_absent(silver, unique, self.src.dedup_key, dedup.window, self.app_id, batch_id)
+        metrics.inserted = outcome.inserted
+        metrics.duplicates_dropped = valid.num_rows - outcome.inserted
         metrics.silver_version = silver.version()
+        if outcome.files_scanned >= compact_at_files():
+            # After the batch's own commit: a crash here leaves only unreferenced files.
+            mark = time.monotonic()
+            metrics.compacted = compact_lookup_days(silver, unique, dedup.window)
+            metrics.stage_seconds["silver_compact"] = time.monotonic() - mark
+            crash_point("after_silver_compaction")
 
 
 @dataclass
