@@ -154,8 +154,11 @@ def read_inserts(path: str, start: int, end: int, columns: list[str]) -> pa.Tabl
     table = open_table(path)
     if table is None:
         raise RuntimeError(f"Delta table {path} does not exist")
-    changes = pa.RecordBatchReader.from_stream(table.load_cdf(starting_version=start, ending_version=end)).read_all()
-    changes = plain_strings(changes.select([*dict.fromkeys([*columns, "_change_type", "_commit_version"])]))
+    wanted = [*dict.fromkeys([*columns, "_change_type", "_commit_version"])]
+    changes = pa.RecordBatchReader.from_stream(
+        table.load_cdf(starting_version=start, ending_version=end, columns=wanted)
+    ).read_all()
+    changes = plain_strings(changes.select(wanted))
     changes = changes.filter(pc.equal(changes.column("_change_type"), "insert"))
     return changes.drop_columns(["_change_type"])
 
