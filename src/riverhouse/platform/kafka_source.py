@@ -20,6 +20,10 @@ Options:
   parse.fields          JSON [[name, type], ...]: also parse each value with Arrow's JSON
                         reader into a `_parsed` struct column (see arrow_parse.py)
   parse.maxMessageBytes values larger than this are left to the JVM parse
+  spool.dir             local mode only, with parse.fields and validate.rules: records that
+  validate.rules        pass every check are finished here and written to an Arrow file in
+                        spool.dir; Spark gets one marker row per file (`_spool` column, see
+                        arrow_validate.py) and the rest of the records as before
 """
 
 from __future__ import annotations
@@ -84,12 +88,15 @@ def _parse_fields(options: dict[str, str]) -> list[tuple[str, str]] | None:
     return decode_fields(text) if text else None
 
 
-def _arrow_schema(parse_fields: list[tuple[str, str]] | None = None) -> Any:
+def _arrow_schema(parse_fields: list[tuple[str, str]] | None = None, spool: bool = False) -> Any:
     import pyarrow as pa
 
     from riverhouse.platform.arrow_parse import PARSED_COLUMN, struct_type
+    from riverhouse.platform.arrow_validate import SPOOL_COLUMN
 
     extra = [(PARSED_COLUMN, struct_type(parse_fields))] if parse_fields else []
+    if spool and parse_fields:
+        extra.append((SPOOL_COLUMN, pa.string()))
     return pa.schema(
         [
             ("key", pa.binary()),
@@ -251,6 +258,7 @@ def read_partition(options: dict[str, str], part: KafkaInputPartition, fail_on_d
     from confluent_kafka import Consumer, TopicPartition
 
     from riverhouse.platform.arrow_parse import ArrowJsonParser
+    from riverhouse.platform.arrow_validate import SpoolWriter
 
     config = _client_config(options)
     consumer = Consumer(
@@ -267,9 +275,11 @@ def read_partition(options: dict[str, str], part: KafkaInputPartition, fail_on_d
         }
     )
     parse_fields = _parse_fields(options)
+    fast = _fast_path(options, parse_fields)
     schema = _arrow_schema(parse_fields)
     parser = (ArrowJsonParser(parse_fields, int(options.get("parse.maxmessagebytes", "1000000")))
               if parse_fields else None)
+    spool = SpoolWriter(options["spool.dir"], fast.schema) if fast is not None else None
     try:
         consumer.assign([TopicPartition(part.topic, part.partition, part.start)])
         pending: list[Any] = []  # records of the next Arrow batch
@@ -292,12 +302,47 @@ def read_partition(options: dict[str, str], part: KafkaInputPartition, fail_on_d
                 pending.extend(records)
                 last_progress = time.monotonic()
             if len(pending) >= ARROW_BATCH_ROWS:
-                yield _record_batch(pending, part, schema, parser)
+                yield from _finish(_record_batch(pending, part, schema, parser), fast, spool)
                 pending = []
         if pending:
-            yield _record_batch(pending, part, schema, parser)
+            yield from _finish(_record_batch(pending, part, schema, parser), fast, spool)
+        if spool is not None and (path := spool.close()) is not None:
+            yield _marker(_arrow_schema(parse_fields, spool=True), part, path)
     finally:
         consumer.close()
+
+
+def _fast_path(options: dict[str, str], parse_fields: list[tuple[str, str]] | None) -> Any:
+    from riverhouse.platform.arrow_validate import FastPath, Rules
+
+    if not parse_fields or not options.get("spool.dir") or not options.get("validate.rules"):
+        return None
+    return FastPath(Rules.decode(options["validate.rules"]))
+
+
+def _finish(batch: Any, fast: Any, spool: Any) -> Iterator[Any]:
+    """Without a fast path: the batch. With one: its finished rows to the spool, the rest to Spark."""
+    import pyarrow as pa
+
+    from riverhouse.platform.arrow_validate import SPOOL_COLUMN
+
+    if fast is None:
+        yield batch
+        return
+    finished, rest = fast.split(batch)
+    if finished is not None:
+        spool.write(finished)
+    if rest.num_rows:
+        yield rest.append_column(pa.field(SPOOL_COLUMN, pa.string()), pa.nulls(rest.num_rows, pa.string()))
+
+
+def _marker(schema: Any, part: KafkaInputPartition, path: str) -> Any:
+    """One row that names a spool file; parse_records passes its `_spool` through to the driver."""
+    import pyarrow as pa
+
+    values = {"topic": [part.topic], "partition": [part.partition], "offset": [part.start], "_spool": [path]}
+    arrays = [pa.array(values.get(f.name, [None]), f.type) for f in schema]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
 def _in_range(messages: list[Any], part: KafkaInputPartition, next_offset: int) -> tuple[list[Any], int]:
@@ -379,6 +424,7 @@ class KafkaDataSource(DataSource):
 
     def schema(self) -> str:
         from riverhouse.platform.arrow_parse import PARSED_COLUMN
+        from riverhouse.platform.arrow_validate import SPOOL_COLUMN
         from riverhouse.platform.parse import json_struct
 
         options = {str(k).lower(): str(v) for k, v in self.options.items()}
@@ -386,7 +432,10 @@ class KafkaDataSource(DataSource):
         # `_parsed` has the type from_json reads into, so parse_records can coalesce the two.
         if not fields:
             return KAFKA_SCHEMA_DDL
-        return f"{KAFKA_SCHEMA_DDL}, {PARSED_COLUMN} {json_struct(fields).simpleString()}"
+        ddl = f"{KAFKA_SCHEMA_DDL}, {PARSED_COLUMN} {json_struct(fields).simpleString()}"
+        if _fast_path(options, fields) is not None:
+            ddl += f", {SPOOL_COLUMN} string"
+        return ddl
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
         return KafkaStreamReader(self.options)

@@ -28,6 +28,7 @@ from pyspark.sql.types import (
 )
 
 from riverhouse.platform.arrow_parse import CORRUPT, PARSED_COLUMN
+from riverhouse.platform.arrow_validate import SPOOL_COLUMN
 from riverhouse.platform.spec import SourceSpec
 
 # Timestamps and dates are read as text and converted here: Spark would read a JSON
@@ -167,6 +168,8 @@ def parse_records(batch: DataFrame, src: SourceSpec) -> DataFrame:
         F.col("key").alias("_key"),
         F.col("value").alias("_value"),
         F.col("headers").alias("_headers"),
+        # Marker rows of local mode's fast path name a file of finished rows (arrow_validate.py).
+        *([F.col(SPOOL_COLUMN)] if SPOOL_COLUMN in batch.columns else []),
         reason.alias("_reason"),
         event_time.alias("_event_time"),
         *[typed[f.name].alias(f.name) for f in src.fields],

@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 from deltalake import write_deltalake
 
 from riverhouse.platform import local_kafka
+from riverhouse.platform.arrow_validate import clear_spool, rules_for, spool_folder, take_spooled
 from riverhouse.platform.dedup import (
     compact_at_files,
     compact_lookup_days,
@@ -79,6 +80,8 @@ class BatchMetrics:
     stage_seconds: dict[str, float] = field(default_factory=dict)
     # Files the batch's silver compaction removed and added (see dedup.compact_lookup_days).
     compacted: dict[str, int] | None = None
+    # Records local mode's fast path validated in the source (they skipped the JVM's parse).
+    fast_path: int = 0
 
 
 @dataclass
@@ -262,7 +265,9 @@ class BatchWriter:
         metrics = BatchMetrics(batch_id=batch_id, started_at=started)
         # The batch is already parsed: the parse is part of the streaming query's plan
         # (SourceStream.start), so it is analysed and compiled once, not per batch.
-        rows = fill_missing_dates(batch_df.toArrow(), datetime.datetime.now(datetime.UTC).date())
+        rows, spooled = take_spooled(batch_df.toArrow())
+        metrics.fast_path = spooled.rows
+        rows = fill_missing_dates(rows, datetime.datetime.now(datetime.UTC).date())
         stage = metrics.stage_seconds
         stage["read_parse_collect"] = time.monotonic() - started
         batch_col = pa.array([batch_id] * rows.num_rows, pa.int64())
@@ -282,6 +287,8 @@ class BatchWriter:
                 stage["silver_dedup"] = time.monotonic() - mark
                 raw_written.result()
             crash_point("after_silver_commit")
+        for path in spooled.paths:
+            os.unlink(path)  # after every table committed: a re-run reads Kafka again anyway
         metrics.seconds = time.monotonic() - started
         self.batches.append(metrics)
         if self.on_batch:
@@ -335,7 +342,8 @@ class SourceStream:
     layout: TableLayout
 
     def start(self, spark: Any, trigger: dict[str, Any]) -> Any:
-        kafka = spark.readStream.format(FORMAT_NAME).options(**self.options).load()
+        options = {**self.options, **self.fast_path_options(spark)}
+        kafka = spark.readStream.format(FORMAT_NAME).options(**options).load()
         parsed = parse_records(kafka, self.spec.sources[self.source])
         return (
             parsed.writeStream.foreachBatch(self.writer)
@@ -344,6 +352,26 @@ class SourceStream:
             .trigger(**trigger)
             .start()
         )
+
+    def fast_path_options(self, spark: Any) -> dict[str, str]:
+        """Local mode: valid records are finished in the source and skip the JVM (arrow_validate.py).
+
+        Only where the source's workers share the driver's disk (a local master), the session
+        time zone is UTC (the fast path's dates are UTC dates, as Spark's are then) and the
+        Arrow parse is on. RIVERHOUSE_FAST_PATH=0 turns it off.
+        """
+        if os.environ.get("RIVERHOUSE_FAST_PATH", "1") == "0" or "parse.fields" not in self.options:
+            return {}
+        try:
+            local = spark.sparkContext.master.startswith("local")
+        except Exception:  # Spark Connect has no SparkContext: its workers are elsewhere
+            return {}
+        rules = rules_for(self.spec.sources[self.source])
+        if not local or rules is None or spark.conf.get("spark.sql.session.timeZone") != "UTC":
+            return {}
+        folder = spool_folder(self.checkpoint.resolve())
+        clear_spool(folder)  # under the pipeline lock: leftovers of a run that stopped mid-batch
+        return {"spool.dir": str(folder), "validate.rules": rules.encode()}
 
     def stop(self, query: Any) -> None:
         """Clean stop: let the batch in flight finish, start no new one, stop the query."""
