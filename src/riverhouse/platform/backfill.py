@@ -254,11 +254,11 @@ def rebuild_gold(spark: Any, spec: PipelineSpec, settings: Settings, start: date
         STATE_VERSION,
         STATE_WATERMARK,
         _state,
-        evaluate,
         gold_lock,
         gold_path,
         gold_quarantine_path,
         gold_schema,
+        join_rows,
         lookup_rows,
     )
 
@@ -278,7 +278,7 @@ def rebuild_gold(spark: Any, spec: PipelineSpec, settings: Settings, start: date
         driving = driving.cast(driving_schema)
         if driving.num_rows:
             lookups = lookup_rows(spec, layout, start, end - timedelta(microseconds=1))
-            rows = evaluate(spark, spec, plan, driving, lookups).toArrow()
+            rows, _ = join_rows(spark, spec, plan, driving, lookups)
             rows = plain_strings(rows).select(schema.names).cast(schema)
         else:
             rows = schema.empty_table()

@@ -37,9 +37,11 @@ from deltalake import CommitProperties, write_deltalake
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
+from riverhouse.platform.arrow_join import evaluate_arrow, plain_gold_schema
 from riverhouse.platform.faults import crash_point
 from riverhouse.platform.pipeline import pipeline_lock
 from riverhouse.platform.settings import Settings
+from riverhouse.platform.spark import local_fast_path
 from riverhouse.platform.spec import PipelineSpec
 from riverhouse.platform.sql import JoinPlan, flat
 from riverhouse.platform.tables import (
@@ -70,6 +72,7 @@ class GoldResult:
     pending: int = 0  # driving events whose window has not closed yet
     watermark: str | None = None
     gold_version: int | None = None
+    engine: str = ""  # what ran the join: numpy (local mode, plain columns) or spark
     seconds: float = 0.0
 
     @property
@@ -185,26 +188,47 @@ def evaluate(spark: Any, spec: PipelineSpec, plan: JoinPlan, driving: pa.Table,
     return result.drop("_inner_ok", "_where_ok")
 
 
+def join_rows(spark: Any, spec: PipelineSpec, plan: JoinPlan, driving: pa.Table,
+              lookups: dict[str, pa.Table]) -> tuple[pa.Table, str]:
+    """The join's rows as Arrow, and what computed them.
+
+    In local mode a plan of plain columns without WHERE is joined with numpy on the driver,
+    which already holds every row (arrow_join.py); everything else, and every plan on a
+    cluster, runs in Spark.
+    """
+    if local_fast_path(spark):
+        rows = evaluate_arrow(spec, plan, driving, lookups)
+        if rows is not None:
+            return rows, "numpy"
+    return evaluate(spark, spec, plan, driving, lookups).toArrow(), "spark"
+
+
 _GOLD_SCHEMAS: dict[str, pa.Schema] = {}
 
 
 def gold_schema(spark: Any, spec: PipelineSpec) -> pa.Schema:
-    """The gold table's schema: the query analysed by Spark on empty inputs (no job runs).
+    """The gold table's schema, once per spec and process.
 
-    It depends on the spec only, so each spec is analysed once per process.
+    A plan of plain columns needs no analysis (arrow_join.plain_gold_schema); any other
+    is analysed by Spark (`spark_gold_schema`).
     """
-    from pyspark.sql.pandas.types import to_arrow_schema
-
     key = spec.model_dump_json()
     if key not in _GOLD_SCHEMAS:
-        plan = spec.plan
-        driving = _empty(silver_schema(spec.sources[plan.driving_source]))
-        lookups = {s.alias: _empty(silver_schema(spec.sources[s.source])) for s in plan.steps}
-        # The Arrow types `toArrow()` gives these columns (timestamps in UTC).
-        schema = to_arrow_schema(evaluate(spark, spec, plan, driving, lookups).schema, timezone="UTC")
-        # Gold columns are nullable: a LEFT JOIN leaves lookup columns empty.
-        _GOLD_SCHEMAS[key] = pa.schema([pa.field(f.name, f.type, nullable=True) for f in schema])
+        _GOLD_SCHEMAS[key] = plain_gold_schema(spec, spec.plan) or spark_gold_schema(spark, spec)
     return _GOLD_SCHEMAS[key]
+
+
+def spark_gold_schema(spark: Any, spec: PipelineSpec) -> pa.Schema:
+    """The query analysed by Spark on empty inputs (no job runs)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    plan = spec.plan
+    driving = _empty(silver_schema(spec.sources[plan.driving_source]))
+    lookups = {s.alias: _empty(silver_schema(spec.sources[s.source])) for s in plan.steps}
+    # The Arrow types `toArrow()` gives these columns (timestamps in UTC).
+    schema = to_arrow_schema(evaluate(spark, spec, plan, driving, lookups).schema, timezone="UTC")
+    # Gold columns are nullable: a LEFT JOIN leaves lookup columns empty.
+    return pa.schema([pa.field(f.name, f.type, nullable=True) for f in schema])
 
 
 def _state(gold: Any) -> tuple[int, datetime | None]:
@@ -369,8 +393,8 @@ def _run_gold(spark: Any, spec: PipelineSpec, settings: Settings, drain: bool) -
     lo = pc.min(closed.column("_event_time")).as_py()
     hi = pc.max(closed.column("_event_time")).as_py()
     lookups = lookup_rows(spec, layout, lo, hi)
-    rows = evaluate(spark, spec, plan, closed, lookups).toArrow()
-    rows = rows.select(schema.names).cast(schema)
+    rows, result.engine = join_rows(spark, spec, plan, closed, lookups)
+    rows = plain_strings(rows).select(schema.names).cast(schema)
     status = rows.column("_status")
     result.processed = rows.num_rows
     for name in STATUSES:

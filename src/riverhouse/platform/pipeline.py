@@ -40,6 +40,7 @@ from riverhouse.platform.faults import crash_point
 from riverhouse.platform.kafka_source import FORMAT_NAME, source_options
 from riverhouse.platform.parse import fill_missing_dates, parse_records
 from riverhouse.platform.settings import Settings
+from riverhouse.platform.spark import local_fast_path
 from riverhouse.platform.spec import PipelineSpec, SourceSpec
 from riverhouse.platform.tables import (
     TableLayout,
@@ -360,14 +361,10 @@ class SourceStream:
         time zone is UTC (the fast path's dates are UTC dates, as Spark's are then) and the
         Arrow parse is on. RIVERHOUSE_FAST_PATH=0 turns it off.
         """
-        if os.environ.get("RIVERHOUSE_FAST_PATH", "1") == "0" or "parse.fields" not in self.options:
-            return {}
-        try:
-            local = spark.sparkContext.master.startswith("local")
-        except Exception:  # Spark Connect has no SparkContext: its workers are elsewhere
+        if "parse.fields" not in self.options or not local_fast_path(spark):
             return {}
         rules = rules_for(self.spec.sources[self.source])
-        if not local or rules is None or spark.conf.get("spark.sql.session.timeZone") != "UTC":
+        if rules is None or spark.conf.get("spark.sql.session.timeZone") != "UTC":
             return {}
         folder = spool_folder(self.checkpoint.resolve())
         clear_spool(folder)  # under the pipeline lock: leftovers of a run that stopped mid-batch
