@@ -62,7 +62,7 @@ class KafkaSourceError(RuntimeError):
 
 
 def _client_config(options: dict[str, str]) -> dict[str, Any]:
-    from riverhouse.platform.spec import resolve_env_refs
+    from riverhouse.platform.envrefs import resolve_env_refs
 
     bootstrap = options.get("bootstrap.servers")
     if not bootstrap:

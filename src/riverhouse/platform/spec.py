@@ -8,7 +8,6 @@ without re-checking.
 
 from __future__ import annotations
 
-import os
 import re
 from datetime import date, timedelta
 from pathlib import Path
@@ -26,10 +25,11 @@ from pydantic import (
     model_validator,
 )
 
+from riverhouse.platform.envrefs import resolve_env_refs
+
 IDENTIFIER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 WINDOW_RE = re.compile(r"^\s*(\d+)\s*(s|m|h|d|w)\s*$")
-ENV_REF_RE = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
 OWNER_RE = re.compile(r"^(team:[A-Za-z0-9_.-]+|[^@\s]+@[^@\s]+\.[^@\s]+)$")
 LIBRDKAFKA_KEY_RE = re.compile(r"^[a-z][a-z0-9._]*$")
 MAX_WINDOW = timedelta(days=7)
@@ -444,19 +444,6 @@ SECRET_HINTS = ("password", "secret", "token", "key", "credential", "jaas")
 def is_secret_key(key: str) -> bool:
     lowered = key.lower()
     return any(h in lowered for h in SECRET_HINTS) and not lowered.endswith(".location")
-
-
-def resolve_env_refs(value: Any, where: str) -> Any:
-    if not isinstance(value, str):
-        return value
-
-    def repl(match: re.Match[str]) -> str:
-        name = match.group(1)
-        if name not in os.environ:
-            raise SpecError(where, [(where, f"environment variable {name} is not set", f"export {name}=...")])
-        return os.environ[name]
-
-    return ENV_REF_RE.sub(repl, value)
 
 
 def _hint_for(error: dict[str, Any]) -> str:
