@@ -271,6 +271,8 @@ def bench(
     state_keys: Annotated[str, typer.Option(help="dedup_state: distinct key counts, comma-separated")] = "1000000,10000000",
     final_scale: Annotated[str, typer.Option(
         help="query_vs_final: also on this many generated orders, comma-separated ('none': skip)")] = "2000000",
+    steady_runs: Annotated[int, typer.Option(
+        help="riverhouse_dedup / _join: warm runs after the first; the median is the steady state", min=1)] = 5,
     results: Annotated[Path, typer.Option(help="Folder for <timestamp>.json and latest.json")] = Path("bench/results"),
     docs: Annotated[Path, typer.Option(help="Markdown page to render (a PNG goes next to it)")] = Path(
         "docs/benchmarks.md"),
@@ -298,7 +300,7 @@ def bench(
         _fail("--final-scale needs counts of 1,000 orders or more")
     cfg = BenchConfig(events=events, duplicate_rate=duplicate_rate, scenarios=chosen, freshness_rate=freshness_rate,
                       freshness_seconds=freshness_seconds, freshness_warmup=freshness_warmup,
-                      state_keys=keys, final_scale=scales,
+                      state_keys=keys, final_scale=scales, steady_runs=steady_runs,
                       home=_settings(home).home / "bench", results_dir=results, docs=docs)
     result, path = _guarded(lambda: run_bench(cfg, log=lambda m: err.print(m, highlight=False)))
     table = Table(title="riverhouse bench", show_header=True, header_style="bold")

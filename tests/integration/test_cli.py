@@ -92,7 +92,7 @@ def test_bench_small_run_writes_results_and_page(tmp_path: Path) -> None:
     results, docs = tmp_path / "results", tmp_path / "docs" / "benchmarks.md"  # folders that do not exist yet
     proc = cli("bench", "--events", "3000", "--scenarios",
                "kafka_read_limit,clickhouse_insert_limit,baseline_consumer,riverhouse_dedup,query_vs_final",
-               "--final-scale", "20000", "--results", str(results), "--docs", str(docs), "--home", str(tmp_path / "home"), timeout=900)
+               "--final-scale", "20000", "--steady-runs", "3", "--results", str(results), "--docs", str(docs), "--home", str(tmp_path / "home"), timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     latest = json.loads((results / "latest.json").read_text())
     assert latest["machine"]["cores"] >= 1
