@@ -82,12 +82,14 @@ EDGE_CASES: list[bytes | None] = [
 ]
 
 
-def kafka_table(values: list[bytes | None], parser: ArrowJsonParser | None) -> pa.Table:
+def kafka_table(values: list[bytes | None], parser: ArrowJsonParser | None,
+                stamps: list[Any] | None = None) -> pa.Table:
     """The Kafka source's Arrow rows for these values (with `_parsed` when a parser is given)."""
     n = len(values)
     columns: dict[str, Any] = {
         "key": [b"k"] * n, "value": values, "topic": ["orders"] * n, "partition": [0] * n,
-        "offset": list(range(n)), "timestamp": [KAFKA_TS] * n, "timestampType": [0] * n, "headers": [None] * n,
+        "offset": list(range(n)), "timestamp": stamps or [KAFKA_TS] * n, "timestampType": [0] * n,
+        "headers": [None] * n,
     }
     schema = _arrow_schema(None)
     arrays = [pa.array(columns[name], schema.field(name).type) for name in schema.names]

@@ -29,7 +29,7 @@ from riverhouse.platform.kafka_source import KafkaInputPartition, _arrow_schema,
 from riverhouse.platform.parse import parse_records
 from riverhouse.platform.spec import SourceSpec
 from tests.conftest import orders_spec
-from tests.spark.test_arrow_parse import EDGE_CASES, KAFKA_TS, good
+from tests.spark.test_arrow_parse import EDGE_CASES, KAFKA_TS, good, kafka_table
 
 pytestmark = pytest.mark.spark
 
@@ -43,22 +43,6 @@ TIMESTAMP_FORMS: list[Any] = [
     "1900-01-01T00:00:00+17:59", " 2026-01-02T03:04:05Z", "2026-01-02T03:04:05Z ",
     "2026-01-02T03:04:05z", "2026-01-02T03:04:05UTC", "\uff12\uff10\uff12\uff16-01-02T03:04:05Z", "",
 ]
-
-
-def kafka_batch(values: list[bytes | None], parser: ArrowJsonParser | None,
-                stamps: list[Any] | None = None) -> pa.Table:
-    n = len(values)
-    columns: dict[str, Any] = {
-        "key": [b"k"] * n, "value": values, "topic": ["orders"] * n, "partition": [0] * n,
-        "offset": list(range(n)), "timestamp": stamps or [KAFKA_TS] * n, "timestampType": [0] * n,
-        "headers": [None] * n,
-    }
-    schema = _arrow_schema(None)
-    arrays = [pa.array(columns[name], schema.field(name).type) for name in schema.names]
-    table = pa.Table.from_arrays(arrays, schema=schema)
-    if parser is not None:
-        table = table.append_column("_parsed", parser.parse(values))
-    return table
 
 
 def comparable(rows: pa.Table) -> list[dict[str, Any]]:
@@ -77,13 +61,13 @@ def both_paths(spark: Any, src: SourceSpec, values: list[bytes | None], tmp_path
                stamps: list[Any] | None = None, block_rows: int = 7) -> tuple[pa.Table, pa.Table, FastPath]:
     """(Spark's parse alone, the fast path put back together, the fast path's counters)."""
     fields = [(f.name, f.type) for f in src.fields]
-    reference = parse_records(spark.createDataFrame(kafka_batch(values, None, stamps)), src).toArrow()
+    reference = parse_records(spark.createDataFrame(kafka_table(values, None, stamps)), src).toArrow()
 
     rules = rules_for(src)
     assert rules is not None
     fast = FastPath(rules)
     parser = ArrowJsonParser(fields, src.max_message_bytes, block_rows=block_rows)
-    batch = kafka_batch(values, parser, stamps).to_batches()[0]
+    batch = kafka_table(values, parser, stamps).to_batches()[0]
     finished, rest = fast.split(batch)
     spool = SpoolWriter(str(tmp_path), fast.schema)
     if finished is not None:
