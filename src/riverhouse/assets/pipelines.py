@@ -371,6 +371,7 @@ def _gold_asset(spec: PipelineSpec, gold_key: dg.AssetKey, parts: dg.PartitionsD
                 "filtered": summary["filtered"],
                 "pending": summary["pending"],
                 "watermark": summary["watermark"] or "",
+                "engine": summary["engine"] or "none",  # numpy (local mode) or spark; none: nothing to join
                 "delta_version": summary["gold_version"] if summary["gold_version"] is not None else -1,
             }
         else:
