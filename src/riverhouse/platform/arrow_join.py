@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from riverhouse.platform.arrow_validate import TS
 from riverhouse.platform.sql import JoinPlan, flat
 
 PLAIN_COLUMN = re.compile(r"^`([A-Za-z0-9_]+)`$")
@@ -44,7 +45,7 @@ def _plain_projections(plan: JoinPlan) -> list[tuple[str, str]] | None:
 # What `joins.evaluate` adds after the projections, in its order, as `toArrow()` types them.
 META_COLUMNS: list[tuple[str, pa.DataType]] = [
     ("_left_topic", pa.string()), ("_left_partition", pa.int32()), ("_left_offset", pa.int64()),
-    ("_left_event_time", pa.timestamp("us", tz="UTC")), ("_left_event_date", pa.date32()),
+    ("_left_event_time", TS), ("_left_event_date", pa.date32()),
     ("_left_key", pa.string()), ("_matched", pa.bool_()), ("_late_match", pa.bool_()),
     ("_reason", pa.string()), ("_status", pa.string()),
 ]

@@ -41,6 +41,7 @@ from riverhouse.platform.arrow_parse import ARROW_TYPES, PARSED_COLUMN
 
 SPOOL_COLUMN = "_spool"
 TS = pa.timestamp("us", tz="UTC")
+# Epoch milliseconds in a string, for both parses (Java and RE2 read it alike).
 EPOCH_MILLIS_RE = r"^-?[0-9]{1,15}$"
 # Milliseconds of years 1..9999, which both Arrow and Spark hold exactly.
 MIN_MILLIS, MAX_MILLIS = -62135596800000, 253402300799999

@@ -28,7 +28,7 @@ from pyspark.sql.types import (
 )
 
 from riverhouse.platform.arrow_parse import CORRUPT, PARSED_COLUMN
-from riverhouse.platform.arrow_validate import SPOOL_COLUMN
+from riverhouse.platform.arrow_validate import EPOCH_MILLIS_RE, SPOOL_COLUMN
 from riverhouse.platform.spec import SourceSpec
 
 # Timestamps and dates are read as text and converted here: Spark would read a JSON
@@ -44,7 +44,6 @@ JSON_TYPES: dict[str, DataType] = {
     "date": StringType(),
 }
 
-EPOCH_MILLIS_RE = r"^-?[0-9]{1,15}$"
 MAX_ABS_EPOCH_MILLIS = 10**15
 
 
