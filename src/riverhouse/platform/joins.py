@@ -31,6 +31,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, write_deltalake
@@ -277,25 +278,37 @@ def _read_range(path: str, schema: pa.Schema, lo: datetime | None, hi: datetime 
     return plain_strings(rows).cast(schema)
 
 
+KAFKA_IDENTITY = ["_topic", "_partition", "_offset"]
+
+
 def _dedupe_identity(rows: pa.Table) -> pa.Table:
-    """Rows that came both as new (change feed) and as pending (date range) appear once."""
+    """Rows that came both as new (change feed) and as pending (date range) appear once (the first)."""
     if rows.num_rows == 0:
         return rows
-    seen: set[tuple[str, int, int]] = set()
-    keep = []
-    for ident in zip(*(rows.column(c).to_pylist() for c in ("_topic", "_partition", "_offset")), strict=True):
-        keep.append(ident not in seen)
-        seen.add(ident)
-    return rows.filter(pa.array(keep))
+    indexed = plain_strings(rows.select(KAFKA_IDENTITY)).append_column("_row", pa.array(np.arange(rows.num_rows)))
+    first = indexed.group_by(KAFKA_IDENTITY, use_threads=False).aggregate([("_row", "min")]).column("_row_min")
+    if len(first) == rows.num_rows:
+        return rows
+    return rows.take(pa.array(np.sort(first.to_numpy())))
 
 
-def _processed_identities(gold_path_: str, lo_date: Any) -> set[tuple[str, int, int]]:
+def _not_processed(closed: pa.Table, gold_path_: str) -> pa.Table:
+    """The driving events of `closed` that gold does not hold yet (by Kafka identity), in order."""
     table = open_table(gold_path_)
-    if table is None:
-        return set()
-    rows = table.to_pyarrow_dataset().to_table(
+    if table is None or closed.num_rows == 0:
+        return closed
+    lo_date = pc.min(closed.column("_event_date")).as_py()
+    done = table.to_pyarrow_dataset().to_table(
         columns=IDENTITY, filter=pc.field("_left_event_date") >= pa.scalar(lo_date, pa.date32()))
-    return set(zip(*(rows.column(c).to_pylist() for c in IDENTITY), strict=True)) if rows.num_rows else set()
+    if done.num_rows == 0:
+        return closed
+    ids = plain_strings(closed.select(KAFKA_IDENTITY))
+    done = plain_strings(done).rename_columns(KAFKA_IDENTITY).cast(ids.schema)
+    keys = ids.append_column("_row", pa.array(np.arange(closed.num_rows)))
+    keep = keys.join(done, keys=KAFKA_IDENTITY, join_type="left anti", use_threads=False).column("_row")
+    if len(keep) == closed.num_rows:
+        return closed
+    return closed.take(pa.array(np.sort(keep.to_numpy())))
 
 
 def _merge_by_identity(table: Any, rows: pa.Table) -> int:
@@ -373,11 +386,7 @@ def _run_gold(spark: Any, spec: PipelineSpec, settings: Settings, drain: bool) -
         closed_mask = pc.less_equal(candidates.column("_event_time"), limit)
     closed = candidates.filter(closed_mask)
     result.pending = candidates.num_rows - closed.num_rows
-    if closed.num_rows:
-        done = _processed_identities(gold_path(layout, spec), pc.min(closed.column("_event_date")).as_py())
-        if done:
-            ids = zip(*(closed.column(c).to_pylist() for c in ("_topic", "_partition", "_offset")), strict=True)
-            closed = closed.filter(pa.array([i not in done for i in ids]))
+    closed = _not_processed(closed, gold_path(layout, spec))
     # What the next run must look at again: events not closed yet.
     if drain:
         max_t = pc.max(candidates.column("_event_time")).as_py() if candidates.num_rows else None
