@@ -228,3 +228,25 @@ def test_example_sql_spec_against_a_reference(spark: Any, kafka: str, topic: str
             f"SELECT order_id, user_name, tier, total FROM {qualified_table(spec)}").result_rows)
     assert got == expected
     assert len(expected) < 400  # the WHERE filter removed some orders
+
+
+def test_a_failing_source_stops_the_run_and_is_named(spark: Any, kafka: str, topic: str, settings: Settings) -> None:
+    """The sources' queries run side by side: one failing fails the run, names its source, stops the rest."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from riverhouse.platform.pipeline import PipelineError
+    from riverhouse.platform.tables import bronze_schema
+
+    topics = topics_for(topic)
+    semantics_events(kafka, topics)
+    spec = join_spec(topics, "left", name="broken")
+    # users' bronze table exists with one more, required column: its first batch cannot be appended.
+    wrong = bronze_schema(spec.sources["users"]).append(pa.field("_other", pa.int64(), nullable=False))
+    write_deltalake(TableLayout(settings.warehouse, spec.name).bronze("users"), wrong.empty_table(),
+                    partition_by=["_event_date"])
+    with pytest.raises(PipelineError, match="source 'users'"):
+        run_once(spec, settings, spark=spark, log=lambda m: None, drain=True)
+    assert [q.name for q in spark.streams.active if q.name and "broken" in q.name] == []
+    # Nothing of the join was published: gold was never written, ClickHouse has no table rows.
+    assert open_table(gold_path(TableLayout(settings.warehouse, spec.name), spec)) is None

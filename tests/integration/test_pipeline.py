@@ -96,6 +96,10 @@ def test_exact_rows_in_silver_quarantine_and_clickhouse(spark: Any, kafka: str, 
     assert summary["read"] == len(EVENTS)
     assert summary["read"] == summary["inserted"] + summary["duplicates_dropped"] + summary["quarantined"]
     assert summary["duplicates_dropped"] == 2 and summary["quarantined"] == 6
+    # ClickHouse was loaded while the stream still ran (as batches landed), and the last
+    # load reached silver's final version.
+    assert summary["clickhouse_loads"] >= 2
+    assert summary["last_loaded_version"] == versions(settings, spec)["silver"]
 
     # Re-running with no new data changes nothing anywhere.
     before = versions(settings, spec)
@@ -175,3 +179,21 @@ def test_local_fast_path_gives_the_tables_spark_alone_gives(spark: Any, kafka: s
     assert len(tables["1"]["quarantine"]) == len(EXPECTED_REASONS)
     assert len(tables["1"]["silver"]) >= 300 + len(EXPECTED_SILVER) + 2
     assert tables["1"] == tables["0"]
+
+
+def test_unusable_clickhouse_dsn_fails_the_load_after_ingest_without_its_secret(
+        spark: Any, kafka: str, topic: str, settings: Settings) -> None:
+    from riverhouse.platform.clickhouse import ClickHouseLoadError
+
+    produce(kafka, topic, EVENTS[:5])
+    spec = spec_for(topic, max_offsets=2)  # several batches: each would ask for a load
+    bad = settings.with_(clickhouse_dsn="ftp://loader:s3cret-pw@ch.example:21/db")
+    with pytest.raises(ClickHouseLoadError, match="unsupported ClickHouse DSN") as error:
+        run_once(spec, bad, spark=spark, log=lambda m: None)
+    assert "s3cret-pw" not in str(error.value)
+    # The ingest is not undone: the next run with a good DSN only loads.
+    assert silver_rows(settings, spec) == {("o1", "2026-01-01 10:00:00", 1), ("o2", "2026-01-01 10:05:00", 2),
+                                           ("o3", "2026-01-01 09:50:00", 3), ("o4", "2026-01-01 10:00:00", 4)}
+    summary = run_once(spec, settings, spark=spark, log=lambda m: None)
+    assert summary["read"] == 0
+    assert clickhouse_rows(settings, spec) == sorted(silver_rows(settings, spec))

@@ -19,7 +19,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,6 +64,7 @@ class StreamStopped(RuntimeError):
 @dataclass
 class BatchMetrics:
     batch_id: int
+    source: str = ""
     read: int = 0
     quarantined: int = 0
     valid: int = 0
@@ -263,7 +264,7 @@ class BatchWriter:
 
     def _process(self, batch_df: Any, batch_id: int) -> None:
         started = time.monotonic()
-        metrics = BatchMetrics(batch_id=batch_id, started_at=started)
+        metrics = BatchMetrics(batch_id=batch_id, source=self.source_name, started_at=started)
         # The batch is already parsed: the parse is part of the streaming query's plan
         # (SourceStream.start), so it is analysed and compiled once, not per batch.
         rows, spooled = take_spooled(batch_df.toArrow())
@@ -417,15 +418,54 @@ def ingest(
 
     `lock_wait_s`: how long to wait for another run of the same source (orchestrated runs queue).
     """
-    stream = prepare_stream(spec, settings, source or spec.sink_source_name, on_batch)
-    with pipeline_lock(stream.checkpoint, spec.name, wait_s=lock_wait_s, log=log):
+    return ingest_sources(spark, spec, settings, [source or spec.sink_source_name], on_batch, lock_wait_s, log)[0]
+
+
+def ingest_sources(
+    spark: Any,
+    spec: PipelineSpec,
+    settings: Settings,
+    sources: list[str],
+    on_batch: Callable[[BatchMetrics], None] | None = None,
+    lock_wait_s: float = 0.0,
+    log: Callable[[str], None] | None = None,
+) -> list[IngestResult]:
+    """One triggered query per source, all running at once; returns their results in `sources`' order.
+
+    A join's sources are independent streams (each with its own checkpoint, tables and
+    Delta app id), so they are read side by side, as continuous mode does: the smaller
+    stream's query start and batches overlap the larger one's. If one query fails, the
+    others stop cleanly (their batch in flight finishes) and the failure is raised.
+    """
+    streams = [prepare_stream(spec, settings, source, on_batch) for source in sources]
+    with ExitStack() as locks:
+        for stream in streams:
+            locks.enter_context(pipeline_lock(stream.checkpoint, spec.name, wait_s=lock_wait_s, log=log))
         started = time.monotonic()
-        query = stream.start(spark, {"availableNow": True})
+        queries: list[Any] = []
         try:
-            query.awaitTermination()
-        except Exception as exc:
-            raise stream.failure(exc) from exc
-        return stream_result(stream, query, started)
+            for stream in streams:
+                queries.append(stream.start(spark, {"availableNow": True}))
+            _await_all(streams, queries)
+        except BaseException:
+            for stream, query in zip(streams, queries, strict=False):
+                if query.isActive:
+                    stream.stop(query)
+            raise
+        return [stream_result(stream, query, started) for stream, query in zip(streams, queries, strict=True)]
+
+
+def _await_all(streams: list[SourceStream], queries: list[Any], poll_s: float = 0.05) -> None:
+    """Wait for every query to end; the first failure is raised (as a PipelineError) at once."""
+    pending = list(zip(streams, queries, strict=True))
+    while pending:
+        for stream, query in list(pending):
+            try:
+                done = query.awaitTermination() if len(pending) == 1 else query.awaitTermination(poll_s)
+            except Exception as exc:
+                raise stream.failure(exc) from exc
+            if done is None or done:
+                pending.remove((stream, query))
 
 
 @contextmanager

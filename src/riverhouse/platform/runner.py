@@ -5,16 +5,22 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from typing import Any
 
-from riverhouse.platform.clickhouse import load_new_versions, open_client, sink_table_path
+from riverhouse.platform.clickhouse import (
+    LoadResult,
+    load_new_versions,
+    open_client,
+    sink_table_path,
+)
 from riverhouse.platform.joins import run_gold
 from riverhouse.platform.pipeline import (
     BatchMetrics,
     PipelineError,
     StreamStopped,
-    ingest,
+    ingest_sources,
     pipeline_lock,
     prepare_stream,
     resolve_bootstrap,
@@ -29,46 +35,56 @@ PUBLISH_POLL_S = 0.1  # continuous mode: how soon a landed batch is joined and l
 
 def run_once(spec: PipelineSpec, settings: Settings, load: bool = True,
              log: Callable[[str], None] = print, spark: Any = None, drain: bool = False) -> dict[str, Any]:
-    """Ingest every source, run the join (join pipelines), load ClickHouse; returns the counts."""
+    """Ingest every source, run the join (join pipelines), load ClickHouse; returns the counts.
+
+    The sources' queries run side by side. A source pipeline loads each batch into
+    ClickHouse as soon as it has committed (SinkLoader); a join pipeline loads after its join.
+    """
     started = time.monotonic()
     resolve_bootstrap(spec, settings)  # no Kafka: say so before a Spark start-up
     spark = spark or get_spark(settings.spark_master, conf=settings.spark_conf)
+    loader = SinkLoader(spec, settings, log) if load else None
+    if loader is not None:
+        loader.connect()  # opens while the queries start
+    early_loads = loader is not None and not spec.is_join
 
     def on_batch(m: BatchMetrics) -> None:
-        log(f"batch {m.batch_id}: read {m.read:,}, quarantined {m.quarantined:,}, "
+        prefix = f"{m.source} " if len(spec.sources) > 1 else ""
+        log(f"{prefix}batch {m.batch_id}: read {m.read:,}, quarantined {m.quarantined:,}, "
             f"duplicates dropped {m.duplicates_dropped:,}, inserted {m.inserted:,} ({m.seconds:.1f}s)")
+        if early_loads and m.inserted:
+            loader.load_soon()
 
     summary: dict[str, Any] = {"pipeline": spec.name}
     totals = {"read": 0, "quarantined": 0, "duplicates_dropped": 0, "inserted": 0, "replayed": 0, "batches": 0}
     stages: dict[str, float] = {}
-    # Starting each streaming query (checkpoint, the source's planning process, first offsets)
-    # up to its first batch: a fixed cost per run, paid once by a continuous pipeline.
-    query_startup_s = 0.0
-    for source in spec.sources:
-        query_started = time.monotonic()
-        result = ingest(spark, spec, settings, source, on_batch=on_batch)
-        # No batch: the query's whole time was start-up.
-        query_startup_s += (result.batches[0].started_at if result.batches else time.monotonic()) - query_started
-        for key in totals:
-            totals[key] += result.summary()[key]
-        for stage, seconds in result.stage_seconds().items():
-            stages[stage] = round(stages.get(stage, 0.0) + seconds, 3)
-        summary[f"silver_version_{source}"] = result.silver_version
-    summary.update(totals)
-    summary["stage_seconds"] = stages
-    summary["query_startup_s"] = round(query_startup_s, 3)
-    if spec.is_join:
-        gold = run_gold(spark, spec, settings, drain=drain)
-        log(f"join: {gold.processed:,} driving events closed, {gold.emitted:,} emitted "
-            f"({gold.matched:,} matched, {gold.unmatched_left:,} unmatched left), {gold.rejected:,} quarantined, "
-            f"{gold.pending:,} waiting for their window to close")
-        summary.update({f"join_{k}": v for k, v in gold.summary().items()})
-    if load:
-        loaded = load_sink(spec, settings, log)
-        summary["clickhouse_rows_loaded"] = loaded.rows_loaded
-        summary["delta_versions_loaded"] = len(loaded.versions_loaded)
-        summary["last_loaded_version"] = loaded.last_loaded_version
-        summary["load_seconds"] = round(loaded.seconds, 3)
+    try:
+        queries_started = time.monotonic()
+        results = ingest_sources(spark, spec, settings, list(spec.sources), on_batch=on_batch)
+        # Starting the streaming queries (checkpoint, the source's planning process, first
+        # offsets) up to the first batch: a fixed cost per run, paid once by a continuous pipeline.
+        first_batch = min((r.batches[0].started_at for r in results if r.batches), default=time.monotonic())
+        for result in results:
+            for key in totals:
+                totals[key] += result.summary()[key]
+            for stage, seconds in result.stage_seconds().items():
+                stages[stage] = round(stages.get(stage, 0.0) + seconds, 3)
+            summary[f"silver_version_{result.source}"] = result.silver_version
+        summary.update(totals)
+        summary["stage_seconds"] = stages
+        summary["query_startup_s"] = round(first_batch - queries_started, 3)
+        if spec.is_join:
+            gold = run_gold(spark, spec, settings, drain=drain)
+            log(f"join: {gold.processed:,} driving events closed, {gold.emitted:,} emitted "
+                f"({gold.matched:,} matched, {gold.unmatched_left:,} unmatched left), {gold.rejected:,} quarantined, "
+                f"{gold.pending:,} waiting for their window to close")
+            summary.update({f"join_{k}": v for k, v in gold.summary().items()})
+        if loader is not None:
+            sink_version = None if spec.is_join else summary[f"silver_version_{spec.sink_source_name}"]
+            summary.update(loader.finish(up_to=sink_version))
+    finally:
+        if loader is not None:
+            loader.close()
     summary["seconds"] = round(time.monotonic() - started, 3)
     return summary
 
@@ -79,6 +95,82 @@ def load_sink(spec: PipelineSpec, settings: Settings, log: Callable[[str], None]
     with sink_lock(settings, spec.name, log):
         return load_new_versions(spec, settings.clickhouse_dsn, sink_table_path(spec, settings.warehouse), log=log,
                                  client=client)
+
+
+class SinkLoader:
+    """A run's ClickHouse loads, on one thread that owns the connection.
+
+    Loading a batch while Spark is still finishing the run (its commit log, the next
+    batch) is the same exactly-once load as loading after it: the loader reads only
+    committed Delta versions and the ClickHouse ledger (continuous mode has always
+    loaded alongside its queries). The connection is held for the run, as continuous
+    mode holds it for its session (with embedded chDB, no other process can open the
+    same path meanwhile).
+    """
+
+    def __init__(self, spec: PipelineSpec, settings: Settings, log: Callable[[str], None] | None):
+        self.spec = spec
+        self.settings = settings
+        self.log = log
+        self.results: list[LoadResult] = []
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="riverhouse-load")
+        self._futures: list[Future[Any]] = []
+        self._client: Any = None
+        self._connect_error: Exception | None = None
+        self._connection = ExitStack()
+        self._lock = threading.Lock()
+        self._waiting = False  # a load is queued and has not started: a new request joins it
+
+    def connect(self) -> None:
+        """Open the connection now, in the background (it takes ~0.1 s with chDB)."""
+        self._futures.append(self._pool.submit(self._open))
+
+    def load_soon(self) -> None:
+        """Load whatever has committed by the time the loader thread gets to it."""
+        with self._lock:
+            if self._waiting:
+                return
+            self._waiting = True
+        self._futures.append(self._pool.submit(self._load))
+
+    def finish(self, up_to: int | None) -> dict[str, Any]:
+        """Wait for the loads under way, then load the rest unless they reached Delta version `up_to`.
+
+        Raises the first load's error. Returns the run summary's load figures.
+        """
+        for future in self._futures:
+            future.result()
+        if up_to is None or not self.results or self.results[-1].last_loaded_version != up_to:
+            self._pool.submit(self._load).result()
+        last = self.results[-1]
+        return {
+            "clickhouse_rows_loaded": sum(r.rows_loaded for r in self.results),
+            "delta_versions_loaded": sum(len(r.versions_loaded) for r in self.results),
+            "last_loaded_version": last.last_loaded_version,
+            "load_seconds": round(sum(r.seconds for r in self.results), 3),
+            "clickhouse_loads": len(self.results),
+        }
+
+    def close(self) -> None:
+        """Let a load under way finish, then close the connection."""
+        self._pool.submit(self._connection.close).result()
+        self._pool.shutdown()
+
+    def _open(self) -> Any:
+        if self._connect_error is not None:  # retried once already (with backoff): say so again, fast
+            raise self._connect_error
+        if self._client is None:
+            try:
+                self._client = self._connection.enter_context(open_client(self.settings.clickhouse_dsn))
+            except Exception as exc:
+                self._connect_error = exc
+                raise
+        return self._client
+
+    def _load(self) -> None:
+        with self._lock:
+            self._waiting = False
+        self.results.append(load_sink(self.spec, self.settings, self.log, client=self._open()))
 
 
 def run_continuous(spec: PipelineSpec, settings: Settings, stop: threading.Event, load: bool = True,
