@@ -449,8 +449,11 @@ def ingest_sources(
             _await_all(streams, queries)
         except BaseException:
             for stream, query in zip(streams, queries, strict=False):
-                if query.isActive:
-                    stream.stop(query)
+                try:
+                    if query.isActive:
+                        stream.stop(query)
+                except Exception:  # stopping is best effort: the first failure is the one to report
+                    pass
             raise
         return [stream_result(stream, query, started) for stream, query in zip(streams, queries, strict=True)]
 
