@@ -47,6 +47,7 @@ from riverhouse.platform.pipeline import checkpoint_dir, pipeline_lock, sink_loc
 from riverhouse.platform.settings import Settings
 from riverhouse.platform.spec import PipelineSpec
 from riverhouse.platform.tables import (
+    KAFKA_IDENTITY,
     TableLayout,
     bronze_schema,
     ensure_table,
@@ -55,7 +56,6 @@ from riverhouse.platform.tables import (
     silver_schema,
 )
 
-IDENT = ["_topic", "_partition", "_offset"]
 LOCK_WAIT_S = 600
 
 
@@ -201,8 +201,8 @@ def _parse_bronze(spark: Any, spec: PipelineSpec, source: str, bronze: pa.Table)
     })
     parsed = parse_records(spark.createDataFrame(kafka_rows), src).filter("_status = 'ok'").toArrow()
     parsed = plain_strings(parsed.select([c for c in schema.names if c != "_batch_id"]))
-    batch_of = bronze.select([*IDENT, "_batch_id"])
-    parsed = parsed.join(batch_of, keys=IDENT, join_type="inner")
+    batch_of = bronze.select([*KAFKA_IDENTITY, "_batch_id"])
+    parsed = parsed.join(batch_of, keys=KAFKA_IDENTITY, join_type="inner")
     return parsed.select(schema.names).cast(schema)
 
 
@@ -232,7 +232,7 @@ def rebuild_silver(spark: Any, spec: PipelineSpec, settings: Settings, source: s
         current = _read(layout.silver(source), _time_filter("_event_time", "_event_date", start, end),
                         schema.names).cast(schema)
         result.rows, result.rows_before = rows.num_rows, current.num_rows
-        if _same_rows(rows, current, IDENT):
+        if _same_rows(rows, current, KAFKA_IDENTITY):
             log(f"silver {source} {label}: {rows.num_rows:,} rows, unchanged")
         else:
             result.delta_version = _replace(silver, rows, _sql_window("_event_time", "_event_date", start, end),
@@ -340,7 +340,7 @@ def replace_clickhouse_window(spec: PipelineSpec, settings: Settings, start: dat
             columns, date_col, order = spec.plan.output_names, "_left_event_date", ["_left_topic", "_left_partition",
                                                                                    "_left_offset"]
         else:
-            columns, date_col, order = [f.name for f in spec.sink_source.fields], "_event_date", IDENT
+            columns, date_col, order = [f.name for f in spec.sink_source.fields], "_event_date", KAFKA_IDENTITY
         staging = quote(f"{spec.sink.table}__rh_backfill")
         database = (quote(spec.sink.database) + ".") if spec.sink.database else ""
         staging_table = f"{database}{staging}"

@@ -46,6 +46,7 @@ from riverhouse.platform.spark import local_fast_path
 from riverhouse.platform.spec import PipelineSpec
 from riverhouse.platform.sql import JoinPlan, flat
 from riverhouse.platform.tables import (
+    KAFKA_IDENTITY,
     TableLayout,
     ensure_table,
     open_table,
@@ -278,18 +279,23 @@ def _read_range(path: str, schema: pa.Schema, lo: datetime | None, hi: datetime 
     return plain_strings(rows).cast(schema)
 
 
-KAFKA_IDENTITY = ["_topic", "_partition", "_offset"]
+def _numbered_identities(rows: pa.Table) -> pa.Table:
+    """`rows`' Kafka identities with each row's position (`_row`), for Arrow's group-by and joins."""
+    return plain_strings(rows.select(KAFKA_IDENTITY)).append_column("_row", pa.array(np.arange(rows.num_rows)))
+
+
+def _keep_rows(rows: pa.Table, kept: pa.ChunkedArray) -> pa.Table:
+    """The rows at the positions `kept`, in their original order."""
+    return rows if len(kept) == rows.num_rows else rows.take(pa.array(np.sort(kept.to_numpy())))
 
 
 def _dedupe_identity(rows: pa.Table) -> pa.Table:
     """Rows that came both as new (change feed) and as pending (date range) appear once (the first)."""
     if rows.num_rows == 0:
         return rows
-    indexed = plain_strings(rows.select(KAFKA_IDENTITY)).append_column("_row", pa.array(np.arange(rows.num_rows)))
-    first = indexed.group_by(KAFKA_IDENTITY, use_threads=False).aggregate([("_row", "min")]).column("_row_min")
-    if len(first) == rows.num_rows:
-        return rows
-    return rows.take(pa.array(np.sort(first.to_numpy())))
+    numbered = _numbered_identities(rows)
+    return _keep_rows(rows, numbered.group_by(KAFKA_IDENTITY, use_threads=False)
+                      .aggregate([("_row", "min")]).column("_row_min"))
 
 
 def _not_processed(closed: pa.Table, gold_path_: str) -> pa.Table:
@@ -302,13 +308,10 @@ def _not_processed(closed: pa.Table, gold_path_: str) -> pa.Table:
         columns=IDENTITY, filter=pc.field("_left_event_date") >= pa.scalar(lo_date, pa.date32()))
     if done.num_rows == 0:
         return closed
-    ids = plain_strings(closed.select(KAFKA_IDENTITY))
-    done = plain_strings(done).rename_columns(KAFKA_IDENTITY).cast(ids.schema)
-    keys = ids.append_column("_row", pa.array(np.arange(closed.num_rows)))
-    keep = keys.join(done, keys=KAFKA_IDENTITY, join_type="left anti", use_threads=False).column("_row")
-    if len(keep) == closed.num_rows:
-        return closed
-    return closed.take(pa.array(np.sort(keep.to_numpy())))
+    numbered = _numbered_identities(closed)
+    done = plain_strings(done).rename_columns(KAFKA_IDENTITY).cast(numbered.select(KAFKA_IDENTITY).schema)
+    return _keep_rows(closed, numbered.join(done, keys=KAFKA_IDENTITY, join_type="left anti",
+                                            use_threads=False).column("_row"))
 
 
 def _merge_by_identity(table: Any, rows: pa.Table) -> int:

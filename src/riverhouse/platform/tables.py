@@ -32,6 +32,8 @@ KAFKA_COLUMNS = [
     pa.field("_offset", pa.int64()),
     pa.field("_kafka_timestamp", TS),
 ]
+# A record's Kafka coordinates: its identity in bronze and silver.
+KAFKA_IDENTITY = ["_topic", "_partition", "_offset"]
 HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 
 
