@@ -49,9 +49,7 @@ def run_once(spec: PipelineSpec, settings: Settings, load: bool = True,
     early_loads = loader is not None and not spec.is_join
 
     def on_batch(m: BatchMetrics) -> None:
-        prefix = f"{m.source} " if len(spec.sources) > 1 else ""
-        log(f"{prefix}batch {m.batch_id}: read {m.read:,}, quarantined {m.quarantined:,}, "
-            f"duplicates dropped {m.duplicates_dropped:,}, inserted {m.inserted:,} ({m.seconds:.1f}s)")
+        log(_batch_line(spec, m))
         if early_loads and m.inserted:
             loader.load_soon()
 
@@ -112,9 +110,9 @@ class SinkLoader:
         self.spec = spec
         self.settings = settings
         self.log = log
-        self.results: list[LoadResult] = []
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="riverhouse-load")
-        self._futures: list[Future[Any]] = []
+        self._connecting: Future[Any] | None = None
+        self._loads: list[Future[LoadResult]] = []
         self._client: Any = None
         self._connect_error: Exception | None = None
         self._connection = ExitStack()
@@ -123,7 +121,7 @@ class SinkLoader:
 
     def connect(self) -> None:
         """Open the connection now, in the background (it takes ~0.1 s with chDB)."""
-        self._futures.append(self._pool.submit(self._open))
+        self._connecting = self._pool.submit(self._open)
 
     def load_soon(self) -> None:
         """Load whatever has committed by the time the loader thread gets to it."""
@@ -131,24 +129,28 @@ class SinkLoader:
             if self._waiting:
                 return
             self._waiting = True
-        self._futures.append(self._pool.submit(self._load))
+        self._loads.append(self._pool.submit(self._load))
+
+    def load_now(self) -> LoadResult:
+        """Load whatever has committed, and wait for it."""
+        return self._pool.submit(self._load).result()
 
     def finish(self, up_to: int | None) -> dict[str, Any]:
         """Wait for the loads under way, then load the rest unless they reached Delta version `up_to`.
 
-        Raises the first load's error. Returns the run summary's load figures.
+        Raises the first error. Returns the run summary's load figures.
         """
-        for future in self._futures:
-            future.result()
-        if up_to is None or not self.results or self.results[-1].last_loaded_version != up_to:
-            self._pool.submit(self._load).result()
-        last = self.results[-1]
+        if self._connecting is not None:
+            self._connecting.result()
+        results = [load.result() for load in self._loads]
+        if up_to is None or not results or results[-1].last_loaded_version != up_to:
+            results.append(self.load_now())
         return {
-            "clickhouse_rows_loaded": sum(r.rows_loaded for r in self.results),
-            "delta_versions_loaded": sum(len(r.versions_loaded) for r in self.results),
-            "last_loaded_version": last.last_loaded_version,
-            "load_seconds": round(sum(r.seconds for r in self.results), 3),
-            "clickhouse_loads": len(self.results),
+            "clickhouse_rows_loaded": sum(r.rows_loaded for r in results),
+            "delta_versions_loaded": sum(len(r.versions_loaded) for r in results),
+            "last_loaded_version": results[-1].last_loaded_version,
+            "load_seconds": round(sum(r.seconds for r in results), 3),
+            "clickhouse_loads": len(results),
         }
 
     def close(self) -> None:
@@ -167,10 +169,16 @@ class SinkLoader:
                 raise
         return self._client
 
-    def _load(self) -> None:
+    def _load(self) -> LoadResult:
         with self._lock:
             self._waiting = False
-        self.results.append(load_sink(self.spec, self.settings, self.log, client=self._open()))
+        return load_sink(self.spec, self.settings, self.log, client=self._open())
+
+
+def _batch_line(spec: PipelineSpec, m: BatchMetrics) -> str:
+    prefix = f"{m.source} " if len(spec.sources) > 1 else ""
+    return (f"{prefix}batch {m.batch_id}: read {m.read:,}, quarantined {m.quarantined:,}, "
+            f"duplicates dropped {m.duplicates_dropped:,}, inserted {m.inserted:,} ({m.seconds:.1f}s)")
 
 
 def run_continuous(spec: PipelineSpec, settings: Settings, stop: threading.Event, load: bool = True,
@@ -202,12 +210,11 @@ def run_continuous(spec: PipelineSpec, settings: Settings, stop: threading.Event
         if observe is not None:
             observe(m)
         if m.read:
-            log(f"batch {m.batch_id}: read {m.read:,}, quarantined {m.quarantined:,}, "
-                f"duplicates dropped {m.duplicates_dropped:,}, inserted {m.inserted:,} ({m.seconds:.1f}s)")
+            log(_batch_line(spec, m))
 
     loaded = {"rows": 0}
     published = {"batches": -1}
-    clients: list[Any] = []
+    loader = SinkLoader(spec, settings, log) if load else None  # one connection for the session
 
     def publish() -> None:
         with counted:
@@ -217,11 +224,9 @@ def run_continuous(spec: PipelineSpec, settings: Settings, stop: threading.Event
         published["batches"] = batches
         if spec.is_join:
             run_gold(spark, spec, settings, drain=False)
-        if load:
+        if loader is not None:
             began = time.monotonic()
-            if not clients:  # one connection for the session, closed with the locks
-                clients.append(locks.enter_context(open_client(settings.clickhouse_dsn)))
-            result = load_sink(spec, settings, log, client=clients[0])
+            result = loader.load_now()
             if result.rows_loaded:
                 loaded["rows"] += result.rows_loaded
                 log(f"loaded {result.rows_loaded:,} rows into ClickHouse "
@@ -233,6 +238,8 @@ def run_continuous(spec: PipelineSpec, settings: Settings, stop: threading.Event
     with ExitStack() as locks:
         for stream in streams:
             locks.enter_context(pipeline_lock(stream.checkpoint, spec.name))
+        if loader is not None:
+            locks.callback(loader.close)  # before the locks are released
         queries = [stream.start(spark, trigger) for stream in streams]
         log(f"continuous: pipeline {spec.name} running ({len(queries)} queries, trigger every "
             f"{interval.total_seconds():g}s); Ctrl-C or SIGTERM stops after the current batch")
