@@ -250,3 +250,23 @@ def test_a_failing_source_stops_the_run_and_is_named(spark: Any, kafka: str, top
     assert [q.name for q in spark.streams.active if q.name and "broken" in q.name] == []
     # Nothing of the join was published: gold was never written, ClickHouse has no table rows.
     assert open_table(gold_path(TableLayout(settings.warehouse, spec.name), spec)) is None
+
+
+def test_a_source_that_cannot_start_stops_the_one_that_did(spark: Any, kafka: str, topic: str,
+                                                            settings: Settings) -> None:
+    """The sources' queries start side by side: one failing to start is named, and the other is stopped."""
+    from riverhouse.platform.pipeline import PipelineError
+
+    topics = topics_for(topic)
+    semantics_events(kafka, topics)
+    spec = join_spec(topics, "left", name="nostart")
+    # Another query holds the users query's name, so Spark refuses to start that one.
+    holder = (spark.readStream.format("rate").load().writeStream.format("noop")
+              .queryName("riverhouse_nostart_users").start())
+    try:
+        with pytest.raises(PipelineError, match="source 'users'.*already active"):
+            run_once(spec, settings, spark=spark, log=lambda m: None, drain=True)
+        assert [q.name for q in spark.streams.active if q.name and "nostart" in q.name] == ["riverhouse_nostart_users"]
+    finally:
+        holder.stop()
+    assert open_table(gold_path(TableLayout(settings.warehouse, spec.name), spec)) is None

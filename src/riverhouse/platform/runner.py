@@ -25,6 +25,7 @@ from riverhouse.platform.pipeline import (
     prepare_stream,
     resolve_bootstrap,
     sink_lock,
+    start_queries,
 )
 from riverhouse.platform.settings import Settings
 from riverhouse.platform.spark import get_spark
@@ -240,7 +241,7 @@ def run_continuous(spec: PipelineSpec, settings: Settings, stop: threading.Event
             locks.enter_context(pipeline_lock(stream.checkpoint, spec.name))
         if loader is not None:
             locks.callback(loader.close)  # before the locks are released
-        queries = [stream.start(spark, trigger) for stream in streams]
+        queries = start_queries(spark, streams, trigger)
         log(f"continuous: pipeline {spec.name} running ({len(queries)} queries, trigger every "
             f"{interval.total_seconds():g}s); Ctrl-C or SIGTERM stops after the current batch")
         try:
