@@ -51,8 +51,9 @@ def settings(tmp_path: Path, kafka: str) -> Settings:
     return Settings.from_env(tmp_path / "home").with_(kafka_bootstrap=kafka)
 
 
-def orders_spec(topic: str, name: str = "orders_test", window: str = "1h",
-                max_offsets: int = 200_000, **sink: Any) -> PipelineSpec:
+def orders_spec(
+    topic: str, name: str = "orders_test", window: str = "1h", max_offsets: int = 200_000, **sink: Any
+) -> PipelineSpec:
     return parse_spec(
         {
             "name": name,
@@ -77,8 +78,9 @@ def orders_spec(topic: str, name: str = "orders_test", window: str = "1h",
     )
 
 
-def produce(bootstrap: str, topic: str, records: list[tuple[bytes | None, bytes | None]],
-            partition: int | None = None) -> None:
+def produce(
+    bootstrap: str, topic: str, records: list[tuple[bytes | None, bytes | None]], partition: int | None = None
+) -> None:
     from confluent_kafka import Producer
 
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "log_level": 3})
@@ -90,8 +92,9 @@ def produce(bootstrap: str, topic: str, records: list[tuple[bytes | None, bytes 
     assert producer.flush(30) == 0
 
 
-def order(order_id: str, created_at: str, amount: int = 1, user_id: str = "u1",
-          price: float = 9.5) -> tuple[bytes, bytes]:
+def order(
+    order_id: str, created_at: str, amount: int = 1, user_id: str = "u1", price: float = 9.5
+) -> tuple[bytes, bytes]:
     payload = {"order_id": order_id, "user_id": user_id, "amount": amount, "price": price, "created_at": created_at}
     return order_id.encode(), json.dumps(payload).encode()
 

@@ -39,10 +39,23 @@ from riverhouse.platform.spec import KafkaSpec, PipelineSpec, parse_spec
 if TYPE_CHECKING:
     from riverhouse.platform.pipeline import BatchMetrics
 
-SCENARIOS = ("kafka_read_limit", "clickhouse_insert_limit", "baseline_consumer", "riverhouse_dedup",
-             "riverhouse_dedup_join", "freshness", "query_vs_final", "dedup_state")
-ORDER_FIELDS = {"order_id": "string", "user_id": "string", "amount": "int", "price": "double",
-                "created_at": "timestamp"}
+SCENARIOS = (
+    "kafka_read_limit",
+    "clickhouse_insert_limit",
+    "baseline_consumer",
+    "riverhouse_dedup",
+    "riverhouse_dedup_join",
+    "freshness",
+    "query_vs_final",
+    "dedup_state",
+)
+ORDER_FIELDS = {
+    "order_id": "string",
+    "user_id": "string",
+    "amount": "int",
+    "price": "double",
+    "created_at": "timestamp",
+}
 
 
 @dataclass
@@ -143,42 +156,79 @@ def _generated_orders(ids: Any, created_at: pa.Array | None = None) -> pa.Table:
     ids = np.asarray(ids)
     if created_at is None:
         created_at = pa.array([datetime(2026, 1, 1, tzinfo=UTC)] * len(ids), pa.timestamp("us", tz="UTC"))
-    return pa.table({
-        "order_id": pa.array([f"o-{i:010d}" for i in ids]),
-        "user_id": pa.array([f"u{i % 5000:06d}" for i in ids]),
-        "amount": pa.array((ids % 10).astype("int32")),
-        "price": pa.array((ids % 1000) / 10.0),
-        "created_at": created_at,
-    })
+    return pa.table(
+        {
+            "order_id": pa.array([f"o-{i:010d}" for i in ids]),
+            "user_id": pa.array([f"u{i % 5000:06d}" for i in ids]),
+            "amount": pa.array((ids % 10).astype("int32")),
+            "price": pa.array((ids % 1000) / 10.0),
+            "created_at": created_at,
+        }
+    )
 
 
 def _orders_spec(name: str, topic: str) -> PipelineSpec:
-    return parse_spec({
-        "name": name,
-        "sources": {"orders": {"topic": topic, "fields": ORDER_FIELDS, "key": ["order_id"],
-                               "event_time": {"field": "created_at"},
-                               "dedup": {"key": ["order_id"], "window": "1h"}}},
-        "sink": {"table": name, "order_by": ["order_id"]},
-        "quality": {"max_rejected_rate": 1.0},
-    })
+    return parse_spec(
+        {
+            "name": name,
+            "sources": {
+                "orders": {
+                    "topic": topic,
+                    "fields": ORDER_FIELDS,
+                    "key": ["order_id"],
+                    "event_time": {"field": "created_at"},
+                    "dedup": {"key": ["order_id"], "window": "1h"},
+                }
+            },
+            "sink": {"table": name, "order_by": ["order_id"]},
+            "quality": {"max_rejected_rate": 1.0},
+        }
+    )
 
 
 def _join_spec(name: str, orders_topic: str, users_topic: str) -> PipelineSpec:
-    user_fields = {"event_id": "string", "user_id": "string", "name": "string", "email": "string",
-                   "created_at": "timestamp"}
-    return parse_spec({
-        "name": name,
-        "sources": {
-            "orders": {"topic": orders_topic, "fields": ORDER_FIELDS, "key": ["order_id"],
-                       "event_time": {"field": "created_at"}, "dedup": {"window": "1h"}},
-            "users": {"topic": users_topic, "fields": user_fields, "key": ["event_id"],
-                      "event_time": {"field": "created_at"}, "dedup": {"window": "1h"}},
-        },
-        "join": {"type": "left", "left": "orders", "right": "users", "on": ["user_id"], "window": "1h",
-                 "select": {"order_id": "orders.order_id", "user_id": "orders.user_id",
-                            "user_name": "users.name", "amount": "orders.amount"}},
-        "sink": {"table": name, "order_by": ["order_id"]},
-    })
+    user_fields = {
+        "event_id": "string",
+        "user_id": "string",
+        "name": "string",
+        "email": "string",
+        "created_at": "timestamp",
+    }
+    return parse_spec(
+        {
+            "name": name,
+            "sources": {
+                "orders": {
+                    "topic": orders_topic,
+                    "fields": ORDER_FIELDS,
+                    "key": ["order_id"],
+                    "event_time": {"field": "created_at"},
+                    "dedup": {"window": "1h"},
+                },
+                "users": {
+                    "topic": users_topic,
+                    "fields": user_fields,
+                    "key": ["event_id"],
+                    "event_time": {"field": "created_at"},
+                    "dedup": {"window": "1h"},
+                },
+            },
+            "join": {
+                "type": "left",
+                "left": "orders",
+                "right": "users",
+                "on": ["user_id"],
+                "window": "1h",
+                "select": {
+                    "order_id": "orders.order_id",
+                    "user_id": "orders.user_id",
+                    "user_name": "users.name",
+                    "amount": "orders.amount",
+                },
+            },
+            "sink": {"table": name, "order_by": ["order_id"]},
+        }
+    )
 
 
 class Bench:
@@ -200,8 +250,9 @@ class Bench:
             from riverhouse.platform.spark import get_spark
 
             started = time.monotonic()
-            self._spark = get_spark(self.settings.spark_master, app_name="riverhouse-bench",
-                                    conf=self.settings.spark_conf)
+            self._spark = get_spark(
+                self.settings.spark_master, app_name="riverhouse-bench", conf=self.settings.spark_conf
+            )
             self.spark_startup_s = time.monotonic() - started
         return self._spark
 
@@ -210,8 +261,9 @@ class Bench:
 
     # -- data -------------------------------------------------------------------
     def _orders_config(self, count: int, seed: int) -> GeneratorConfig:
-        return GeneratorConfig(count=count, duplicate_rate=self.cfg.duplicate_rate, malformed=0, seed=seed,
-                               users=max(10, count // 20))
+        return GeneratorConfig(
+            count=count, duplicate_rate=self.cfg.duplicate_rate, malformed=0, seed=seed, users=max(10, count // 20)
+        )
 
     def produce_orders(self, topic: str, count: int, seed: int = 1) -> Any:
         records, stats = orders(self._orders_config(count, seed))
@@ -224,9 +276,16 @@ class Bench:
     def kafka_read_limit(self, topic: str, messages: int) -> dict[str, Any]:
         from confluent_kafka import Consumer
 
-        consumer = Consumer({"bootstrap.servers": self.state.bootstrap, "group.id": f"rl-{topic}",
-                             "auto.offset.reset": "earliest", "enable.auto.commit": False, "log_level": 3,
-                             **READ_TUNING})
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.state.bootstrap,
+                "group.id": f"rl-{topic}",
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+                "log_level": 3,
+                **READ_TUNING,
+            }
+        )
         started = time.monotonic()
         _assign_from_start(consumer, topic)
         seen = 0
@@ -243,47 +302,65 @@ class Bench:
         batch = CLICKHOUSE_BATCH_ROWS
         with open_client(self.settings.clickhouse_dsn) as client:
             client.command("DROP TABLE IF EXISTS bench_insert_limit")
-            client.command("CREATE TABLE bench_insert_limit (order_id String, user_id String, amount Int32, "
-                           "price Float64, created_at DateTime64(6, 'UTC')) ENGINE = MergeTree ORDER BY order_id")
+            client.command(
+                "CREATE TABLE bench_insert_limit (order_id String, user_id String, amount Int32, "
+                "price Float64, created_at DateTime64(6, 'UTC')) ENGINE = MergeTree ORDER BY order_id"
+            )
             started = time.monotonic()
             for offset in range(0, rows, batch):
                 client.insert_arrow("bench_insert_limit", table.slice(offset, batch))
             seconds = time.monotonic() - started
             count = client.query("SELECT count() FROM bench_insert_limit").result_rows[0][0]
-        return {"events": rows, "seconds": seconds, "events_per_s": rows / seconds, "exact": count == rows,
-                "batch_rows": batch}
+        return {
+            "events": rows,
+            "seconds": seconds,
+            "events_per_s": rows / seconds,
+            "exact": count == rows,
+            "batch_rows": batch,
+        }
 
     def baseline_consumer(self, topic: str, messages: int, expected_unique: int) -> dict[str, Any]:
         """The yardstick: confluent-kafka -> json + set dedup -> batched inserts, commit after each insert."""
         from confluent_kafka import Consumer
 
         batch_rows = 50_000
-        consumer = Consumer({"bootstrap.servers": self.state.bootstrap, "group.id": f"baseline-{topic}",
-                             "auto.offset.reset": "earliest", "enable.auto.commit": False, "log_level": 3,
-                             **READ_TUNING})
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.state.bootstrap,
+                "group.id": f"baseline-{topic}",
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+                "log_level": 3,
+                **READ_TUNING,
+            }
+        )
         seen_keys: set[str] = set()
         columns: dict[str, list[Any]] = {k: [] for k in ORDER_FIELDS}
         consumed = inserted = 0
         last: dict[int, Any] = {}  # partition -> last message consumed
         with open_client(self.settings.clickhouse_dsn) as client, CpuMeter() as cpu:
             client.command("DROP TABLE IF EXISTS bench_baseline")
-            client.command("CREATE TABLE bench_baseline (order_id String, user_id String, amount Int32, "
-                           "price Float64, created_at String) ENGINE = MergeTree ORDER BY order_id")
+            client.command(
+                "CREATE TABLE bench_baseline (order_id String, user_id String, amount Int32, "
+                "price Float64, created_at String) ENGINE = MergeTree ORDER BY order_id"
+            )
 
             def flush() -> None:
                 nonlocal inserted
                 n = len(columns["order_id"])
                 if n:
-                    client.insert("bench_baseline", list(columns.values()), column_names=list(columns),
-                                  column_oriented=True)
+                    client.insert(
+                        "bench_baseline", list(columns.values()), column_names=list(columns), column_oriented=True
+                    )
                     inserted += n
                     for values in columns.values():
                         values.clear()
                 if last:  # offsets after each insert: at-least-once
                     from confluent_kafka import TopicPartition
 
-                    consumer.commit(offsets=[TopicPartition(topic, p, m.offset() + 1) for p, m in last.items()],
-                                    asynchronous=False)
+                    consumer.commit(
+                        offsets=[TopicPartition(topic, p, m.offset() + 1) for p, m in last.items()], asynchronous=False
+                    )
 
             started = time.monotonic()
             _assign_from_start(consumer, topic)
@@ -309,10 +386,16 @@ class Bench:
             seconds = time.monotonic() - started
             rows = client.query("SELECT count(), uniqExact(order_id) FROM bench_baseline").result_rows[0]
         consumer.close()
-        return {"events": consumed, "seconds": seconds, "events_per_s": consumed / seconds,
-                "exact": tuple(rows) == (expected_unique, expected_unique) and consumed == messages,
-                "rows": rows[0], "expected_unique": expected_unique, "batch_rows": batch_rows,
-                "cpu": cpu.window(started, started + seconds)}
+        return {
+            "events": consumed,
+            "seconds": seconds,
+            "events_per_s": consumed / seconds,
+            "exact": tuple(rows) == (expected_unique, expected_unique) and consumed == messages,
+            "rows": rows[0],
+            "expected_unique": expected_unique,
+            "batch_rows": batch_rows,
+            "cpu": cpu.window(started, started + seconds),
+        }
 
     def _dedup_run(self, name: str, topic: str, messages: int, expected_unique: int) -> dict[str, Any]:
         from riverhouse.platform.runner import run_once
@@ -325,13 +408,19 @@ class Bench:
             seconds = time.monotonic() - started
         with open_client(self.settings.clickhouse_dsn) as client:
             rows = client.query(f"SELECT count(), uniqExact(order_id) FROM {qualified_table(spec)}").result_rows[0]
-        return {"events": summary["read"], "seconds": seconds, "query_startup_s": summary["query_startup_s"],
-                "batches": summary["batches"],
-                "stage_seconds": {**summary["stage_seconds"], "clickhouse_load": _load_seconds(summary)},
-                "exact": tuple(rows) == (expected_unique, expected_unique) and summary["read"] == messages,
-                "rows": rows[0], "expected_unique": expected_unique, "table": spec.sink.table,
-                # From the first batch to every row in ClickHouse (the steady part of the run).
-                "cpu": cpu.window(started + summary["query_startup_s"], started + seconds)}
+        return {
+            "events": summary["read"],
+            "seconds": seconds,
+            "query_startup_s": summary["query_startup_s"],
+            "batches": summary["batches"],
+            "stage_seconds": {**summary["stage_seconds"], "clickhouse_load": _load_seconds(summary)},
+            "exact": tuple(rows) == (expected_unique, expected_unique) and summary["read"] == messages,
+            "rows": rows[0],
+            "expected_unique": expected_unique,
+            "table": spec.sink.table,
+            # From the first batch to every row in ClickHouse (the steady part of the run).
+            "cpu": cpu.window(started + summary["query_startup_s"], started + seconds),
+        }
 
     def riverhouse_dedup(self, topic: str, messages: int, expected_unique: int) -> dict[str, Any]:
         """A cold run (Spark session, query start, JVM warm-up) and steady runs of the same size.
@@ -352,14 +441,23 @@ class Bench:
             runs.append(run)
         steady = _median_run(runs, "steady_seconds")
         steady_seconds = steady["steady_seconds"]
-        return {"events": cold["events"], "seconds": total, "events_per_s": cold["events"] / total,
-                "events_per_s_excluding_startup": steady["events"] / steady_seconds,
-                "startup_s": (self.spark_startup_s or 0.0) + cold["query_startup_s"],
-                "spark_session_s": self.spark_startup_s, "query_startup_s": cold["query_startup_s"],
-                "batches": steady["batches"], "stage_seconds": steady["stage_seconds"],
-                "steady": steady, "steady_runs_seconds": [round(r["steady_seconds"], 3) for r in runs],
-                "exact": cold["exact"] and all(r["exact"] for r in runs), "rows": cold["rows"],
-                "expected_unique": expected_unique, "table": cold["table"]}
+        return {
+            "events": cold["events"],
+            "seconds": total,
+            "events_per_s": cold["events"] / total,
+            "events_per_s_excluding_startup": steady["events"] / steady_seconds,
+            "startup_s": (self.spark_startup_s or 0.0) + cold["query_startup_s"],
+            "spark_session_s": self.spark_startup_s,
+            "query_startup_s": cold["query_startup_s"],
+            "batches": steady["batches"],
+            "stage_seconds": steady["stage_seconds"],
+            "steady": steady,
+            "steady_runs_seconds": [round(r["steady_seconds"], 3) for r in runs],
+            "exact": cold["exact"] and all(r["exact"] for r in runs),
+            "rows": cold["rows"],
+            "expected_unique": expected_unique,
+            "table": cold["table"],
+        }
 
     def _join_run(self, name: str, count: int, seed: int) -> dict[str, Any]:
         from riverhouse.platform.runner import run_once
@@ -377,18 +475,29 @@ class Bench:
             summary = run_once(spec, self.settings, spark=spark, log=lambda m: None, drain=True)
             seconds = time.monotonic() - started
         with open_client(self.settings.clickhouse_dsn) as client:
-            rows = client.query(f"SELECT count(), countIf(user_name IS NOT NULL) FROM {qualified_table(spec)}"
-                                ).result_rows[0]
-        exact = (rows[0] == reference["expected_joined"] + reference["expected_unmatched"]
-                 and rows[1] == reference["expected_joined"])
-        return {"events": order_stats.messages + user_stats.messages, "seconds": seconds,
-                "startup_s": summary["query_startup_s"], "work_seconds": seconds - summary["query_startup_s"],
-                "join_seconds": summary.get("join_seconds"), "load_seconds": summary.get("load_seconds"),
-                "stage_seconds": summary["stage_seconds"], "exact": exact, "rows": rows[0], "joined": rows[1],
-                "expected_joined": reference["expected_joined"],
-                "expected_unmatched": reference["expected_unmatched"],
-                # The whole run: the two queries start side by side, then the join and the load.
-                "cpu_whole_run": cpu.window(started, started + seconds)}
+            rows = client.query(
+                f"SELECT count(), countIf(user_name IS NOT NULL) FROM {qualified_table(spec)}"
+            ).result_rows[0]
+        exact = (
+            rows[0] == reference["expected_joined"] + reference["expected_unmatched"]
+            and rows[1] == reference["expected_joined"]
+        )
+        return {
+            "events": order_stats.messages + user_stats.messages,
+            "seconds": seconds,
+            "startup_s": summary["query_startup_s"],
+            "work_seconds": seconds - summary["query_startup_s"],
+            "join_seconds": summary.get("join_seconds"),
+            "load_seconds": summary.get("load_seconds"),
+            "stage_seconds": summary["stage_seconds"],
+            "exact": exact,
+            "rows": rows[0],
+            "joined": rows[1],
+            "expected_joined": reference["expected_joined"],
+            "expected_unmatched": reference["expected_unmatched"],
+            # The whole run: the two queries start side by side, then the join and the load.
+            "cpu_whole_run": cpu.window(started, started + seconds),
+        }
 
     def riverhouse_dedup_join(self, count: int) -> dict[str, Any]:
         """The first join pipeline in the process, then warm runs on fresh topics (median), as for dedup.
@@ -398,15 +507,21 @@ class Bench:
         first = self._join_run("bench_join", count, seed=7)
         runs = [self._join_run(f"bench_join_steady_{i + 1}", count, seed=8 + i) for i in range(self.cfg.steady_runs)]
         steady = _median_run(runs, "work_seconds")
-        return {"events": first["events"], "seconds": first["seconds"],
-                "events_per_s": first["events"] / first["seconds"],
-                "events_per_s_excluding_startup": steady["events"] / steady["work_seconds"],
-                "first_excluding_startup": first["events"] / first["work_seconds"],
-                "startup_s": first["startup_s"], "steady": steady,
-                "steady_runs_seconds": [round(r["work_seconds"], 3) for r in runs],
-                "exact": first["exact"] and all(r["exact"] for r in runs),
-                "rows": first["rows"], "joined": first["joined"], "expected_joined": first["expected_joined"],
-                "expected_unmatched": first["expected_unmatched"]}
+        return {
+            "events": first["events"],
+            "seconds": first["seconds"],
+            "events_per_s": first["events"] / first["seconds"],
+            "events_per_s_excluding_startup": steady["events"] / steady["work_seconds"],
+            "first_excluding_startup": first["events"] / first["work_seconds"],
+            "startup_s": first["startup_s"],
+            "steady": steady,
+            "steady_runs_seconds": [round(r["work_seconds"], 3) for r in runs],
+            "exact": first["exact"] and all(r["exact"] for r in runs),
+            "rows": first["rows"],
+            "joined": first["joined"],
+            "expected_joined": first["expected_joined"],
+            "expected_unmatched": first["expected_unmatched"],
+        }
 
     def freshness(self) -> dict[str, Any]:
         """Continuous mode with a producer at a fixed rate: produce -> visible in ClickHouse.
@@ -436,8 +551,10 @@ class Bench:
                 loads.append(float(line.rsplit(" in ", 1)[1].rstrip("s")))
 
         spark = self.spark
-        worker = threading.Thread(target=lambda: run_continuous(spec, self.settings, stop, log=on_log, spark=spark,
-                                                                observe=batches.append), daemon=True)
+        worker = threading.Thread(
+            target=lambda: run_continuous(spec, self.settings, stop, log=on_log, spark=spark, observe=batches.append),
+            daemon=True,
+        )
         worker.start()
         deadline = time.monotonic() + 120
         while not batches and worker.is_alive() and time.monotonic() < deadline:
@@ -467,17 +584,30 @@ class Bench:
         with open_client(self.settings.clickhouse_dsn) as client:
             rows = client.query(f"SELECT uniqExact(order_id), count() FROM {qualified_table(spec)}").result_rows[0]
         steady = _percentiles(measured)
-        return {"events": stats.messages, "seconds": produce_seconds, "events_per_s": stats.messages / produce_seconds,
-                "rate": rate, "p50_s": steady.get("p50"), "p95_s": steady.get("p95"), "p99_s": steady.get("p99"),
-                "measured_rows": len(measured), "warmup_s": warmup, "warmup_rows": len(warming),
-                "warmup_percentiles_s": _percentiles(warming),
-                "exact": rows[0] == stats.unique and rows[1] == stats.unique,
-                "trigger_interval_s": spec.orchestration.trigger_interval.total_seconds(),
-                "profile": _freshness_profile(
-                    [b for b in batches if b.read and b.started_at >= producing + warmup],
-                    [took for (_, seen_at), took in zip(visible, loads, strict=True) if seen_at >= produced_at + warmup]),
-                "warmup_batches": [[b.read, round(b.seconds, 3)] for b in batches
-                                   if b.read and producing - 1 <= b.started_at < producing + warmup]}
+        return {
+            "events": stats.messages,
+            "seconds": produce_seconds,
+            "events_per_s": stats.messages / produce_seconds,
+            "rate": rate,
+            "p50_s": steady.get("p50"),
+            "p95_s": steady.get("p95"),
+            "p99_s": steady.get("p99"),
+            "measured_rows": len(measured),
+            "warmup_s": warmup,
+            "warmup_rows": len(warming),
+            "warmup_percentiles_s": _percentiles(warming),
+            "exact": rows[0] == stats.unique and rows[1] == stats.unique,
+            "trigger_interval_s": spec.orchestration.trigger_interval.total_seconds(),
+            "profile": _freshness_profile(
+                [b for b in batches if b.read and b.started_at >= producing + warmup],
+                [took for (_, seen_at), took in zip(visible, loads, strict=True) if seen_at >= produced_at + warmup],
+            ),
+            "warmup_batches": [
+                [b.read, round(b.seconds, 3)]
+                for b in batches
+                if b.read and producing - 1 <= b.started_at < producing + warmup
+            ],
+        }
 
     def query_vs_final(self, count: int, seed: int, clean_table: str) -> dict[str, Any]:
         """The raw events as Kafka carried them, in a ReplacingMergeTree (`FINAL`), vs Riverhouse's table.
@@ -490,11 +620,13 @@ class Bench:
         records, stats = orders(self._orders_config(count, seed))
         raw = [json.loads(value) for _, value in records if value]
         events = stats.events
-        table = pa.table({
-            "order_id": [e["order_id"] for e in raw],
-            "user_id": [e["user_id"] for e in raw],
-            "amount": pa.array([int(e["amount"]) for e in raw], pa.int32()),
-        })
+        table = pa.table(
+            {
+                "order_id": [e["order_id"] for e in raw],
+                "user_id": [e["user_id"] for e in raw],
+                "amount": pa.array([int(e["amount"]) for e in raw], pa.int32()),
+            }
+        )
         by_user: dict[str, int] = {}
         for e in events:
             by_user[e["user_id"]] = by_user.get(e["user_id"], 0) + int(e["amount"])
@@ -527,8 +659,12 @@ class Bench:
         totals = np.bincount(users, weights=amounts, minlength=5000).astype("int64")
         top = sorted(((f"u{u:06d}", int(t)) for u, t in enumerate(totals)), key=lambda kv: (-kv[1], kv[0]))[:10]
         total = int(amounts.sum())
-        expected = {"count_sum_uniq": (distinct, total, distinct), "count": (distinct,), "sum_amount": (total,),
-                    "top_users": tuple(top)}
+        expected = {
+            "count_sum_uniq": (distinct, total, distinct),
+            "count": (distinct,),
+            "sum_amount": (total,),
+            "top_users": tuple(top),
+        }
         spec = _orders_spec(f"bench_final_{distinct}", f"bench_final_{distinct}")
         clean = _generated_orders(ids)
         clean = clean.append_column("_event_date", pa.array([date(2026, 1, 1)] * distinct, pa.date32()))
@@ -539,16 +675,20 @@ class Bench:
                 client.insert_arrow(qualified_table(spec), clean.slice(offset, CLICKHOUSE_BATCH_ROWS))
         raw = _generated_orders(raw_ids).select(["order_id", "user_id", "amount"])
         result = self._versus_final(raw, qualified_table(spec), expected)
-        result["generated"] = ("straight into ClickHouse (the clean table with the loader's DDL, one row per "
-                               "order): Kafka's retention cannot hold this many events")
+        result["generated"] = (
+            "straight into ClickHouse (the clean table with the loader's DDL, one row per "
+            "order): Kafka's retention cannot hold this many events"
+        )
         return result
 
     def _versus_final(self, raw: pa.Table, clean_table: str, expected: dict[str, tuple[Any, ...]]) -> dict[str, Any]:
         """`raw` into a ReplacingMergeTree in `RMT_INSERT_ROWS` inserts; FINAL_QUERIES on it and on `clean_table`."""
         with open_client(self.settings.clickhouse_dsn) as client:
             client.command("DROP TABLE IF EXISTS bench_rmt")
-            client.command("CREATE TABLE bench_rmt (order_id String, user_id String, amount Int32) "
-                           "ENGINE = ReplacingMergeTree ORDER BY order_id")
+            client.command(
+                "CREATE TABLE bench_rmt (order_id String, user_id String, amount Int32) "
+                "ENGINE = ReplacingMergeTree ORDER BY order_id"
+            )
             for offset in range(0, raw.num_rows, RMT_INSERT_ROWS):
                 client.insert_arrow("bench_rmt", raw.slice(offset, RMT_INSERT_ROWS))
             parts = int(client.command("SELECT count() FROM system.parts WHERE active AND table = 'bench_rmt'"))
@@ -568,18 +708,32 @@ class Bench:
                 final_s, final_answer = timed(template.format(t="bench_rmt FINAL"), one_row)
                 clean_s, clean_answer = timed(template.format(t=clean_table), one_row)
                 want = expected[name]
-                queries[name] = {"sql": template.format(t="<table>"), "final_s": round(final_s, 5),
-                                 "clean_s": round(clean_s, 5),
-                                 "speedup": round(final_s / clean_s, 3) if clean_s else None,
-                                 "final_exact": final_answer == want, "clean_exact": clean_answer == want}
+                queries[name] = {
+                    "sql": template.format(t="<table>"),
+                    "final_s": round(final_s, 5),
+                    "clean_s": round(clean_s, 5),
+                    "speedup": round(final_s / clean_s, 3) if clean_s else None,
+                    "final_exact": final_answer == want,
+                    "clean_exact": clean_answer == want,
+                }
             client.command("DROP TABLE IF EXISTS bench_rmt")
         main = queries["count_sum_uniq"]
-        return {"events": raw.num_rows, "seconds": main["final_s"] + main["clean_s"], "events_per_s": None,
-                "final_s": main["final_s"], "clean_s": main["clean_s"], "speedup": main["speedup"],
-                "final_exact": main["final_exact"], "clean_exact": main["clean_exact"],
-                "exact": all(q["final_exact"] and q["clean_exact"] for q in queries.values()),
-                "runs": self.cfg.query_runs, "rmt_parts": parts, "rmt_insert_rows": RMT_INSERT_ROWS,
-                "expected": list(expected["count_sum_uniq"]), "queries": queries}
+        return {
+            "events": raw.num_rows,
+            "seconds": main["final_s"] + main["clean_s"],
+            "events_per_s": None,
+            "final_s": main["final_s"],
+            "clean_s": main["clean_s"],
+            "speedup": main["speedup"],
+            "final_exact": main["final_exact"],
+            "clean_exact": main["clean_exact"],
+            "exact": all(q["final_exact"] and q["clean_exact"] for q in queries.values()),
+            "runs": self.cfg.query_runs,
+            "rmt_parts": parts,
+            "rmt_insert_rows": RMT_INSERT_ROWS,
+            "expected": list(expected["count_sum_uniq"]),
+            "queries": queries,
+        }
 
     def dedup_state(self, keys: int, batch_rows: int = 200_000) -> dict[str, Any]:
         """Memory and Delta size while deduplicating `keys` distinct keys, all inside one window.
@@ -643,12 +797,22 @@ class Bench:
                 chosen.add(name)
                 scenario(name, lambda k=keys: self.dedup_state(k))
             _marginal_memory(results)
-        return {"machine": machine_facts(), "config": {
-            "events": cfg.events, "duplicate_rate": cfg.duplicate_rate, "partitions": cfg.partitions,
-            "freshness_rate": cfg.freshness_rate, "freshness_seconds": cfg.freshness_seconds,
-            "freshness_warmup": cfg.freshness_warmup,
-            "state_keys": list(cfg.state_keys), "final_scale": list(cfg.final_scale), "spark_session_s": self.spark_startup_s},
-            "started_at": datetime.now(UTC).isoformat(), "scenarios": results}
+        return {
+            "machine": machine_facts(),
+            "config": {
+                "events": cfg.events,
+                "duplicate_rate": cfg.duplicate_rate,
+                "partitions": cfg.partitions,
+                "freshness_rate": cfg.freshness_rate,
+                "freshness_seconds": cfg.freshness_seconds,
+                "freshness_warmup": cfg.freshness_warmup,
+                "state_keys": list(cfg.state_keys),
+                "final_scale": list(cfg.final_scale),
+                "spark_session_s": self.spark_startup_s,
+            },
+            "started_at": datetime.now(UTC).isoformat(),
+            "scenarios": results,
+        }
 
 
 def _marginal_memory(results: dict[str, Any]) -> None:
@@ -657,12 +821,14 @@ def _marginal_memory(results: dict[str, Any]) -> None:
     Each run's peak includes a fixed working set (one batch, allocator pools); the slope
     between two key counts is what the state itself costs per key.
     """
-    runs = sorted((r for n, r in results.items() if n.startswith("dedup_state") and "keys" in r),
-                  key=lambda r: r["keys"])
+    runs = sorted(
+        (r for n, r in results.items() if n.startswith("dedup_state") and "keys" in r), key=lambda r: r["keys"]
+    )
     if len(runs) >= 2 and runs[-1]["keys"] > runs[0]["keys"]:
         small, large = runs[0], runs[-1]
         large["marginal_bytes_per_key"] = round(
-            (large["peak_rss_bytes"] - small["peak_rss_bytes"]) / (large["keys"] - small["keys"]), 2)
+            (large["peak_rss_bytes"] - small["peak_rss_bytes"]) / (large["keys"] - small["keys"]), 2
+        )
         large["marginal_from_keys"] = small["keys"]
 
 
@@ -706,18 +872,21 @@ def measure_dedup_state(path: str, keys: int, batch_rows: int) -> dict[str, Any]
         all_ids = np.concatenate([ids, dupes])
         n = len(all_ids)
         times = pa.array(base.timestamp() * 1e6 + (all_ids * 7919) % span_us, pa.int64()).cast(
-            pa.timestamp("us", tz="UTC"))
+            pa.timestamp("us", tz="UTC")
+        )
         orders = _generated_orders(all_ids, created_at=times)
-        rows = pa.table({
-            **{name: orders.column(name) for name in orders.column_names},
-            "_event_time": times,
-            "_event_date": pa.array([base.date()] * n, pa.date32()),
-            "_topic": pa.array(["bench_state"] * n),
-            "_partition": pa.array(np.zeros(n, dtype="int32")),
-            "_offset": pa.array(np.arange(events, events + n, dtype="int64")),
-            "_kafka_timestamp": times,
-            "_batch_id": pa.array(np.full(n, batch_id, dtype="int64")),
-        }).cast(schema)
+        rows = pa.table(
+            {
+                **{name: orders.column(name) for name in orders.column_names},
+                "_event_time": times,
+                "_event_date": pa.array([base.date()] * n, pa.date32()),
+                "_topic": pa.array(["bench_state"] * n),
+                "_partition": pa.array(np.zeros(n, dtype="int32")),
+                "_offset": pa.array(np.arange(events, events + n, dtype="int64")),
+                "_kafka_timestamp": times,
+                "_batch_id": pa.array(np.full(n, batch_id, dtype="int64")),
+            }
+        ).cast(schema)
         events += n
         unique = dedup_in_batch(rows, src.dedup_key, window)
         outcome = insert_if_absent(silver, unique, src.dedup_key, window, "bench-state", batch_id)
@@ -726,13 +895,22 @@ def measure_dedup_state(path: str, keys: int, batch_rows: int) -> dict[str, Any]
     seconds = time.monotonic() - started
     peak = _own_memory("VmHWM")
     size = sum(f.stat().st_size for f in Path(path).rglob("*.parquet"))
-    return {"events": events, "seconds": seconds, "events_per_s": events / seconds, "keys": keys,
-            "peak_rss_bytes": peak, "baseline_rss_bytes": baseline,
-            "bytes_per_key": (peak - baseline) / keys, "delta_bytes": size,
-            "delta_bytes_per_key": size / keys, "batch_rows": batch_rows, "exact": inserted == keys,
-            "generated": "straight into the dedup stage (Kafka retention cannot hold this many events)",
-            "note": "the dedup state is the silver Delta table (looked up within the window), not memory; "
-                    "RSS is the dedup stage's own process (peak = the kernel's high-water mark)"}
+    return {
+        "events": events,
+        "seconds": seconds,
+        "events_per_s": events / seconds,
+        "keys": keys,
+        "peak_rss_bytes": peak,
+        "baseline_rss_bytes": baseline,
+        "bytes_per_key": (peak - baseline) / keys,
+        "delta_bytes": size,
+        "delta_bytes_per_key": size / keys,
+        "batch_rows": batch_rows,
+        "exact": inserted == keys,
+        "generated": "straight into the dedup stage (Kafka retention cannot hold this many events)",
+        "note": "the dedup state is the silver Delta table (looked up within the window), not memory; "
+        "RSS is the dedup stage's own process (peak = the kernel's high-water mark)",
+    }
 
 
 def _percentiles(values: list[float]) -> dict[str, float]:
@@ -744,18 +922,24 @@ def _percentiles(values: list[float]) -> dict[str, float]:
 
 def _freshness_profile(batches: list[BatchMetrics], loads: list[float]) -> dict[str, Any]:
     """What a row waits for in continuous mode: its batch (records, seconds, stages) and the load."""
+
     def spread(values: list[float]) -> dict[str, float] | None:
         return {**_percentiles(values), "max": round(max(values), 4)} if values else None
 
     stages = sorted({name for b in batches for name in b.stage_seconds})
     gaps = [b.started_at - (a.started_at + a.seconds) for a, b in pairwise(batches)]
-    return {"batches": len(batches), "records": spread([float(b.read) for b in batches]),
-            "batch_s": spread([b.seconds for b in batches]),
-            "between_batches_s": spread(gaps),
-            "stage_s": {name: spread([b.stage_seconds.get(name, 0.0) for b in batches]) for name in stages},
-            "loads": len(loads), "load_s": spread(loads),
-            "per_batch": [[b.read, round(b.seconds, 3), round(b.stage_seconds.get("read_parse_collect", 0.0), 3)]
-                          for b in batches]}
+    return {
+        "batches": len(batches),
+        "records": spread([float(b.read) for b in batches]),
+        "batch_s": spread([b.seconds for b in batches]),
+        "between_batches_s": spread(gaps),
+        "stage_s": {name: spread([b.stage_seconds.get(name, 0.0) for b in batches]) for name in stages},
+        "loads": len(loads),
+        "load_s": spread(loads),
+        "per_batch": [
+            [b.read, round(b.seconds, 3), round(b.stage_seconds.get("read_parse_collect", 0.0), 3)] for b in batches
+        ],
+    }
 
 
 def _median_run(runs: list[dict[str, Any]], key: str) -> dict[str, Any]:
@@ -872,8 +1056,13 @@ class CpuMeter:
         used = {role: round(value, 3) for role, value in used.items()}
         wall = max(t1 - t0, 1e-9)
         cores = os.cpu_count() or 1
-        return {"wall_s": round(wall, 3), "cores": cores, "by_role": used, "total": round(sum(used.values()), 3),
-                "utilization": round(sum(used.values()) / (wall * cores), 3)}
+        return {
+            "wall_s": round(wall, 3),
+            "cores": cores,
+            "by_role": used,
+            "total": round(sum(used.values()), 3),
+            "utilization": round(sum(used.values()) / (wall * cores), 3),
+        }
 
 
 def _silver_rows(settings: Settings, spec: PipelineSpec) -> int:
@@ -895,8 +1084,16 @@ def _short(result: dict[str, Any]) -> str:
     if "error" in result:
         return f"ERROR {result['error']}"
     parts = []
-    for key in ("events", "seconds", "events_per_s", "events_per_s_excluding_startup", "p95_s", "speedup",
-                "bytes_per_key", "exact"):
+    for key in (
+        "events",
+        "seconds",
+        "events_per_s",
+        "events_per_s_excluding_startup",
+        "p95_s",
+        "speedup",
+        "bytes_per_key",
+        "exact",
+    ):
         if result.get(key) is not None:
             value = result[key]
             parts.append(f"{key}={value:,.1f}" if isinstance(value, float) else f"{key}={value}")
@@ -904,8 +1101,13 @@ def _short(result: dict[str, Any]) -> str:
 
 
 # ---------------------------------------------------------------------------- results
-THROUGHPUT = ("kafka_read_limit", "clickhouse_insert_limit", "baseline_consumer", "riverhouse_dedup",
-              "riverhouse_dedup_join")
+THROUGHPUT = (
+    "kafka_read_limit",
+    "clickhouse_insert_limit",
+    "baseline_consumer",
+    "riverhouse_dedup",
+    "riverhouse_dedup_join",
+)
 
 
 def write_results(result: dict[str, Any], results_dir: Path) -> Path:
@@ -916,8 +1118,11 @@ def write_results(result: dict[str, Any], results_dir: Path) -> Path:
         result["previous"] = {
             "started_at": before.get("started_at"),
             "calibration": before.get("machine", {}).get("calibration"),
-            "events_per_s": {name: r.get("events_per_s_excluding_startup") or r.get("events_per_s")
-                             for name, r in before.get("scenarios", {}).items() if name in THROUGHPUT},
+            "events_per_s": {
+                name: r.get("events_per_s_excluding_startup") or r.get("events_per_s")
+                for name, r in before.get("scenarios", {}).items()
+                if name in THROUGHPUT
+            },
         }
     except (OSError, ValueError, AttributeError):
         pass
@@ -941,13 +1146,18 @@ def targets(result: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
     dedup = get("riverhouse_dedup", "events_per_s_excluding_startup")
     base = get("baseline_consumer", "events_per_s")
     join = get("riverhouse_dedup_join", "events_per_s_excluding_startup")
-    limit = min(filter(None, [get("kafka_read_limit", "events_per_s"), get("clickhouse_insert_limit", "events_per_s")]),
-                default=None)
+    limit = min(
+        filter(None, [get("kafka_read_limit", "events_per_s"), get("clickhouse_insert_limit", "events_per_s")]),
+        default=None,
+    )
     p95 = get("freshness", "p95_s")
     speedup = get("query_vs_final", "speedup")
     # The target is set at 10M keys: use the largest key count measured.
-    largest = max((n for n in s if n.startswith("dedup_state") and "keys" in s[n]), key=lambda n: s[n]["keys"],
-                  default="dedup_state")
+    largest = max(
+        (n for n in s if n.startswith("dedup_state") and "keys" in s[n]),
+        key=lambda n: s[n]["keys"],
+        default="dedup_state",
+    )
     per_key = get(largest, "bytes_per_key")
 
     def row(name: str, value: float | None, goal: float, fmt: str, higher: bool = True) -> None:
@@ -961,13 +1171,22 @@ def targets(result: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
     row("riverhouse_dedup >= 100,000 events/s (steady state)", dedup, 100_000, "{:,.0f} events/s")
     row("riverhouse_dedup >= 2x baseline_consumer", (dedup / base) if dedup and base else None, 2.0, "{:.2f}x")
     row("riverhouse_dedup_join >= 50,000 events/s", join, 50_000, "{:,.0f} events/s")
-    row("end to end >= 50% of min(kafka_read_limit, clickhouse_insert_limit)",
-        (dedup / limit) if dedup and limit else None, 0.5, "{:.0%}")
+    row(
+        "end to end >= 50% of min(kafka_read_limit, clickhouse_insert_limit)",
+        (dedup / limit) if dedup and limit else None,
+        0.5,
+        "{:.0%}",
+    )
     row("freshness p95 <= 3 s", p95, 3.0, "{:.2f} s", higher=False)
     row("query_vs_final: clean >= 3x faster than FINAL", speedup, 3.0, "{:.1f}x")
     keys = s.get(largest, {}).get("keys")
-    row(f"dedup_state <= 100 bytes of RAM per key (at {keys or 0:,} keys)", per_key, 100.0, "{:,.0f} bytes/key",
-        higher=False)
+    row(
+        f"dedup_state <= 100 bytes of RAM per key (at {keys or 0:,} keys)",
+        per_key,
+        100.0,
+        "{:,.0f} bytes/key",
+        higher=False,
+    )
     return rows
 
 
@@ -1003,41 +1222,58 @@ def _fmt(value: Any, spec: str = "{:,.0f}") -> str:
 
 
 def _scenario_lines(s: dict[str, Any]) -> list[str]:
-    lines = ["| scenario | events | seconds | events/s | excl. start-up | exact | notes |",
-             "|---|---:|---:|---:|---:|:---:|---|"]
+    lines = [
+        "| scenario | events | seconds | events/s | excl. start-up | exact | notes |",
+        "|---|---:|---:|---:|---:|:---:|---|",
+    ]
     for name, r in s.items():
         if "error" in r:
             lines.append(f"| {name} | | | | | no | error: {r['error']} |")
             continue
         notes = []
         if name == "freshness":
-            notes.append(f"p50 {r['p50_s']:.2f} s, p95 {r['p95_s']:.2f} s, p99 {r['p99_s']:.2f} s at "
-                         f"{r['rate']:,.0f} events/s" if r.get("p95_s") is not None else "no rows measured")
+            notes.append(
+                f"p50 {r['p50_s']:.2f} s, p95 {r['p95_s']:.2f} s, p99 {r['p99_s']:.2f} s at {r['rate']:,.0f} events/s"
+                if r.get("p95_s") is not None
+                else "no rows measured"
+            )
             warm, profile = r.get("warmup_percentiles_s") or {}, r.get("profile") or {}
             if warm:
-                notes.append(f"after {r['warmup_s']:g} s of warm-up traffic (its rows: p50 {warm['p50']:.2f} s, "
-                             f"p95 {warm['p95']:.2f} s)")
+                notes.append(
+                    f"after {r['warmup_s']:g} s of warm-up traffic (its rows: p50 {warm['p50']:.2f} s, "
+                    f"p95 {warm['p95']:.2f} s)"
+                )
             if profile.get("batch_s") and profile.get("load_s"):
-                notes.append(f"batches of {profile['records']['p50']:,.0f} records took {profile['batch_s']['p50']:.2f} s "
-                             f"(p95 {profile['batch_s']['p95']:.2f} s), {profile['between_batches_s']['p50']:.2f} s "
-                             f"between batches, loads {profile['load_s']['p50']:.2f} s")
+                notes.append(
+                    f"batches of {profile['records']['p50']:,.0f} records took {profile['batch_s']['p50']:.2f} s "
+                    f"(p95 {profile['batch_s']['p95']:.2f} s), {profile['between_batches_s']['p50']:.2f} s "
+                    f"between batches, loads {profile['load_s']['p50']:.2f} s"
+                )
         if name.startswith("query_vs_final") and r.get("final_s") is not None:
-            notes.append(f"FINAL {r['final_s'] * 1000:.1f} ms (exact: {r['final_exact']}), clean "
-                         f"{r['clean_s'] * 1000:.1f} ms (exact: {r['clean_exact']}): {r['speedup']:.1f}x; "
-                         f"{r.get('rmt_parts', '?')} unmerged parts")
+            notes.append(
+                f"FINAL {r['final_s'] * 1000:.1f} ms (exact: {r['final_exact']}), clean "
+                f"{r['clean_s'] * 1000:.1f} ms (exact: {r['clean_exact']}): {r['speedup']:.1f}x; "
+                f"{r.get('rmt_parts', '?')} unmerged parts"
+            )
         if name.startswith("dedup_state"):
-            notes.append(f"{r['keys']:,} keys: the dedup process peaked at {r['peak_rss_bytes'] / 2**20:,.0f} MiB "
-                         f"RSS, {r['baseline_rss_bytes'] / 2**20:,.0f} MiB before the first key, so "
-                         f"{r['bytes_per_key']:,.1f} bytes/key; silver {r['delta_bytes'] / 2**20:,.1f} MiB "
-                         "(generated straight into the dedup stage)")
+            notes.append(
+                f"{r['keys']:,} keys: the dedup process peaked at {r['peak_rss_bytes'] / 2**20:,.0f} MiB "
+                f"RSS, {r['baseline_rss_bytes'] / 2**20:,.0f} MiB before the first key, so "
+                f"{r['bytes_per_key']:,.1f} bytes/key; silver {r['delta_bytes'] / 2**20:,.1f} MiB "
+                "(generated straight into the dedup stage)"
+            )
             if r.get("marginal_bytes_per_key") is not None:
-                notes.append(f"{r['marginal_bytes_per_key']:,.1f} bytes of peak RSS per key added since the "
-                             f"{r['marginal_from_keys']:,}-key run")
+                notes.append(
+                    f"{r['marginal_bytes_per_key']:,.1f} bytes of peak RSS per key added since the "
+                    f"{r['marginal_from_keys']:,}-key run"
+                )
         if r.get("startup_s") is not None:
             notes.append(f"start-up {r['startup_s']:.1f} s")
-        lines.append(f"| {name} | {_fmt(r.get('events'))} | {_fmt(r.get('seconds'), '{:,.1f}')} | "
-                     f"{_fmt(r.get('events_per_s'))} | {_fmt(r.get('events_per_s_excluding_startup'))} | "
-                     f"{'yes' if r.get('exact') else 'no'} | {'; '.join(notes)} |")
+        lines.append(
+            f"| {name} | {_fmt(r.get('events'))} | {_fmt(r.get('seconds'), '{:,.1f}')} | "
+            f"{_fmt(r.get('events_per_s'))} | {_fmt(r.get('events_per_s_excluding_startup'))} | "
+            f"{'yes' if r.get('exact') else 'no'} | {'; '.join(notes)} |"
+        )
     return lines
 
 
@@ -1046,10 +1282,13 @@ def _cpu_lines(s: dict[str, Any]) -> list[str]:
     rows = []
     for label, name, path, key in (
         ("baseline_consumer", "baseline_consumer", (), "cpu"),
-        ("riverhouse_dedup (median warm run, first batch to rows in ClickHouse)", "riverhouse_dedup", ("steady",),
-         "cpu"),
-        ("riverhouse_dedup_join (median warm run, whole run)", "riverhouse_dedup_join", ("steady",),
-         "cpu_whole_run"),
+        (
+            "riverhouse_dedup (median warm run, first batch to rows in ClickHouse)",
+            "riverhouse_dedup",
+            ("steady",),
+            "cpu",
+        ),
+        ("riverhouse_dedup_join (median warm run, whole run)", "riverhouse_dedup_join", ("steady",), "cpu_whole_run"),
     ):
         r = s.get(name, {})
         for step in path:
@@ -1059,19 +1298,26 @@ def _cpu_lines(s: dict[str, Any]) -> list[str]:
             rows.append((label, r["events"], cpu))
     if not rows:
         return []
-    lines = ["", "## Where the CPU goes", "",
-             "CPU microseconds per event, by process (user + system time read from /proc every 0.1 s): "
-             "`driver` is the Python process (Delta writes with delta-rs, the dedup lookup, the embedded "
-             "ClickHouse engine), `jvm` is Spark's driver and executors (including its JIT and GC threads), "
-             "`spark_python` the Python workers that run the Kafka source, `kafka` the local broker. "
-             "`use of cores` is CPU time over wall time x cores.", "",
-             f"| run | events | wall s | {' | '.join(CPU_ROLES)} | total | use of cores |",
-             "|---|---:|---:|" + "---:|" * (len(CPU_ROLES) + 2)]
+    lines = [
+        "",
+        "## Where the CPU goes",
+        "",
+        "CPU microseconds per event, by process (user + system time read from /proc every 0.1 s): "
+        "`driver` is the Python process (Delta writes with delta-rs, the dedup lookup, the embedded "
+        "ClickHouse engine), `jvm` is Spark's driver and executors (including its JIT and GC threads), "
+        "`spark_python` the Python workers that run the Kafka source, `kafka` the local broker. "
+        "`use of cores` is CPU time over wall time x cores.",
+        "",
+        f"| run | events | wall s | {' | '.join(CPU_ROLES)} | total | use of cores |",
+        "|---|---:|---:|" + "---:|" * (len(CPU_ROLES) + 2),
+    ]
     for label, events, cpu in rows:
         per_event = [cpu["by_role"].get(role, 0.0) * 1e6 / events for role in CPU_ROLES]
-        lines.append(f"| {label} | {events:,} | {cpu['wall_s']:.2f} | "
-                     + " | ".join(f"{v:.1f}" for v in per_event)
-                     + f" | {cpu['total'] * 1e6 / events:.1f} | {cpu['utilization']:.0%} |")
+        lines.append(
+            f"| {label} | {events:,} | {cpu['wall_s']:.2f} | "
+            + " | ".join(f"{v:.1f}" for v in per_event)
+            + f" | {cpu['total'] * 1e6 / events:.1f} | {cpu['utilization']:.0%} |"
+        )
     return lines
 
 
@@ -1083,29 +1329,38 @@ def _stage_lines(dedup: dict[str, Any]) -> list[str]:
     overlapped = stages.pop("bronze_write", None)
     wall = steady["steady_seconds"]
     other = max(0.0, wall - sum(stages.values()))
-    lines = ["", "## Where the time goes (riverhouse_dedup, this run)", "",
-             f"Start-up of the cold run: {dedup.get('spark_session_s') or 0:.1f} s for the Spark session and "
-             f"{dedup.get('query_startup_s') or 0:.1f} s to start the streaming query (the checkpoint, the "
-             "source's planning process, the first offsets); the JVM and the Python workers also warm up "
-             "during the first batch. The median warm run "
-             f"(of {', '.join(f'{x:.2f}' for x in dedup.get('steady_runs_seconds') or [wall])} s) of "
-             f"{steady.get('events', 0):,} events took {wall:.2f} s from its first batch to every row "
-             f"in ClickHouse, in {steady.get('batches')} batch(es) of up to "
-             f"{KafkaSpec.model_fields['max_offsets_per_trigger'].default:,} records:", "",
-             "| stage | seconds | share |", "|---|---:|---:|"]
+    lines = [
+        "",
+        "## Where the time goes (riverhouse_dedup, this run)",
+        "",
+        f"Start-up of the cold run: {dedup.get('spark_session_s') or 0:.1f} s for the Spark session and "
+        f"{dedup.get('query_startup_s') or 0:.1f} s to start the streaming query (the checkpoint, the "
+        "source's planning process, the first offsets); the JVM and the Python workers also warm up "
+        "during the first batch. The median warm run "
+        f"(of {', '.join(f'{x:.2f}' for x in dedup.get('steady_runs_seconds') or [wall])} s) of "
+        f"{steady.get('events', 0):,} events took {wall:.2f} s from its first batch to every row "
+        f"in ClickHouse, in {steady.get('batches')} batch(es) of up to "
+        f"{KafkaSpec.model_fields['max_offsets_per_trigger'].default:,} records:",
+        "",
+        "| stage | seconds | share |",
+        "|---|---:|---:|",
+    ]
     for stage, seconds in sorted(stages.items(), key=lambda kv: -kv[1]):
         lines.append(f"| {stage} | {seconds:.2f} | {seconds / wall:.0%} |")
     lines.append(f"| between batches (offsets, commit log), not overlapped | {other:.2f} | {other / wall:.0%} |")
     if overlapped is not None:
         lines.append(f"| bronze_write (side by side with silver_dedup) | ({overlapped:.2f}) | |")
-    lines += ["", "`read_parse_collect` is the Spark stage: the Python data source reads Kafka in Python "
-              "workers and parses the JSON there with Arrow. In local mode the workers also validate the "
-              "records whose outcome is certain and write them to Arrow spool files that the driver maps "
-              "back (they never enter the JVM); the rest, every rejected record among them, goes through "
-              "Spark's parse and validation, which name what is wrong. `fast_path` in the batch metrics "
-              "counts the first kind. `clickhouse_load` starts on its own thread (its connection already "
-              "open) as soon as the batch's tables have committed, while Spark writes its commit log and "
-              "ends the query; the shares can therefore add up to more than the wall time."]
+    lines += [
+        "",
+        "`read_parse_collect` is the Spark stage: the Python data source reads Kafka in Python "
+        "workers and parses the JSON there with Arrow. In local mode the workers also validate the "
+        "records whose outcome is certain and write them to Arrow spool files that the driver maps "
+        "back (they never enter the JVM); the rest, every rejected record among them, goes through "
+        "Spark's parse and validation, which name what is wrong. `fast_path` in the batch metrics "
+        "counts the first kind. `clickhouse_load` starts on its own thread (its connection already "
+        "open) as soon as the batch's tables have committed, while Spark writes its commit log and "
+        "ends the query; the shares can therefore add up to more than the wall time.",
+    ]
     return lines
 
 
@@ -1115,44 +1370,61 @@ def _final_lines(s: dict[str, Any]) -> list[str]:
         queries = r.get("queries") or {}
         if not name.startswith("query_vs_final") or not queries:
             continue
-        clean = ("Riverhouse's clean table" if name == "query_vs_final" else
-                 "a clean table with the loader's DDL holding one row per order (both generated straight into "
-                 "ClickHouse)")
-        lines += ["", f"## {name}, query by query", "",
-                  f"{r['events']:,} raw events (duplicates included) in a ReplacingMergeTree, inserted "
-                  f"{r.get('rmt_insert_rows', 0):,} rows at a time as a Kafka sink flushes them "
-                  f"({r.get('rmt_parts', '?')} parts, not merged yet), queried with `FINAL`, against {clean}; "
-                  f"median of {r.get('runs')} runs each. The first query is the target's.", "",
-                  "| query | FINAL ms | clean ms | speedup | FINAL exact | clean exact |",
-                  "|---|---:|---:|---:|:---:|:---:|"]
+        clean = (
+            "Riverhouse's clean table"
+            if name == "query_vs_final"
+            else "a clean table with the loader's DDL holding one row per order (both generated straight into "
+            "ClickHouse)"
+        )
+        lines += [
+            "",
+            f"## {name}, query by query",
+            "",
+            f"{r['events']:,} raw events (duplicates included) in a ReplacingMergeTree, inserted "
+            f"{r.get('rmt_insert_rows', 0):,} rows at a time as a Kafka sink flushes them "
+            f"({r.get('rmt_parts', '?')} parts, not merged yet), queried with `FINAL`, against {clean}; "
+            f"median of {r.get('runs')} runs each. The first query is the target's.",
+            "",
+            "| query | FINAL ms | clean ms | speedup | FINAL exact | clean exact |",
+            "|---|---:|---:|---:|:---:|:---:|",
+        ]
         for q in queries.values():
-            lines.append(f"| `{q['sql']}` | {q['final_s'] * 1000:.1f} | {q['clean_s'] * 1000:.1f} | "
-                         f"{_fmt(q.get('speedup'), '{:.1f}x')} | {'yes' if q['final_exact'] else 'no'} | "
-                         f"{'yes' if q['clean_exact'] else 'no'} |")
+            lines.append(
+                f"| `{q['sql']}` | {q['final_s'] * 1000:.1f} | {q['clean_s'] * 1000:.1f} | "
+                f"{_fmt(q.get('speedup'), '{:.1f}x')} | {'yes' if q['final_exact'] else 'no'} | "
+                f"{'yes' if q['clean_exact'] else 'no'} |"
+            )
     return lines
 
 
 def _machine_lines(result: dict[str, Any]) -> list[str]:
     m = result["machine"]
-    lines = [f"Machine: {m['cores']} cores, {m['ram_bytes'] / 2**30:.0f} GiB RAM, {m['platform']}; Python {m['python']}, "
-             f"PySpark {m['pyspark']}, deltalake {m['deltalake']}, chDB {m['chdb']}, librdkafka {m['librdkafka']}."]
+    lines = [
+        f"Machine: {m['cores']} cores, {m['ram_bytes'] / 2**30:.0f} GiB RAM, {m['platform']}; Python {m['python']}, "
+        f"PySpark {m['pyspark']}, deltalake {m['deltalake']}, chDB {m['chdb']}, librdkafka {m['librdkafka']}."
+    ]
     cal = m.get("calibration") or {}
     if cal:
-        text = (f"Calibration (fixed work, best of 3): a 2M-step Python loop {cal['python_loop_2m_s']:.3f} s, "
-                f"an Arrow sort of 1M strings {cal['arrow_sort_1m_strings_s']:.3f} s.")
+        text = (
+            f"Calibration (fixed work, best of 3): a 2M-step Python loop {cal['python_loop_2m_s']:.3f} s, "
+            f"an Arrow sort of 1M strings {cal['arrow_sort_1m_strings_s']:.3f} s."
+        )
         before = (result.get("previous") or {}).get("calibration") or {}
         if before.get("python_loop_2m_s"):
             ratio = cal["python_loop_2m_s"] / before["python_loop_2m_s"]
-            text += (f" The previous run ({str(result['previous'].get('started_at'))[:16]}) took "
-                     f"{before['python_loop_2m_s']:.3f} s for the loop: this machine was {ratio:.2f}x as slow. "
-                     "Shared machines of one kind differ, so compare ratios within one run, and absolute "
-                     "figures only between runs with similar calibration.")
+            text += (
+                f" The previous run ({str(result['previous'].get('started_at'))[:16]}) took "
+                f"{before['python_loop_2m_s']:.3f} s for the loop: this machine was {ratio:.2f}x as slow. "
+                "Shared machines of one kind differ, so compare ratios within one run, and absolute "
+                "figures only between runs with similar calibration."
+            )
         lines += ["", text]
     return lines
 
 
-def render_docs(result: dict[str, Any], docs: Path, source: str = "bench/results/latest.json",
-                analysis: Path = ANALYSIS) -> Path:
+def render_docs(
+    result: dict[str, Any], docs: Path, source: str = "bench/results/latest.json", analysis: Path = ANALYSIS
+) -> Path:
     """docs/benchmarks.md: this run's figures, tables and plot, then the maintained analysis (bench/analysis.md)."""
     s = result["scenarios"]
     docs.parent.mkdir(parents=True, exist_ok=True)
@@ -1183,46 +1455,50 @@ def render_docs(result: dict[str, Any], docs: Path, source: str = "bench/results
     lines += _final_lines(s)
     if analysis.exists():
         lines += ["", analysis.read_text().strip()]
-    lines += ["", "## How each figure is measured", "",
-              "- `kafka_read_limit`: one librdkafka consumer reading the topic (the source's limit here), "
-              "with the same prefetch tuning as Riverhouse's source (`queued.min.messages` 1,000,000).",
-              "- `clickhouse_insert_limit`: the same number of rows inserted from prebuilt Arrow batches "
-              "of 100,000 (the sink's limit).",
-              "- `baseline_consumer`: confluent-kafka (same read tuning) -> `json.loads` -> an in-memory "
-              "set for dedup -> clickhouse-connect inserts of 50,000 rows, offsets committed after each "
-              "insert (at-least-once, no window, no persistence).",
-              "- `riverhouse_dedup`: `run_once` of a dedup pipeline, Kafka -> bronze/silver Delta -> "
-              "ClickHouse. `events/s` is the cold run: a new Spark session, the query start and the JVM "
-              "warm-up included. `excl. start-up` is the steady state: five more pipelines of the same "
-              "size, each on a fresh topic in the now warm process, each timed from its first batch until "
-              "every row is visible in ClickHouse (batches, the time between them, and the load); the "
-              "median run is reported and all are in the JSON (`steady_runs_seconds`). Every run must be "
-              "exact.",
-              "- `riverhouse_dedup_join`: orders + user events, LEFT temporal join, windows drained, in the "
-              "warm process. The two sources' streaming queries start and run side by side. `events/s` "
-              "is the first join pipeline of the process, start included; `excl. start-up` is the median of "
-              "five more on fresh topics, timed from the first batch of either query (the rest of the other "
-              "query's start counts as work), through the join, to every row in ClickHouse. The first join "
-              "also pays for loading and compiling the join's operators in the JVM "
-              "(`first_excluding_startup` in the JSON). Every run must be exact.",
-              "- `freshness`: continuous mode (1 s trigger; the join and the load run as soon as a batch "
-              "lands) and a producer at a fixed rate; latency = when the ClickHouse load of a row's Delta "
-              "version returned minus the row's Kafka timestamp. The percentiles cover the rows produced after "
-              "the first `freshness_warmup` seconds of traffic: the first data batches of a new process run "
-              "cold (JIT) and build a backlog that takes a few batches to drain; those rows' percentiles are "
-              "reported beside them (`warmup_percentiles_s`, `warmup_batches` in the JSON).",
-              "- `query_vs_final`: the records produced to the topic, in produce order, in a "
-              "ReplacingMergeTree (`FINAL`) vs Riverhouse's table; each query's answer is checked against "
-              "the generator's distinct events; median of runs. `query_vs_final_<N>`: the same on N "
-              "generated orders (+10% duplicates) built straight into ClickHouse, the clean table with the "
-              "loader's DDL and one row per order, to show how the ratio moves with the table's size.",
-              "- `dedup_state`: N distinct keys (plus 10% duplicates) through the dedup stage in a process "
-              "of its own; bytes/key = (its peak RSS, the kernel's high-water mark, minus its RSS before the "
-              "first key) / N. Spark is not in this process: the Spark stage's memory follows the batch size, "
-              "not the keys in the window.",
-              "- CPU: user + system seconds of each process below the bench (read from /proc), sampled "
-              "every 0.1 s; a process that ends counts up to its last sample.",
-              ""]
+    lines += [
+        "",
+        "## How each figure is measured",
+        "",
+        "- `kafka_read_limit`: one librdkafka consumer reading the topic (the source's limit here), "
+        "with the same prefetch tuning as Riverhouse's source (`queued.min.messages` 1,000,000).",
+        "- `clickhouse_insert_limit`: the same number of rows inserted from prebuilt Arrow batches "
+        "of 100,000 (the sink's limit).",
+        "- `baseline_consumer`: confluent-kafka (same read tuning) -> `json.loads` -> an in-memory "
+        "set for dedup -> clickhouse-connect inserts of 50,000 rows, offsets committed after each "
+        "insert (at-least-once, no window, no persistence).",
+        "- `riverhouse_dedup`: `run_once` of a dedup pipeline, Kafka -> bronze/silver Delta -> "
+        "ClickHouse. `events/s` is the cold run: a new Spark session, the query start and the JVM "
+        "warm-up included. `excl. start-up` is the steady state: five more pipelines of the same "
+        "size, each on a fresh topic in the now warm process, each timed from its first batch until "
+        "every row is visible in ClickHouse (batches, the time between them, and the load); the "
+        "median run is reported and all are in the JSON (`steady_runs_seconds`). Every run must be "
+        "exact.",
+        "- `riverhouse_dedup_join`: orders + user events, LEFT temporal join, windows drained, in the "
+        "warm process. The two sources' streaming queries start and run side by side. `events/s` "
+        "is the first join pipeline of the process, start included; `excl. start-up` is the median of "
+        "five more on fresh topics, timed from the first batch of either query (the rest of the other "
+        "query's start counts as work), through the join, to every row in ClickHouse. The first join "
+        "also pays for loading and compiling the join's operators in the JVM "
+        "(`first_excluding_startup` in the JSON). Every run must be exact.",
+        "- `freshness`: continuous mode (1 s trigger; the join and the load run as soon as a batch "
+        "lands) and a producer at a fixed rate; latency = when the ClickHouse load of a row's Delta "
+        "version returned minus the row's Kafka timestamp. The percentiles cover the rows produced after "
+        "the first `freshness_warmup` seconds of traffic: the first data batches of a new process run "
+        "cold (JIT) and build a backlog that takes a few batches to drain; those rows' percentiles are "
+        "reported beside them (`warmup_percentiles_s`, `warmup_batches` in the JSON).",
+        "- `query_vs_final`: the records produced to the topic, in produce order, in a "
+        "ReplacingMergeTree (`FINAL`) vs Riverhouse's table; each query's answer is checked against "
+        "the generator's distinct events; median of runs. `query_vs_final_<N>`: the same on N "
+        "generated orders (+10% duplicates) built straight into ClickHouse, the clean table with the "
+        "loader's DDL and one row per order, to show how the ratio moves with the table's size.",
+        "- `dedup_state`: N distinct keys (plus 10% duplicates) through the dedup stage in a process "
+        "of its own; bytes/key = (its peak RSS, the kernel's high-water mark, minus its RSS before the "
+        "first key) / N. Spark is not in this process: the Spark stage's memory follows the batch size, "
+        "not the keys in the window.",
+        "- CPU: user + system seconds of each process below the bench (read from /proc), sampled "
+        "every 0.1 s; a process that ends counts up to its last sample.",
+        "",
+    ]
     docs.write_text("\n".join(lines))
     return docs
 

@@ -27,8 +27,9 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-kafka_app = typer.Typer(help="The local Kafka (librdkafka's mock cluster) for development and demos.",
-                        no_args_is_help=True)
+kafka_app = typer.Typer(
+    help="The local Kafka (librdkafka's mock cluster) for development and demos.", no_args_is_help=True
+)
 app.add_typer(kafka_app, name="kafka")
 
 out = Console(soft_wrap=True)
@@ -36,8 +37,11 @@ err = Console(stderr=True, soft_wrap=True)
 
 HomeOption = Annotated[
     Path | None,
-    typer.Option("--home", help="State folder (warehouse, checkpoints, ClickHouse, local Kafka). "
-                 "Default: $RIVERHOUSE_HOME or ./.riverhouse"),
+    typer.Option(
+        "--home",
+        help="State folder (warehouse, checkpoints, ClickHouse, local Kafka). "
+        "Default: $RIVERHOUSE_HOME or ./.riverhouse",
+    ),
 ]
 DEMO_SPEC = Path("pipelines/orders_dedup.yaml")
 DEMO_JOIN_SPEC = Path("pipelines/orders_enriched.yaml")
@@ -69,8 +73,11 @@ def validate(files: Annotated[list[Path], typer.Argument(help="Pipeline spec fil
                     line += f"\n    [dim]hint: {hint}[/]"
                 err.print(line, highlight=False)
             continue
-        out.print(f"[green]ok[/] {path}: pipeline [bold]{spec.name}[/], sources {', '.join(spec.sources)}, "
-                  f"sink {spec.sink.table}", highlight=False)
+        out.print(
+            f"[green]ok[/] {path}: pipeline [bold]{spec.name}[/], sources {', '.join(spec.sources)}, "
+            f"sink {spec.sink.table}",
+            highlight=False,
+        )
     if failed:
         raise typer.Exit(1)
 
@@ -108,8 +115,10 @@ def kafka_status(home: HomeOption = None) -> None:
     if state is None:
         out.print("local Kafka is not running (start it with `riverhouse kafka start`)")
         raise typer.Exit(1)
-    out.print(f"local Kafka running: bootstrap {state.bootstrap} (pid {state.pid}, "
-              f"up {time.time() - state.started_at:.0f}s)", highlight=False)
+    out.print(
+        f"local Kafka running: bootstrap {state.bootstrap} (pid {state.pid}, up {time.time() - state.started_at:.0f}s)",
+        highlight=False,
+    )
 
 
 def _bootstrap(settings: Settings, bootstrap: str | None) -> str:
@@ -125,15 +134,23 @@ def _bootstrap(settings: Settings, bootstrap: str | None) -> str:
 
 
 # ---------------------------------------------------------------------------- generate
-def _produce_with_progress(bootstrap: str, topic: str, kind: str, cfg: Any, rate: float | None,
-                           quiet: bool = False) -> dict[str, Any]:
+def _produce_with_progress(
+    bootstrap: str, topic: str, kind: str, cfg: Any, rate: float | None, quiet: bool = False
+) -> dict[str, Any]:
     from riverhouse.platform.generator import GENERATORS, produce
 
     records, stats = GENERATORS[kind](cfg)
     # Only orders have a count known up front (user events depend on the user population).
     total = cfg.count + round(cfg.count * cfg.duplicate_rate) + cfg.malformed if kind == "orders" else None
-    with Progress(TextColumn("producing to [bold]{task.fields[topic]}[/]"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=err, disable=quiet, transient=False) as progress:
+    with Progress(
+        TextColumn("producing to [bold]{task.fields[topic]}[/]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        disable=quiet,
+        transient=False,
+    ) as progress:
         task = progress.add_task("produce", total=total, topic=topic)
         produce(bootstrap, topic, records, rate=rate, on_progress=lambda n: progress.advance(task, n))
     return stats.as_dict()
@@ -159,8 +176,9 @@ def generate(
     if kind not in GENERATORS:
         _fail(f"--kind must be one of {', '.join(GENERATORS)}, got {kind!r}")
     try:
-        cfg = GeneratorConfig(count=count, duplicate_rate=duplicate_rate, out_of_order=out_of_order,
-                              malformed=malformed, seed=seed)
+        cfg = GeneratorConfig(
+            count=count, duplicate_rate=duplicate_rate, out_of_order=out_of_order, malformed=malformed, seed=seed
+        )
     except ValueError as exc:
         _fail(str(exc))
     settings = _settings(home)
@@ -173,9 +191,12 @@ def generate(
     if as_json:
         print(json.dumps(stats))
     else:
-        out.print(f"produced {stats['messages']} messages to {topic}: {stats['unique']} distinct, "
-                  f"{stats['duplicates']} duplicates, {stats['malformed']} malformed, "
-                  f"{stats['out_of_order']} out of order ({stats['seconds']}s)", highlight=False)
+        out.print(
+            f"produced {stats['messages']} messages to {topic}: {stats['unique']} distinct, "
+            f"{stats['duplicates']} duplicates, {stats['malformed']} malformed, "
+            f"{stats['out_of_order']} out of order ({stats['seconds']}s)",
+            highlight=False,
+        )
 
 
 # ---------------------------------------------------------------------------- run
@@ -183,12 +204,22 @@ def generate(
 def run(
     spec_file: Annotated[Path, typer.Argument(help="Pipeline spec (YAML)")],
     skip_load: Annotated[bool, typer.Option("--skip-load", help="Stop after the Delta tables")] = False,
-    drain: Annotated[bool, typer.Option("--drain", help="Join pipelines: close every pending window now "
-                                        "(use when the input is complete: replays, backfills)")] = False,
+    drain: Annotated[
+        bool,
+        typer.Option(
+            "--drain",
+            help="Join pipelines: close every pending window now (use when the input is complete: replays, backfills)",
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON")] = False,
-    continuous: Annotated[bool, typer.Option(
-        "--continuous", help="Keep running (a micro-batch every orchestration.trigger_interval) until "
-        "Ctrl-C or SIGTERM, which stop after the current batch")] = False,
+    continuous: Annotated[
+        bool,
+        typer.Option(
+            "--continuous",
+            help="Keep running (a micro-batch every orchestration.trigger_interval) until "
+            "Ctrl-C or SIGTERM, which stop after the current batch",
+        ),
+    ] = False,
     home: HomeOption = None,
 ) -> None:
     """Run a pipeline: everything now in Kafka -> Delta (bronze/silver/gold) -> ClickHouse, once or --continuous."""
@@ -207,8 +238,9 @@ def run(
         def request_stop(signum: int, frame: Any) -> None:
             if stop.is_set():
                 return
-            err.print(f"received {signal.Signals(signum).name}: finishing the current batch, then stopping",
-                      highlight=False)
+            err.print(
+                f"received {signal.Signals(signum).name}: finishing the current batch, then stopping", highlight=False
+            )
             stop.set()
 
         signal.signal(signal.SIGTERM, request_stop)
@@ -240,8 +272,14 @@ def _guarded(action: Any) -> Any:
 
     try:
         return action()
-    except (PipelineError, ClickHouseLoadError, KafkaSourceError, JavaMissingError, SpecError,
-            local_kafka.LocalKafkaError) as exc:
+    except (
+        PipelineError,
+        ClickHouseLoadError,
+        KafkaSourceError,
+        JavaMissingError,
+        SpecError,
+        local_kafka.LocalKafkaError,
+    ) as exc:
         _fail(str(exc))
     except KeyboardInterrupt:
         _fail("interrupted", 130)
@@ -266,16 +304,23 @@ def bench(
     scenarios: Annotated[str, typer.Option(help="Comma-separated scenarios, or all")] = "all",
     freshness_rate: Annotated[float, typer.Option(help="freshness: events/s produced")] = 20_000.0,
     freshness_seconds: Annotated[float, typer.Option(help="freshness: seconds of production measured")] = 60.0,
-    freshness_warmup: Annotated[float, typer.Option(
-        help="freshness: seconds of production before the measured ones (not counted)", min=0)] = 15.0,
-    state_keys: Annotated[str, typer.Option(help="dedup_state: distinct key counts, comma-separated")] = "1000000,10000000",
-    final_scale: Annotated[str, typer.Option(
-        help="query_vs_final: also on this many generated orders, comma-separated ('none': skip)")] = "2000000",
-    steady_runs: Annotated[int, typer.Option(
-        help="riverhouse_dedup / _join: warm runs after the first; the median is the steady state", min=1)] = 5,
+    freshness_warmup: Annotated[
+        float, typer.Option(help="freshness: seconds of production before the measured ones (not counted)", min=0)
+    ] = 15.0,
+    state_keys: Annotated[
+        str, typer.Option(help="dedup_state: distinct key counts, comma-separated")
+    ] = "1000000,10000000",
+    final_scale: Annotated[
+        str, typer.Option(help="query_vs_final: also on this many generated orders, comma-separated ('none': skip)")
+    ] = "2000000",
+    steady_runs: Annotated[
+        int,
+        typer.Option(help="riverhouse_dedup / _join: warm runs after the first; the median is the steady state", min=1),
+    ] = 5,
     results: Annotated[Path, typer.Option(help="Folder for <timestamp>.json and latest.json")] = Path("bench/results"),
     docs: Annotated[Path, typer.Option(help="Markdown page to render (a PNG goes next to it)")] = Path(
-        "docs/benchmarks.md"),
+        "docs/benchmarks.md"
+    ),
     home: HomeOption = None,
 ) -> None:
     """Benchmark every scenario in one run; write bench/results/*.json and docs/benchmarks.md."""
@@ -298,20 +343,37 @@ def bench(
         _fail(f"--final-scale takes whole numbers separated by commas, or none, got {final_scale!r}")
     if scales and min(scales) < 1000:
         _fail("--final-scale needs counts of 1,000 orders or more")
-    cfg = BenchConfig(events=events, duplicate_rate=duplicate_rate, scenarios=chosen, freshness_rate=freshness_rate,
-                      freshness_seconds=freshness_seconds, freshness_warmup=freshness_warmup,
-                      state_keys=keys, final_scale=scales, steady_runs=steady_runs,
-                      home=_settings(home).home / "bench", results_dir=results, docs=docs)
+    cfg = BenchConfig(
+        events=events,
+        duplicate_rate=duplicate_rate,
+        scenarios=chosen,
+        freshness_rate=freshness_rate,
+        freshness_seconds=freshness_seconds,
+        freshness_warmup=freshness_warmup,
+        state_keys=keys,
+        final_scale=scales,
+        steady_runs=steady_runs,
+        home=_settings(home).home / "bench",
+        results_dir=results,
+        docs=docs,
+    )
     result, path = _guarded(lambda: run_bench(cfg, log=lambda m: err.print(m, highlight=False)))
     table = Table(title="riverhouse bench", show_header=True, header_style="bold")
     for column in ("scenario", "events", "seconds", "events/s", "excl. start-up", "exact"):
         table.add_column(column, justify="left" if column == "scenario" else "right")
     for name, r in result["scenarios"].items():
+
         def num(value: Any, spec: str = "{:,.0f}") -> str:
             return spec.format(value) if isinstance(value, int | float) else "-"
 
-        table.add_row(name, num(r.get("events")), num(r.get("seconds"), "{:,.1f}"), num(r.get("events_per_s")),
-                      num(r.get("events_per_s_excluding_startup")), "yes" if r.get("exact") else "NO")
+        table.add_row(
+            name,
+            num(r.get("events")),
+            num(r.get("seconds"), "{:,.1f}"),
+            num(r.get("events_per_s")),
+            num(r.get("events_per_s_excluding_startup")),
+            "yes" if r.get("exact") else "NO",
+        )
     out.print(table)
     for name, measured, verdict, _ in targets(result):
         out.print(f"  {name}: {measured} {verdict}", highlight=False)
@@ -340,16 +402,26 @@ def demo(
     join_spec = None if skip_join else _load_or_fail(join_spec_file)
     base = _settings(home)
     log = (lambda m: None) if as_json else (lambda m: err.print(m, highlight=False))
-    result = _guarded(lambda: run_demo(spec, base.home / "demo", count=count, duplicate_rate=duplicate_rate,
-                                       malformed=malformed, log=log, progress_console=None if as_json else err,
-                                       join_spec=join_spec))
+    result = _guarded(
+        lambda: run_demo(
+            spec,
+            base.home / "demo",
+            count=count,
+            duplicate_rate=duplicate_rate,
+            malformed=malformed,
+            log=log,
+            progress_console=None if as_json else err,
+            join_spec=join_spec,
+        )
+    )
     if as_json:
         print(json.dumps(result["summary"]))
         return
     _print_summary("Riverhouse demo: deduplicated (and joined) into ClickHouse", result["summary"])
     columns, rows = result["sample"]
-    sample = Table(title="sample rows in ClickHouse" + ("" if skip_join else f" ({join_spec.sink.table})"),
-                   header_style="bold")
+    sample = Table(
+        title="sample rows in ClickHouse" + ("" if skip_join else f" ({join_spec.sink.table})"), header_style="bold"
+    )
     for col in columns:
         sample.add_column(col)
     for row in rows:
@@ -357,10 +429,15 @@ def demo(
     out.print(sample)
     checks = ", ".join(f"{name}: {'passed' if ok else 'FAILED'}" for name, ok in result["checks"].items())
     out.print(f"asset checks: {checks}", highlight=False)
-    out.print(f"wall time {result['seconds']:.1f}s, {result['records_per_second']:,.0f} records/s through the pipeline "
-              f"(Kafka -> Delta -> ClickHouse, including Spark start-up)", highlight=False)
-    out.print(f"state kept in {base.home / 'demo'}; look at it in the UI with "
-              f"`riverhouse ui --home {base.home / 'demo'}`", highlight=False)
+    out.print(
+        f"wall time {result['seconds']:.1f}s, {result['records_per_second']:,.0f} records/s through the pipeline "
+        f"(Kafka -> Delta -> ClickHouse, including Spark start-up)",
+        highlight=False,
+    )
+    out.print(
+        f"state kept in {base.home / 'demo'}; look at it in the UI with `riverhouse ui --home {base.home / 'demo'}`",
+        highlight=False,
+    )
     summary = result["summary"]
     ok = summary["clickhouse_duplicate_keys"] == 0 and summary["clickhouse_rows"] == summary["expected_unique"]
     if "expected_joined" in summary:
@@ -406,8 +483,7 @@ def prepare_dagster_home(path: Path) -> Path:
     generated = "# written by riverhouse ui; delete this line to keep your own edits\n"
     if not config.exists() or config.read_text().startswith(generated):
         config.write_text(
-            generated
-            + "telemetry:\n  enabled: false\n"
+            generated + "telemetry:\n  enabled: false\n"
             "concurrency:\n  pools:\n    default_limit: 1\n"
             "  runs:\n    tag_concurrency_limits:\n      - key: riverhouse/pipeline\n"
             "        value:\n          applyLimitPerUniqueValue: true\n        limit: 1\n"

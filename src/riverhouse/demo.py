@@ -48,8 +48,13 @@ def reset_state(home: Path) -> None:
         shutil.rmtree(home)
 
 
-def materialize_pipeline(spec: PipelineSpec, settings: Settings, log_level: str = "WARNING",
-                         drain: bool = False, partition_key: str | None = None) -> dg.ExecuteInProcessResult:
+def materialize_pipeline(
+    spec: PipelineSpec,
+    settings: Settings,
+    log_level: str = "WARNING",
+    drain: bool = False,
+    partition_key: str | None = None,
+) -> dg.ExecuteInProcessResult:
     """A stream run of every asset (`partition_key`: a rebuild run of that partition instead)."""
     assets, checks = build_pipeline_assets(spec)
     run_config: dict[str, Any] = {"loggers": {"console": {"config": {"log_level": log_level}}}}
@@ -78,8 +83,9 @@ def _produce(bootstrap: str, topic: str, records: Any, total: int, progress_cons
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    with Progress(TextColumn(f"producing to {topic}"), BarColumn(), MofNCompleteColumn(),
-                  console=progress_console) as progress:
+    with Progress(
+        TextColumn(f"producing to {topic}"), BarColumn(), MofNCompleteColumn(), console=progress_console
+    ) as progress:
         task = progress.add_task("produce", total=total)
         produce(bootstrap, topic, records, on_progress=lambda n: progress.advance(task, n))
 
@@ -90,7 +96,8 @@ def join_stats(dsn: str, spec: PipelineSpec, matched_column: str) -> dict[str, i
     with open_client(dsn) as client:
         joined, unmatched = client.query(
             f"SELECT countIf({quote(matched_column)} IS NOT NULL), countIf({quote(matched_column)} IS NULL) "
-            f"FROM {qualified_table(spec)}").result_rows[0]
+            f"FROM {qualified_table(spec)}"
+        ).result_rows[0]
         dupes = client.query(
             f"SELECT count() FROM (SELECT {key} FROM {qualified_table(spec)} GROUP BY {key} HAVING count() > 1)"
         ).result_rows[0][0]
@@ -110,9 +117,16 @@ def check_results(result: dg.ExecuteInProcessResult) -> dict[str, bool]:
     return {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
 
 
-def run_demo(spec: PipelineSpec, home: Path, count: int = 10_000, duplicate_rate: float = 0.10,
-             malformed: int = 12, log: Callable[[str], None] = print, progress_console: Any = None,
-             join_spec: PipelineSpec | None = None) -> dict[str, Any]:
+def run_demo(
+    spec: PipelineSpec,
+    home: Path,
+    count: int = 10_000,
+    duplicate_rate: float = 0.10,
+    malformed: int = 12,
+    log: Callable[[str], None] = print,
+    progress_console: Any = None,
+    join_spec: PipelineSpec | None = None,
+) -> dict[str, Any]:
     started = time.monotonic()
     home = home.resolve()
     log(f"resetting demo state in {home}")
@@ -121,20 +135,30 @@ def run_demo(spec: PipelineSpec, home: Path, count: int = 10_000, duplicate_rate
     state = local_kafka.start(settings.kafka_state_dir)
     log(f"local Kafka started at {state.bootstrap}")
     try:
-        cfg = GeneratorConfig(count=count, duplicate_rate=duplicate_rate, malformed=malformed,
-                              users=max(10, count // 10))
+        cfg = GeneratorConfig(
+            count=count, duplicate_rate=duplicate_rate, malformed=malformed, users=max(10, count // 10)
+        )
         records, stats = orders(cfg)
         total = count + round(count * duplicate_rate) + malformed
         _produce(state.bootstrap, spec.sink_source.topic, records, total, progress_console)
-        log(f"produced {stats.messages:,} orders: {stats.unique:,} distinct, "
-            f"{stats.duplicates:,} duplicates, {stats.malformed} malformed")
+        log(
+            f"produced {stats.messages:,} orders: {stats.unique:,} distinct, "
+            f"{stats.duplicates:,} duplicates, {stats.malformed} malformed"
+        )
         user_stats = None
         if join_spec is not None:
             user_records, user_stats = user_events(replace(cfg, malformed=2))
-            _produce(state.bootstrap, join_spec.sources[join_spec.plan.steps[0].source].topic, user_records,
-                     None, progress_console)
-            log(f"produced {user_stats.messages:,} user events: {user_stats.unique:,} distinct, "
-                f"{user_stats.duplicates:,} duplicates, {user_stats.malformed} malformed")
+            _produce(
+                state.bootstrap,
+                join_spec.sources[join_spec.plan.steps[0].source].topic,
+                user_records,
+                None,
+                progress_console,
+            )
+            log(
+                f"produced {user_stats.messages:,} user events: {user_stats.unique:,} distinct, "
+                f"{user_stats.duplicates:,} duplicates, {user_stats.malformed} malformed"
+            )
         log("materializing the dedup pipeline's assets through Dagster (Spark start-up takes a few seconds)...")
         pipeline_started = time.monotonic()
         result = materialize_pipeline(spec, settings)

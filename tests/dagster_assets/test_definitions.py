@@ -50,8 +50,12 @@ def test_definitions_load_with_lineage_kinds_and_checks(monkeypatch: pytest.Monk
             assert graph.get(gold).parent_keys == {dg.AssetKey(["silver", spec.name, s]) for s in spec.sources}
             assert gold in graph.get(sink).parent_keys
     check_names = {key.name for key in graph.asset_check_keys}
-    assert {"orders_has_unique_keys_within_window", "orders_matches_delta", "orders_passes_expectations",
-            "orders_rejected_rate_is_below_0_05"} <= check_names
+    assert {
+        "orders_has_unique_keys_within_window",
+        "orders_matches_delta",
+        "orders_passes_expectations",
+        "orders_rejected_rate_is_below_0_05",
+    } <= check_names
     for spec in specs:
         assert defs.resolve_sensor_def(f"{spec.name}_kafka_lag_sensor") is not None
         assert defs.resolve_job_def(f"{spec.name}_continuous_job") is not None
@@ -62,13 +66,19 @@ def test_definitions_load_with_lineage_kinds_and_checks(monkeypatch: pytest.Monk
         assert graph.get(key).description, f"{key} has no description"
 
 
-def materialize(spec: Any, settings: Settings, selection: Any = None,
-                partition_key: str | None = None) -> dg.ExecuteInProcessResult:
+def materialize(
+    spec: Any, settings: Settings, selection: Any = None, partition_key: str | None = None
+) -> dg.ExecuteInProcessResult:
     """A stream run (or, with `partition_key`, a rebuild run of that partition)."""
     assets, checks = build_pipeline_assets(spec)
-    return dg.materialize([*assets, *checks], resources=resources_from_settings(settings),
-                          selection=selection, partition_key=partition_key or live_partition_key(spec),
-                          tags={MODE_TAG: "rebuild" if partition_key else "stream"}, raise_on_error=False)
+    return dg.materialize(
+        [*assets, *checks],
+        resources=resources_from_settings(settings),
+        selection=selection,
+        partition_key=partition_key or live_partition_key(spec),
+        tags={MODE_TAG: "rebuild" if partition_key else "stream"},
+        raise_on_error=False,
+    )
 
 
 def tolerant(spec: Any, rate: float = 0.5) -> Any:
@@ -77,22 +87,37 @@ def tolerant(spec: Any, rate: float = 0.5) -> Any:
 
 def test_materialize_runs_the_pipeline_with_metadata(spark: Any, kafka: str, topic: str, settings: Settings) -> None:
     spec = tolerant(orders_spec(topic, name="dg_orders"))
-    produce(kafka, topic, [order("a", "2026-01-01T00:00:00Z"), order("a", "2026-01-01T00:00:00Z"),
-                           order("b", "2026-01-01T00:01:00Z"), (b"x", b"garbage")])
+    produce(
+        kafka,
+        topic,
+        [
+            order("a", "2026-01-01T00:00:00Z"),
+            order("a", "2026-01-01T00:00:00Z"),
+            order("b", "2026-01-01T00:01:00Z"),
+            (b"x", b"garbage"),
+        ],
+    )
     result = materialize(spec, settings)
     assert result.success
     meta = materialization_metadata(result)
     bronze = meta["bronze/dg_orders/orders"]
-    assert (bronze["records_in"], bronze["inserted"], bronze["duplicates_dropped"], bronze["quarantined"]) == (4, 2, 1, 1)
+    assert (bronze["records_in"], bronze["inserted"], bronze["duplicates_dropped"], bronze["quarantined"]) == (
+        4,
+        2,
+        1,
+        1,
+    )
     assert bronze["lag_before"] == 4  # what Kafka held beyond the committed offsets
     assert meta["silver/dg_orders/orders"]["inserted"] == 2
     assert meta["silver/dg_orders/orders"]["mode"] == "stream"
     assert meta["clickhouse/dg_orders/dg_orders_orders"]["rows_loaded"] == 2
     assert bronze["end_offsets"]  # Kafka offsets reached
-    assert check_results(result) == {"orders_has_unique_keys_within_window": True,
-                                     "orders_passes_expectations": True,
-                                     "orders_rejected_rate_is_below_0_5": True,
-                                     "dg_orders_orders_matches_delta": True}
+    assert check_results(result) == {
+        "orders_has_unique_keys_within_window": True,
+        "orders_passes_expectations": True,
+        "orders_rejected_rate_is_below_0_5": True,
+        "dg_orders_orders_matches_delta": True,
+    }
 
     again = materialize(spec, settings)
     assert again.success
@@ -102,8 +127,9 @@ def test_materialize_runs_the_pipeline_with_metadata(spark: Any, kafka: str, top
     assert table_stats(settings.clickhouse_dsn, spec)["rows"] == 2
 
 
-def test_failing_blocking_check_stops_the_clickhouse_load(spark: Any, kafka: str, topic: str,
-                                                          settings: Settings) -> None:
+def test_failing_blocking_check_stops_the_clickhouse_load(
+    spark: Any, kafka: str, topic: str, settings: Settings
+) -> None:
     spec = orders_spec(topic, name="dg_blocked")
     produce(kafka, topic, [order("a", "2026-01-01T00:00:00Z"), order("b", "2026-01-01T00:00:00Z")])
     sink_key = dg.AssetKey(["clickhouse", spec.name, spec.sink.table])
@@ -115,8 +141,11 @@ def test_failing_blocking_check_stops_the_clickhouse_load(spark: Any, kafka: str
     rows = table.to_pyarrow_dataset().to_table()
     bad = rows.filter(pa.compute.equal(rows.column("order_id"), "a"))
     later = datetime(2026, 1, 1, 0, 10, tzinfo=UTC)
-    bad = bad.set_column(bad.schema.get_field_index("_event_time"), "_event_time",
-                         pa.array([later], bad.schema.field("_event_time").type))
+    bad = bad.set_column(
+        bad.schema.get_field_index("_event_time"),
+        "_event_time",
+        pa.array([later], bad.schema.field("_event_time").type),
+    )
     write_deltalake(table, bad, mode="append")
 
     result = materialize(spec, settings)

@@ -31,14 +31,14 @@ def with_sensor(spec: Any, **sensor: Any) -> Any:
 
 
 def evaluate(sensor: dg.SensorDefinition, settings: Settings, cursor: str | None) -> tuple[Any, str | None]:
-    with dg.build_sensor_context(cursor=cursor, resources=resources_from_settings(settings),
-                                 instance=dg.DagsterInstance.ephemeral()) as context:
+    with dg.build_sensor_context(
+        cursor=cursor, resources=resources_from_settings(settings), instance=dg.DagsterInstance.ephemeral()
+    ) as context:
         result = sensor(context)
         return result, context.cursor
 
 
-def test_lag_sensor_requests_runs_by_lag_and_by_delay(spark: Any, kafka: str, topic: str,
-                                                       settings: Settings) -> None:
+def test_lag_sensor_requests_runs_by_lag_and_by_delay(spark: Any, kafka: str, topic: str, settings: Settings) -> None:
     spec = with_sensor(orders_spec(topic, name="sensed"), min_lag=5, max_delay="1h")
     sensor = lag_sensor(spec)
     produce(kafka, topic, [order("a", "2026-01-01T00:00:00Z")])  # creates the topic
@@ -91,16 +91,18 @@ def test_schedule_requests_a_stream_run_for_its_tick(topic: str) -> None:
     assert pipeline_schedule(orders_spec(topic)) is None  # no cron, no schedule
 
 
-def test_gx_check_fails_on_out_of_range_values_and_stops_the_load(spark: Any, kafka: str, topic: str,
-                                                                   settings: Settings) -> None:
+def test_gx_check_fails_on_out_of_range_values_and_stops_the_load(
+    spark: Any, kafka: str, topic: str, settings: Settings
+) -> None:
     base = orders_spec(topic, name="gx_ranges")
     data = base.model_dump(mode="json", exclude_none=True)
     data["sources"]["orders"]["fields"] = [
         {**f, "min": 1, "max": 100} if f["name"] == "amount" else f for f in data["sources"]["orders"]["fields"]
     ]
     spec = parse_spec(data)
-    produce(kafka, topic, [order("a", "2026-01-01T00:00:00Z", amount=5),
-                           order("b", "2026-01-01T00:00:00Z", amount=500)])
+    produce(
+        kafka, topic, [order("a", "2026-01-01T00:00:00Z", amount=5), order("b", "2026-01-01T00:00:00Z", amount=500)]
+    )
     result = materialize(spec, settings)
     assert not result.success
     evaluation = {e.check_name: e for e in result.get_asset_check_evaluations()}["orders_passes_expectations"]
@@ -111,8 +113,9 @@ def test_gx_check_fails_on_out_of_range_values_and_stops_the_load(spark: Any, ka
     assert not [k for k in materialization_metadata(result) if k.startswith("clickhouse/")]
 
 
-def test_rejected_rate_check_stops_a_run_full_of_garbage(spark: Any, kafka: str, topic: str,
-                                                         settings: Settings) -> None:
+def test_rejected_rate_check_stops_a_run_full_of_garbage(
+    spark: Any, kafka: str, topic: str, settings: Settings
+) -> None:
     spec = orders_spec(topic, name="gx_rejects")
     produce(kafka, topic, [order("a", "2026-01-01T00:00:00Z"), (b"x", b"garbage"), (b"y", b"{")])
     result = materialize(spec, settings)
@@ -124,12 +127,12 @@ def test_rejected_rate_check_stops_a_run_full_of_garbage(spark: Any, kafka: str,
 
 def _ch_rows(settings: Settings, spec: Any) -> list[tuple[str, str]]:
     with open_client(settings.clickhouse_dsn) as client:
-        return sorted(client.query(f"SELECT order_id, toString(_event_date) FROM {qualified_table(spec)}")
-                      .result_rows)
+        return sorted(client.query(f"SELECT order_id, toString(_event_date) FROM {qualified_table(spec)}").result_rows)
 
 
-def test_backfill_rebuilds_exactly_its_window_and_is_idempotent(spark: Any, kafka: str, topic: str,
-                                                                settings: Settings) -> None:
+def test_backfill_rebuilds_exactly_its_window_and_is_idempotent(
+    spark: Any, kafka: str, topic: str, settings: Settings
+) -> None:
     spec = orders_spec(topic, name="backfilled")
     start = datetime(2026, 1, 1, 23, 40, tzinfo=UTC)
     events, expected = [], {}
@@ -147,27 +150,37 @@ def test_backfill_rebuilds_exactly_its_window_and_is_idempotent(spark: Any, kafk
     # Damage day 2 in both stores: its silver rows deleted, ClickHouse holding half of them.
     layout = TableLayout(settings.warehouse, spec.name)
     silver = open_table(layout.silver("orders"))
-    day2 = silver.to_pyarrow_dataset().to_table(filter=pc.field("_event_date") == pa.scalar(
-        datetime(2026, 1, 2).date(), pa.date32()))
+    day2 = silver.to_pyarrow_dataset().to_table(
+        filter=pc.field("_event_date") == pa.scalar(datetime(2026, 1, 2).date(), pa.date32())
+    )
     silver.delete("_event_date = '2026-01-02'")
     with open_client(settings.clickhouse_dsn) as client:
-        client.command(f"ALTER TABLE {qualified_table(spec)} DELETE WHERE _event_date = '2026-01-02' "
-                       "AND toInt32(substring(order_id, 2)) % 2 = 0 SETTINGS mutations_sync = 1")
+        client.command(
+            f"ALTER TABLE {qualified_table(spec)} DELETE WHERE _event_date = '2026-01-02' "
+            "AND toInt32(substring(order_id, 2)) % 2 = 0 SETTINGS mutations_sync = 1"
+        )
     assert _ch_rows(settings, spec) != want
 
-    selection = dg.AssetSelection.keys(dg.AssetKey(["silver", spec.name, "orders"]),
-                                       dg.AssetKey(["clickhouse", spec.name, spec.sink.table]))
+    selection = dg.AssetSelection.keys(
+        dg.AssetKey(["silver", spec.name, "orders"]), dg.AssetKey(["clickhouse", spec.name, spec.sink.table])
+    )
     result = materialize(spec, settings, selection=selection, partition_key="2026-01-02")
     assert result.success
     meta = materialization_metadata(result)
     assert meta["silver/backfilled/orders"]["mode"] == "rebuild"
     assert meta["silver/backfilled/orders"]["rows"] == day2.num_rows
     assert meta["silver/backfilled/orders"]["changed"] is True
-    rebuilt = open_table(layout.silver("orders")).to_pyarrow_dataset().to_table(
-        filter=pc.field("_event_date") == pa.scalar(datetime(2026, 1, 2).date(), pa.date32()))
+    rebuilt = (
+        open_table(layout.silver("orders"))
+        .to_pyarrow_dataset()
+        .to_table(filter=pc.field("_event_date") == pa.scalar(datetime(2026, 1, 2).date(), pa.date32()))
+    )
     key = ["_topic", "_partition", "_offset"]
-    assert rebuilt.select(key).sort_by([(k, "ascending") for k in key]).equals(
-        day2.select(key).sort_by([(k, "ascending") for k in key]))
+    assert (
+        rebuilt.select(key)
+        .sort_by([(k, "ascending") for k in key])
+        .equals(day2.select(key).sort_by([(k, "ascending") for k in key]))
+    )
     assert _ch_rows(settings, spec) == want
     assert check_results(result)["backfilled_orders_matches_delta"] is True
     version = open_table(layout.silver("orders")).version()
@@ -185,8 +198,9 @@ def test_backfill_rebuilds_exactly_its_window_and_is_idempotent(spark: Any, kafk
     assert _ch_rows(settings, spec) == sorted([*want, ("late", "2026-01-02")])
 
 
-def test_backfill_of_a_join_pipeline_rebuilds_gold_and_clickhouse(spark: Any, kafka: str, topic: str,
-                                                                  settings: Settings) -> None:
+def test_backfill_of_a_join_pipeline_rebuilds_gold_and_clickhouse(
+    spark: Any, kafka: str, topic: str, settings: Settings
+) -> None:
     from riverhouse.demo import materialize_pipeline
     from riverhouse.platform.joins import gold_path
     from tests.integration.test_joins import ch_rows, join_spec, semantics_events, topics_for
@@ -203,10 +217,12 @@ def test_backfill_of_a_join_pipeline_rebuilds_gold_and_clickhouse(spark: Any, ka
     # Gold loses the day; ClickHouse loses two of its rows.
     open_table(path).delete("_left_event_date = '2026-01-01'")
     with open_client(settings.clickhouse_dsn) as client:
-        client.command(f"ALTER TABLE {qualified_table(spec)} DELETE WHERE order_id IN ('o1', 'o4') "
-                       "SETTINGS mutations_sync = 1")
-    selection = dg.AssetSelection.keys(dg.AssetKey(["gold", spec.name, spec.sink.table]),
-                                       dg.AssetKey(["clickhouse", spec.name, spec.sink.table]))
+        client.command(
+            f"ALTER TABLE {qualified_table(spec)} DELETE WHERE order_id IN ('o1', 'o4') SETTINGS mutations_sync = 1"
+        )
+    selection = dg.AssetSelection.keys(
+        dg.AssetKey(["gold", spec.name, spec.sink.table]), dg.AssetKey(["clickhouse", spec.name, spec.sink.table])
+    )
     result = materialize(spec, settings, selection=selection, partition_key="2026-01-01")
     assert result.success
     meta = materialization_metadata(result)[f"gold/bf_join/{spec.sink.table}"]

@@ -32,8 +32,15 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 CHROMIUM = os.environ.get("RIVERHOUSE_CHROMIUM", "/usr/bin/chromium")
 # Without the background-networking flags Chromium keeps calling Google hosts this closed network refuses.
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 OUTPUT = REPO / "test-output" / "e2e"
 PIPELINE = "ui_orders"
 
@@ -58,7 +65,10 @@ def ui(kafka: str, topic: str, settings: Settings, tmp_path: Path) -> Iterator[d
     port = _free_port()
     proc = subprocess.Popen(
         [*riverhouse_cmd(), "ui", "--port", str(port), "--pipelines", str(pipelines)],
-        env=subprocess_env(settings), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=subprocess_env(settings),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
@@ -143,7 +153,8 @@ def _asset_text(page: Any, url: str, path: str) -> str:
 
 
 def test_materialize_from_the_asset_graph_then_see_a_blocking_check_fail(
-        ui: dict[str, Any], page: Any, kafka: str, topic: str, settings: Settings) -> None:
+    ui: dict[str, Any], page: Any, kafka: str, topic: str, settings: Settings
+) -> None:
     url = ui["url"]
     events = [order(f"o{i}", "2026-01-01T10:00:00Z", amount=i + 1) for i in range(200)]
     produce(kafka, topic, events + events[:50])  # 50 producer retries
@@ -156,7 +167,7 @@ def test_materialize_from_the_asset_graph_then_see_a_blocking_check_fail(
     page.screenshot(path=str(OUTPUT / "02_bronze_metadata.png"), full_page=True)
     for label, value in (("records_in", "250"), ("inserted", "200"), ("duplicates_dropped", "50")):
         line = next(ln for ln in bronze.splitlines() if ln.strip() == label)
-        following = bronze.splitlines()[bronze.splitlines().index(line):][:6]
+        following = bronze.splitlines()[bronze.splitlines().index(line) :][:6]
         assert value in [x.strip().replace(",", "") for x in following], (label, following)
 
     checks = _asset_text(page, url, f"silver/{PIPELINE}/orders?view=checks")

@@ -36,8 +36,20 @@ def test_local_kafka_lifecycle_and_generate(tmp_path: Path) -> None:
         assert "already running" in cli("kafka", "start", "--home", home).stdout  # idempotent
         status = cli("kafka", "status", "--home", home)
         assert status.returncode == 0 and state.bootstrap in status.stdout
-        generated = cli("generate", "--home", home, "--topic", "gen_orders", "--count", "500",
-                        "--duplicate-rate", "0.1", "--malformed", "3", "--json")
+        generated = cli(
+            "generate",
+            "--home",
+            home,
+            "--topic",
+            "gen_orders",
+            "--count",
+            "500",
+            "--duplicate-rate",
+            "0.1",
+            "--malformed",
+            "3",
+            "--json",
+        )
         assert generated.returncode == 0, generated.stderr
         stats = json.loads(generated.stdout)
         assert (stats["messages"], stats["unique"], stats["duplicates"], stats["malformed"]) == (553, 500, 50, 3)
@@ -70,9 +82,19 @@ def test_demo_json_matches_the_generator_and_repeats(tmp_path: Path) -> None:
         assert proc.returncode == 0, proc.stderr[-3000:]
         runs.append(json.loads(proc.stdout))
     summary = runs[0]
-    assert set(summary) >= {"read", "duplicates_dropped", "quarantined", "silver_rows", "clickhouse_rows",
-                            "clickhouse_duplicate_keys", "expected_unique", "joined_rows", "unmatched_left",
-                            "join_duplicate_keys", "expected_joined"}
+    assert set(summary) >= {
+        "read",
+        "duplicates_dropped",
+        "quarantined",
+        "silver_rows",
+        "clickhouse_rows",
+        "clickhouse_duplicate_keys",
+        "expected_unique",
+        "joined_rows",
+        "unmatched_left",
+        "join_duplicate_keys",
+        "expected_joined",
+    }
     assert summary["expected_unique"] == 3000
     assert summary["clickhouse_rows"] == summary["silver_rows"] == summary["expected_unique"]
     assert summary["clickhouse_duplicate_keys"] == 0
@@ -90,15 +112,36 @@ def test_demo_json_matches_the_generator_and_repeats(tmp_path: Path) -> None:
 def test_bench_small_run_writes_results_and_page(tmp_path: Path) -> None:
     """`riverhouse bench` end to end on a small topic: every chosen scenario exact, JSON and page written."""
     results, docs = tmp_path / "results", tmp_path / "docs" / "benchmarks.md"  # folders that do not exist yet
-    proc = cli("bench", "--events", "3000", "--scenarios",
-               "kafka_read_limit,clickhouse_insert_limit,baseline_consumer,riverhouse_dedup,query_vs_final",
-               "--final-scale", "20000", "--steady-runs", "3", "--results", str(results), "--docs", str(docs), "--home", str(tmp_path / "home"), timeout=900)
+    proc = cli(
+        "bench",
+        "--events",
+        "3000",
+        "--scenarios",
+        "kafka_read_limit,clickhouse_insert_limit,baseline_consumer,riverhouse_dedup,query_vs_final",
+        "--final-scale",
+        "20000",
+        "--steady-runs",
+        "3",
+        "--results",
+        str(results),
+        "--docs",
+        str(docs),
+        "--home",
+        str(tmp_path / "home"),
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     latest = json.loads((results / "latest.json").read_text())
     assert latest["machine"]["cores"] >= 1
     scenarios = latest["scenarios"]
-    assert set(scenarios) == {"kafka_read_limit", "clickhouse_insert_limit", "baseline_consumer",
-                              "riverhouse_dedup", "query_vs_final", "query_vs_final_20000"}
+    assert set(scenarios) == {
+        "kafka_read_limit",
+        "clickhouse_insert_limit",
+        "baseline_consumer",
+        "riverhouse_dedup",
+        "query_vs_final",
+        "query_vs_final_20000",
+    }
     for name, result in scenarios.items():
         assert result["exact"] is True, (name, result)
     dedup = scenarios["riverhouse_dedup"]

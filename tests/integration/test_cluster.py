@@ -50,8 +50,7 @@ def wait_for(path: Path, text: str, timeout_s: float, proc: subprocess.Popen[byt
 
 @pytest.fixture
 def standalone_cluster(tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    env = {**os.environ, "SPARK_HOME": str(SPARK_HOME), "SPARK_LOCAL_IP": "127.0.0.1",
-           "SPARK_NO_DAEMONIZE": "1"}
+    env = {**os.environ, "SPARK_HOME": str(SPARK_HOME), "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_NO_DAEMONIZE": "1"}
     port = free_port()
     work = tmp_path / "worker-work"
     spark_class = str(SPARK_HOME / "bin" / "spark-class")
@@ -59,17 +58,50 @@ def standalone_cluster(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     procs: list[subprocess.Popen[bytes]] = []
     try:
         with open(master_log, "wb") as log:
-            procs.append(subprocess.Popen(
-                [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                 "--port", str(port), "--webui-port", str(free_port())],
-                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+            procs.append(
+                subprocess.Popen(
+                    [
+                        spark_class,
+                        "org.apache.spark.deploy.master.Master",
+                        "--host",
+                        "127.0.0.1",
+                        "--port",
+                        str(port),
+                        "--webui-port",
+                        str(free_port()),
+                    ],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
         wait_for(master_log, "I have been elected leader", 90, procs[0])
         url = f"spark://127.0.0.1:{port}"
         with open(worker_log, "wb") as log:
-            procs.append(subprocess.Popen(
-                [spark_class, "org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1",
-                 "--cores", "2", "--memory", "2g", "--work-dir", str(work), "--webui-port", str(free_port())],
-                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+            procs.append(
+                subprocess.Popen(
+                    [
+                        spark_class,
+                        "org.apache.spark.deploy.worker.Worker",
+                        url,
+                        "--host",
+                        "127.0.0.1",
+                        "--cores",
+                        "2",
+                        "--memory",
+                        "2g",
+                        "--work-dir",
+                        str(work),
+                        "--webui-port",
+                        str(free_port()),
+                    ],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
         wait_for(worker_log, "Successfully registered with master", 90, procs[1])
         yield url, work
     finally:
@@ -82,13 +114,17 @@ def standalone_cluster(tmp_path: Path) -> Iterator[tuple[str, Path]]:
 
 
 def silver(settings: Settings, spec: Any) -> list[tuple[Any, ...]]:
-    table = open_table(TableLayout(settings.warehouse, spec.name).silver("orders")).to_pyarrow_dataset().to_table(
-        columns=["order_id", "user_id", "amount", "price", "created_at", "_topic", "_partition", "_offset"])
+    table = (
+        open_table(TableLayout(settings.warehouse, spec.name).silver("orders"))
+        .to_pyarrow_dataset()
+        .to_table(columns=["order_id", "user_id", "amount", "price", "created_at", "_topic", "_partition", "_offset"])
+    )
     return sorted(tuple(r.values()) for r in table.to_pylist())
 
 
-def test_cluster_run_equals_local_run(spark: Any, kafka: str, topic: str, tmp_path: Path,
-                                      standalone_cluster: tuple[str, Path]) -> None:
+def test_cluster_run_equals_local_run(
+    spark: Any, kafka: str, topic: str, tmp_path: Path, standalone_cluster: tuple[str, Path]
+) -> None:
     master, work_dir = standalone_cluster
     records, stats = orders(GeneratorConfig(count=3000, duplicate_rate=0.2, malformed=5, seed=11))
     produce(kafka, topic, list(records))
@@ -100,7 +136,9 @@ def test_cluster_run_equals_local_run(spark: Any, kafka: str, topic: str, tmp_pa
     proc = subprocess.run(
         [*riverhouse_cmd(), "run", str(spec_path), "--json"],
         env=subprocess_env(cluster_settings, RIVERHOUSE_SPARK_MASTER=master, SPARK_LOCAL_IP="127.0.0.1"),
-        capture_output=True, text=True, timeout=600,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     cluster_summary = json.loads(proc.stdout)

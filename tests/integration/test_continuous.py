@@ -28,7 +28,10 @@ class Continuous:
     def __init__(self, spec_path: Path, settings: Settings):
         self.proc = subprocess.Popen(
             [*riverhouse_cmd(), "run", str(spec_path), "--continuous", "--json"],
-            env=subprocess_env(settings), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=subprocess_env(settings),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
             start_new_session=True,
         )
         self.lines: list[str] = []
@@ -72,8 +75,9 @@ def ch_orders(settings: Settings, spec: Any) -> list[str]:
         return sorted(r[0] for r in client.query(f"SELECT order_id FROM {qualified_table(spec)}").result_rows)
 
 
-def test_continuous_mode_stops_cleanly_and_resumes_exactly_once(kafka: str, topic: str, settings: Settings,
-                                                                tmp_path: Path) -> None:
+def test_continuous_mode_stops_cleanly_and_resumes_exactly_once(
+    kafka: str, topic: str, settings: Settings, tmp_path: Path
+) -> None:
     spec = orders_spec(topic, name="streaming")
     spec_path = tmp_path / "streaming.yaml"
     spec_path.write_text(yaml.safe_dump(spec.model_dump(mode="json", exclude_none=True)))
@@ -102,6 +106,10 @@ def test_continuous_mode_stops_cleanly_and_resumes_exactly_once(kafka: str, topi
     third = Continuous(spec_path, settings)
     third.wait_for_loaded(10)
     third.stop(signal.SIGTERM)
-    want = sorted([f"a{i}" for i in range(50)] + [f"b{i}" for i in range(30)] + [f"c{i}" for i in range(20)]
-                  + [f"d{i}" for i in range(10)])
+    want = sorted(
+        [f"a{i}" for i in range(50)]
+        + [f"b{i}" for i in range(30)]
+        + [f"c{i}" for i in range(20)]
+        + [f"d{i}" for i in range(10)]
+    )
     assert ch_orders(settings, spec) == want

@@ -44,7 +44,10 @@ def write_spec(tmp_path: Path, topic: str) -> tuple[Path, Any]:
 def run_cli(spec_path: Path, settings: Settings, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     proc = subprocess.Popen(
         [*riverhouse_cmd(), "run", str(spec_path), "--json", *args],
-        env=subprocess_env(settings, **env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=subprocess_env(settings, **env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         start_new_session=True,
     )
     try:
@@ -89,11 +92,11 @@ def silver_ids(settings: Settings, spec: Any) -> list[str]:
     ("point", "visit"),
     [
         ("after_bronze_commit", "1"),
-        ("after_silver_commit", "1"),   # silver committed, Spark's checkpoint not yet
-        ("after_silver_commit", "3"),   # a later micro-batch
+        ("after_silver_commit", "1"),  # silver committed, Spark's checkpoint not yet
+        ("after_silver_commit", "3"),  # a later micro-batch
         ("after_silver_compaction", "1"),  # silver's small files rewritten (OPTIMIZE), checkpoint not yet
         ("during_clickhouse_insert", "2"),  # some chunks of a version inserted, not all
-        ("before_ledger_write", "1"),   # a whole version inserted, ledger not written
+        ("before_ledger_write", "1"),  # a whole version inserted, ledger not written
     ],
 )
 def test_sigkill_then_rerun_gives_exactly_the_expected_rows(
@@ -103,10 +106,7 @@ def test_sigkill_then_rerun_gives_exactly_the_expected_rows(
     records, stats = orders(cfg)
     records = list(records)
     produce(kafka, topic, records)
-    expected = sorted(
-        json.loads(v)["order_id"] for _, v in records[:]
-        if v and v.startswith(b'{"order_id":"o-')
-    )
+    expected = sorted(json.loads(v)["order_id"] for _, v in records[:] if v and v.startswith(b'{"order_id":"o-'))
     expected = sorted(set(expected))
     assert len(expected) == stats.expected_unique == 400
 
@@ -126,4 +126,7 @@ def test_sigkill_then_rerun_gives_exactly_the_expected_rows(
     silver = open_table(TableLayout(settings.warehouse, spec.name).silver("orders"))
     with open_client(settings.clickhouse_dsn) as client:
         assert last_loaded_version(client, spec, silver.metadata().id) == silver.version()
-    assert summary["read"] == summary["inserted"] + summary["duplicates_dropped"] + summary["quarantined"] + summary["replayed"]
+    assert (
+        summary["read"]
+        == summary["inserted"] + summary["duplicates_dropped"] + summary["quarantined"] + summary["replayed"]
+    )

@@ -36,14 +36,15 @@ def join_spec_file(tmp_path: Path, topic: str) -> tuple[Path, Any]:
 @pytest.mark.parametrize(
     ("point", "visit"),
     [
-        ("after_silver_commit", "3"),       # mid-ingest of the sources
-        ("after_gold_commit", "1"),         # gold written, nothing loaded yet
+        ("after_silver_commit", "3"),  # mid-ingest of the sources
+        ("after_gold_commit", "1"),  # gold written, nothing loaded yet
         ("during_clickhouse_insert", "2"),
         ("before_ledger_write", "1"),
     ],
 )
-def test_join_pipeline_sigkill_then_rerun(tmp_path: Path, kafka: str, topic: str, settings: Settings,
-                                          spark: Any, point: str, visit: str) -> None:
+def test_join_pipeline_sigkill_then_rerun(
+    tmp_path: Path, kafka: str, topic: str, settings: Settings, spark: Any, point: str, visit: str
+) -> None:
     cfg = GeneratorConfig(count=300, duplicate_rate=0.2, malformed=3, users=40, seed=5)
     order_records, order_stats = orders(cfg)
     user_records, user_stats = user_events(cfg)

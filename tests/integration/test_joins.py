@@ -17,37 +17,72 @@ from tests.conftest import produce
 
 pytestmark = pytest.mark.integration
 
-ORDER_FIELDS = {"order_id": "string", "user_id": "string", "amount": "int", "price": "double", "created_at": "timestamp"}
+ORDER_FIELDS = {
+    "order_id": "string",
+    "user_id": "string",
+    "amount": "int",
+    "price": "double",
+    "created_at": "timestamp",
+}
 USER_FIELDS = {"event_id": "string", "uid": "string", "name": "string", "created_at": "timestamp"}
 
 
-def join_spec(topics: dict[str, str], kind: str = "left", name: str = "joined", window: str = "1h",
-              require: list[str] | None = None) -> PipelineSpec:
-    return parse_spec({
-        "name": name,
-        "sources": {
-            "orders": {"topic": topics["orders"], "fields": ORDER_FIELDS, "key": ["order_id"],
-                       "event_time": {"field": "created_at"}, "dedup": {"window": "1h"}},
-            "users": {"topic": topics["users"], "fields": USER_FIELDS, "key": ["event_id"],
-                      "event_time": {"field": "created_at"}, "dedup": {"window": "1h"}},
-        },
-        "join": {"type": kind, "left": "orders", "right": "users",
-                 "on": {"left": ["user_id"], "right": ["uid"]},   # key names differ per side
-                 "window": window, "require": require or [],
-                 "select": {"order_id": "orders.order_id", "user_id": "orders.user_id",
-                            "user_name": "users.name", "amount": "orders.amount", "created_at": "orders.created_at"}},
-        "sink": {"table": f"{name}_out", "order_by": ["order_id"]},
-    })
+def join_spec(
+    topics: dict[str, str],
+    kind: str = "left",
+    name: str = "joined",
+    window: str = "1h",
+    require: list[str] | None = None,
+) -> PipelineSpec:
+    return parse_spec(
+        {
+            "name": name,
+            "sources": {
+                "orders": {
+                    "topic": topics["orders"],
+                    "fields": ORDER_FIELDS,
+                    "key": ["order_id"],
+                    "event_time": {"field": "created_at"},
+                    "dedup": {"window": "1h"},
+                },
+                "users": {
+                    "topic": topics["users"],
+                    "fields": USER_FIELDS,
+                    "key": ["event_id"],
+                    "event_time": {"field": "created_at"},
+                    "dedup": {"window": "1h"},
+                },
+            },
+            "join": {
+                "type": kind,
+                "left": "orders",
+                "right": "users",
+                "on": {"left": ["user_id"], "right": ["uid"]},  # key names differ per side
+                "window": window,
+                "require": require or [],
+                "select": {
+                    "order_id": "orders.order_id",
+                    "user_id": "orders.user_id",
+                    "user_name": "users.name",
+                    "amount": "orders.amount",
+                    "created_at": "orders.created_at",
+                },
+            },
+            "sink": {"table": f"{name}_out", "order_by": ["order_id"]},
+        }
+    )
 
 
 def o(order_id: str, user: str, at: str, amount: int = 1) -> tuple[bytes, bytes]:
-    return order_id.encode(), json.dumps({"order_id": order_id, "user_id": user, "amount": amount,
-                                          "price": 2.0, "created_at": f"2026-01-01T{at}:00Z"}).encode()
+    return order_id.encode(), json.dumps(
+        {"order_id": order_id, "user_id": user, "amount": amount, "price": 2.0, "created_at": f"2026-01-01T{at}:00Z"}
+    ).encode()
 
 
 def u(event_id: str, user: str, name: str, at: str) -> tuple[bytes, bytes]:
-    return event_id.encode(), json.dumps({"event_id": event_id, "uid": user, "name": name,
-                                          "created_at": f"2026-01-01T{at}:00Z"}).encode()
+    return event_id.encode(), json.dumps(
+        {"event_id": event_id, "uid": user, "name": name, "created_at": f"2026-01-01T{at}:00Z"}
+    ).encode()
 
 
 def topics_for(topic: str) -> dict[str, str]:
@@ -60,19 +95,29 @@ def ch_rows(settings: Settings, spec: PipelineSpec) -> list[tuple[Any, ...]]:
 
 
 def semantics_events(kafka: str, topics: dict[str, str]) -> None:
-    produce(kafka, topics["users"], [
-        u("e1", "u1", "A1", "10:00"), u("e2", "u1", "A2", "10:20"),   # two versions: latest in window wins
-        u("e3", "u2", "B", "12:30"),                                   # outside o2's window
-        u("e4", "u4", "D", "09:30"),                                   # right before left
-    ])
-    produce(kafka, topics["orders"], [
-        o("o1", "u1", "10:30"), o("o1", "u1", "10:30"),                # duplicate left event
-        o("o2", "u2", "10:00"),
-        o("o3", "u3", "10:40"),
-        o("o4", "u4", "10:15"),
-        o("o5", "u1", "11:45"),                                        # u1's versions are > 1h before
-    ])
-    produce(kafka, topics["users"], [u("e5", "u3", "C", "10:50")])     # arrives after its order: late match
+    produce(
+        kafka,
+        topics["users"],
+        [
+            u("e1", "u1", "A1", "10:00"),
+            u("e2", "u1", "A2", "10:20"),  # two versions: latest in window wins
+            u("e3", "u2", "B", "12:30"),  # outside o2's window
+            u("e4", "u4", "D", "09:30"),  # right before left
+        ],
+    )
+    produce(
+        kafka,
+        topics["orders"],
+        [
+            o("o1", "u1", "10:30"),
+            o("o1", "u1", "10:30"),  # duplicate left event
+            o("o2", "u2", "10:00"),
+            o("o3", "u3", "10:40"),
+            o("o4", "u4", "10:15"),
+            o("o5", "u1", "11:45"),  # u1's versions are > 1h before
+        ],
+    )
+    produce(kafka, topics["users"], [u("e5", "u3", "C", "10:50")])  # arrives after its order: late match
 
 
 def test_left_temporal_join_exact_rows(spark: Any, kafka: str, topic: str, settings: Settings) -> None:
@@ -99,8 +144,9 @@ def test_inner_temporal_join_exact_rows(spark: Any, kafka: str, topic: str, sett
     assert summary["join_unmatched_inner"] == 2 and summary["join_emitted"] == 3
 
 
-def test_unmatched_left_is_emitted_once_after_its_window_closes(spark: Any, kafka: str, topic: str,
-                                                                settings: Settings) -> None:
+def test_unmatched_left_is_emitted_once_after_its_window_closes(
+    spark: Any, kafka: str, topic: str, settings: Settings
+) -> None:
     topics = topics_for(topic)
     spec = join_spec(topics, "left", name="wc")
     produce(kafka, topics["orders"], [o("o1", "ux", "10:00")])
@@ -133,46 +179,70 @@ def test_require_sends_incomplete_rows_to_quarantine(spark: Any, kafka: str, top
     layout = TableLayout(settings.warehouse, spec.name)
     quarantined = open_table(gold_quarantine_path(layout, spec)).to_pyarrow_dataset().to_table().to_pylist()
     assert [(r["order_id"], r["_reason"]) for r in quarantined] == [
-        ("o2", "required field 'user_name' is missing when the join window closed")]
+        ("o2", "required field 'user_name' is missing when the join window closed")
+    ]
     gold = open_table(gold_path(layout, spec)).to_pyarrow_dataset().to_table()
     assert sorted(gold.column("_status").to_pylist()) == ["emitted", "rejected"]
 
 
 def test_sql_pipeline_with_dimension_and_where(spark: Any, kafka: str, topic: str, settings: Settings) -> None:
     topics = {**topics_for(topic), "tiers": f"{topic}_tiers"}
-    spec = parse_spec({
-        "name": "sqlp",
-        "sources": {
-            "orders": {"topic": topics["orders"], "fields": ORDER_FIELDS, "key": ["order_id"],
-                       "event_time": {"field": "created_at"}, "dedup": {"window": "1h"}},
-            "users": {"topic": topics["users"], "fields": USER_FIELDS, "key": ["event_id"],
-                      "event_time": {"field": "created_at"}},
-            "tiers": {"topic": topics["tiers"], "fields": {"user_id": "string", "tier": "string", "updated_at": "timestamp"},
-                      "key": ["user_id"], "event_time": {"field": "updated_at"}},
-        },
-        "query": """
+    spec = parse_spec(
+        {
+            "name": "sqlp",
+            "sources": {
+                "orders": {
+                    "topic": topics["orders"],
+                    "fields": ORDER_FIELDS,
+                    "key": ["order_id"],
+                    "event_time": {"field": "created_at"},
+                    "dedup": {"window": "1h"},
+                },
+                "users": {
+                    "topic": topics["users"],
+                    "fields": USER_FIELDS,
+                    "key": ["event_id"],
+                    "event_time": {"field": "created_at"},
+                },
+                "tiers": {
+                    "topic": topics["tiers"],
+                    "fields": {"user_id": "string", "tier": "string", "updated_at": "timestamp"},
+                    "key": ["user_id"],
+                    "event_time": {"field": "updated_at"},
+                },
+            },
+            "query": """
             SELECT o.order_id, u.name AS user_name, t.tier, o.amount * o.price AS total
             FROM orders o
             LEFT JOIN users u ON o.user_id = u.uid
             LEFT JOIN tiers t ON o.user_id = t.user_id
             WHERE o.amount > 1
         """,
-        "state": {"ttl": "1h", "sources": {"users": "30m"}},
-        "dimensions": ["tiers"],
-        "sink": {"table": "sqlp_out", "order_by": ["order_id"]},
-    })
-    produce(kafka, topics["tiers"], [
-        (b"u1", json.dumps({"user_id": "u1", "tier": "silver", "updated_at": "2020-01-01T00:00:00Z"}).encode()),
-        (b"u1", json.dumps({"user_id": "u1", "tier": "gold", "updated_at": "2025-06-01T00:00:00Z"}).encode()),
-        (b"u2", json.dumps({"user_id": "u2", "tier": "bronze", "updated_at": "2019-01-01T00:00:00Z"}).encode()),
-    ])
+            "state": {"ttl": "1h", "sources": {"users": "30m"}},
+            "dimensions": ["tiers"],
+            "sink": {"table": "sqlp_out", "order_by": ["order_id"]},
+        }
+    )
+    produce(
+        kafka,
+        topics["tiers"],
+        [
+            (b"u1", json.dumps({"user_id": "u1", "tier": "silver", "updated_at": "2020-01-01T00:00:00Z"}).encode()),
+            (b"u1", json.dumps({"user_id": "u1", "tier": "gold", "updated_at": "2025-06-01T00:00:00Z"}).encode()),
+            (b"u2", json.dumps({"user_id": "u2", "tier": "bronze", "updated_at": "2019-01-01T00:00:00Z"}).encode()),
+        ],
+    )
     produce(kafka, topics["users"], [u("e1", "u1", "Ann", "10:00"), u("e2", "u2", "Bob", "09:00")])
-    produce(kafka, topics["orders"], [
-        o("o1", "u1", "10:10", amount=3),   # user in window, dimension's latest tier
-        o("o2", "u2", "10:10", amount=2),   # Bob is 70 min earlier: outside users' 30m TTL
-        o("o3", "u1", "10:20", amount=1),   # filtered by WHERE
-        o("o4", "u9", "10:20", amount=5),   # nobody: nulls
-    ])
+    produce(
+        kafka,
+        topics["orders"],
+        [
+            o("o1", "u1", "10:10", amount=3),  # user in window, dimension's latest tier
+            o("o2", "u2", "10:10", amount=2),  # Bob is 70 min earlier: outside users' 30m TTL
+            o("o3", "u1", "10:20", amount=1),  # filtered by WHERE
+            o("o4", "u9", "10:20", amount=5),  # nobody: nulls
+        ],
+    )
     summary = run_once(spec, settings, spark=spark, log=lambda m: None, drain=True)
     with open_client(settings.clickhouse_dsn) as client:
         rows = sorted(client.query(f"SELECT order_id, user_name, tier, total FROM {qualified_table(spec)}").result_rows)
@@ -181,8 +251,13 @@ def test_sql_pipeline_with_dimension_and_where(spark: Any, kafka: str, topic: st
     assert summary["join_filtered"] == 1
     assert summary["join_engine"] == "spark"  # WHERE and a computed column: Spark SQL
     # ClickHouse types come from the query's output types.
-    assert column_types == {"order_id": "String", "user_name": "Nullable(String)", "tier": "Nullable(String)",
-                            "total": "Nullable(Float64)", "_event_date": "Date"}  # the partition key
+    assert column_types == {
+        "order_id": "String",
+        "user_name": "Nullable(String)",
+        "tier": "Nullable(String)",
+        "total": "Nullable(Float64)",
+        "_event_date": "Date",
+    }  # the partition key
 
 
 def test_example_sql_spec_against_a_reference(spark: Any, kafka: str, topic: str, settings: Settings) -> None:
@@ -221,11 +296,14 @@ def test_example_sql_spec_against_a_reference(spark: Any, kafka: str, topic: str
             latest_tier[row["user_id"]] = (row["updated_at"], row["tier"])
     expected = sorted(
         (e["order_id"], names[e["order_id"]], latest_tier[e["user_id"]][1], round(e["amount"] * e["price"], 6))
-        for e in order_stats.events if e["amount"] * e["price"] >= 10
+        for e in order_stats.events
+        if e["amount"] * e["price"] >= 10
     )
     with open_client(settings.clickhouse_dsn) as client:
-        got = sorted((r[0], r[1], r[2], round(r[3], 6)) for r in client.query(
-            f"SELECT order_id, user_name, tier, total FROM {qualified_table(spec)}").result_rows)
+        got = sorted(
+            (r[0], r[1], r[2], round(r[3], 6))
+            for r in client.query(f"SELECT order_id, user_name, tier, total FROM {qualified_table(spec)}").result_rows
+        )
     assert got == expected
     assert len(expected) < 400  # the WHERE filter removed some orders
 
@@ -243,8 +321,9 @@ def test_a_failing_source_stops_the_run_and_is_named(spark: Any, kafka: str, top
     spec = join_spec(topics, "left", name="broken")
     # users' bronze table exists with one more, required column: its first batch cannot be appended.
     wrong = bronze_schema(spec.sources["users"]).append(pa.field("_other", pa.int64(), nullable=False))
-    write_deltalake(TableLayout(settings.warehouse, spec.name).bronze("users"), wrong.empty_table(),
-                    partition_by=["_event_date"])
+    write_deltalake(
+        TableLayout(settings.warehouse, spec.name).bronze("users"), wrong.empty_table(), partition_by=["_event_date"]
+    )
     with pytest.raises(PipelineError, match="source 'users'"):
         run_once(spec, settings, spark=spark, log=lambda m: None, drain=True)
     assert [q.name for q in spark.streams.active if q.name and "broken" in q.name] == []
@@ -252,8 +331,9 @@ def test_a_failing_source_stops_the_run_and_is_named(spark: Any, kafka: str, top
     assert open_table(gold_path(TableLayout(settings.warehouse, spec.name), spec)) is None
 
 
-def test_a_source_that_cannot_start_stops_the_one_that_did(spark: Any, kafka: str, topic: str,
-                                                            settings: Settings) -> None:
+def test_a_source_that_cannot_start_stops_the_one_that_did(
+    spark: Any, kafka: str, topic: str, settings: Settings
+) -> None:
     """The sources' queries start side by side: one failing to start is named, and the other is stopped."""
     from riverhouse.platform.pipeline import PipelineError
 
@@ -261,10 +341,11 @@ def test_a_source_that_cannot_start_stops_the_one_that_did(spark: Any, kafka: st
     semantics_events(kafka, topics)
     spec = join_spec(topics, "left", name="nostart")
     # Another query holds the users query's name, so Spark refuses to start that one.
-    holder = (spark.readStream.format("rate").load().writeStream.format("noop")
-              .queryName("riverhouse_nostart_users").start())
+    holder = (
+        spark.readStream.format("rate").load().writeStream.format("noop").queryName("riverhouse_nostart_users").start()
+    )
     try:
-        with pytest.raises(PipelineError, match="source 'users'.*already active"):
+        with pytest.raises(PipelineError, match=r"source 'users'.*already active"):
             run_once(spec, settings, spark=spark, log=lambda m: None, drain=True)
         assert [q.name for q in spark.streams.active if q.name and "nostart" in q.name] == ["riverhouse_nostart_users"]
     finally:

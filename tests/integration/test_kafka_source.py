@@ -28,8 +28,14 @@ def produce_with_headers(bootstrap: str, topic: str, count: int) -> None:
     for i in range(count):
         value = json.dumps({"order_id": f"o{i}", "amount": i}).encode()
         headers = [("trace", f"t{i}".encode()), ("empty", None)] if i % 3 == 0 else None
-        producer.produce(topic, key=None if i % 5 == 0 else f"k{i}".encode(), value=value, partition=0,
-                         timestamp=CREATE_MS + i, headers=headers)
+        producer.produce(
+            topic,
+            key=None if i % 5 == 0 else f"k{i}".encode(),
+            value=value,
+            partition=0,
+            timestamp=CREATE_MS + i,
+            headers=headers,
+        )
     assert producer.flush(30) == 0
 
 
@@ -48,8 +54,9 @@ def test_reader_returns_exactly_the_planned_range_with_every_column(
     # Small Arrow batches and consume() calls, so the range spans several of each.
     monkeypatch.setattr(kafka_source, "ARROW_BATCH_ROWS", 64)
     monkeypatch.setattr(kafka_source, "CONSUME_BATCH", 50)
-    options = source_options(kafka, [topic], {}, "earliest", None,
-                             parse_fields=[("order_id", "string"), ("amount", "int")])
+    options = source_options(
+        kafka, [topic], {}, "earliest", None, parse_fields=[("order_id", "string"), ("amount", "int")]
+    )
     rows = read_all(options, KafkaInputPartition(topic, 0, 37, 251))
 
     assert rows.schema == kafka_source._arrow_schema([("order_id", "string"), ("amount", "int")])

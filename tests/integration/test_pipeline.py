@@ -19,17 +19,17 @@ pytestmark = pytest.mark.integration
 
 EVENTS = [
     order("o1", "2026-01-01T10:00:00Z", amount=1),
-    order("o1", "2026-01-01T10:00:00Z", amount=1),          # producer retry: exact duplicate
+    order("o1", "2026-01-01T10:00:00Z", amount=1),  # producer retry: exact duplicate
     order("o2", "2026-01-01T10:05:00Z", amount=2),
-    order("o3", "2026-01-01T09:50:00Z", amount=3),          # out of order
+    order("o3", "2026-01-01T09:50:00Z", amount=3),  # out of order
     order("o4", "2026-01-01T10:00:00Z", amount=4),
-    (b"x", b'{"order_id": "broken", '),                        # invalid JSON
+    (b"x", b'{"order_id": "broken", '),  # invalid JSON
     (b"x", json.dumps({"order_id": "o9", "amount": "many"}).encode()),  # wrong type
-    (b"x", json.dumps({"user_id": "u1", "amount": 1}).encode()),         # missing key
-    (b"x", json.dumps({"order_id": None, "amount": 1}).encode()),        # null key
-    (b"x", b'{"order_id": "\xc3\x28"}'),                                 # invalid UTF-8
-    order("o2", "2026-01-01T10:35:00Z", amount=20),         # same key 30 min later: duplicate
-    order("o4", "2026-01-01T12:00:00Z", amount=40),         # same key 2 h later: outside the window
+    (b"x", json.dumps({"user_id": "u1", "amount": 1}).encode()),  # missing key
+    (b"x", json.dumps({"order_id": None, "amount": 1}).encode()),  # null key
+    (b"x", b'{"order_id": "\xc3\x28"}'),  # invalid UTF-8
+    order("o2", "2026-01-01T10:35:00Z", amount=20),  # same key 30 min later: duplicate
+    order("o4", "2026-01-01T12:00:00Z", amount=40),  # same key 2 h later: outside the window
     (b"x", json.dumps({"order_id": "big", "user_id": "u" * 3000}).encode()),  # oversized for this spec
 ]
 EXPECTED_SILVER = {
@@ -109,8 +109,9 @@ def test_exact_rows_in_silver_quarantine_and_clickhouse(spark: Any, kafka: str, 
     assert clickhouse_rows(settings, spec) == sorted(EXPECTED_SILVER)
 
 
-def test_new_data_is_deduplicated_against_earlier_batches(spark: Any, kafka: str, topic: str,
-                                                          settings: Settings) -> None:
+def test_new_data_is_deduplicated_against_earlier_batches(
+    spark: Any, kafka: str, topic: str, settings: Settings
+) -> None:
     spec = spec_for(topic)
     produce(kafka, topic, [order("a", "2026-02-01T00:00:00Z"), order("b", "2026-02-01T00:00:00Z")])
     first = run_once(spec, settings, spark=spark, log=lambda m: None)
@@ -152,13 +153,16 @@ def test_event_dates_partition_silver(spark: Any, kafka: str, topic: str, settin
     assert dates == {"2026-02-01", "2026-02-02"}
 
 
-def test_local_fast_path_gives_the_tables_spark_alone_gives(spark: Any, kafka: str, topic: str, tmp_path: Any,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_local_fast_path_gives_the_tables_spark_alone_gives(
+    spark: Any, kafka: str, topic: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The same topic into two warehouses, with and without local mode's fast path: same tables."""
     records = [order(f"f{i}", f"2026-01-01T10:{i % 60:02d}:00.{i:03d}Z", amount=i) for i in range(300)]
     records += EVENTS + [order(f"f{i}", "2026-01-01T10:00:00+01:00") for i in range(0, 300, 7)]
-    records += [(b"n", json.dumps({"order_id": "naive", "created_at": "2026-01-01 10:00:00"}).encode()),
-                (b"m", json.dumps({"order_id": "millis", "created_at": "1767261600123"}).encode())]
+    records += [
+        (b"n", json.dumps({"order_id": "naive", "created_at": "2026-01-01 10:00:00"}).encode()),
+        (b"m", json.dumps({"order_id": "millis", "created_at": "1767261600123"}).encode()),
+    ]
     produce(kafka, topic, records)
     spec = spec_for(topic, max_offsets=200)
     tables: dict[str, dict[str, list[dict[str, Any]]]] = {}
@@ -182,7 +186,8 @@ def test_local_fast_path_gives_the_tables_spark_alone_gives(spark: Any, kafka: s
 
 
 def test_unusable_clickhouse_dsn_fails_the_load_after_ingest_without_its_secret(
-        spark: Any, kafka: str, topic: str, settings: Settings) -> None:
+    spark: Any, kafka: str, topic: str, settings: Settings
+) -> None:
     from riverhouse.platform.clickhouse import ClickHouseLoadError
 
     produce(kafka, topic, EVENTS[:5])
@@ -192,8 +197,12 @@ def test_unusable_clickhouse_dsn_fails_the_load_after_ingest_without_its_secret(
         run_once(spec, bad, spark=spark, log=lambda m: None)
     assert "s3cret-pw" not in str(error.value)
     # The ingest is not undone: the next run with a good DSN only loads.
-    assert silver_rows(settings, spec) == {("o1", "2026-01-01 10:00:00", 1), ("o2", "2026-01-01 10:05:00", 2),
-                                           ("o3", "2026-01-01 09:50:00", 3), ("o4", "2026-01-01 10:00:00", 4)}
+    assert silver_rows(settings, spec) == {
+        ("o1", "2026-01-01 10:00:00", 1),
+        ("o2", "2026-01-01 10:05:00", 2),
+        ("o3", "2026-01-01 09:50:00", 3),
+        ("o4", "2026-01-01 10:00:00", 4),
+    }
     summary = run_once(spec, settings, spark=spark, log=lambda m: None)
     assert summary["read"] == 0
     assert clickhouse_rows(settings, spec) == sorted(silver_rows(settings, spec))

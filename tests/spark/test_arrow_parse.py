@@ -26,8 +26,13 @@ KAFKA_TS = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
 
 def good(i: int = 0, **overrides: Any) -> bytes:
-    payload = {"order_id": f"o{i}", "user_id": "u1", "amount": 2, "price": 9.5,
-               "created_at": "2026-01-02T03:04:05.678Z"}
+    payload = {
+        "order_id": f"o{i}",
+        "user_id": "u1",
+        "amount": 2,
+        "price": 9.5,
+        "created_at": "2026-01-02T03:04:05.678Z",
+    }
     payload.update(overrides)
     return json.dumps(payload, separators=(",", ":")).encode()
 
@@ -82,13 +87,19 @@ EDGE_CASES: list[bytes | None] = [
 ]
 
 
-def kafka_table(values: list[bytes | None], parser: ArrowJsonParser | None,
-                stamps: list[Any] | None = None) -> pa.Table:
+def kafka_table(
+    values: list[bytes | None], parser: ArrowJsonParser | None, stamps: list[Any] | None = None
+) -> pa.Table:
     """The Kafka source's Arrow rows for these values (with `_parsed` when a parser is given)."""
     n = len(values)
     columns: dict[str, Any] = {
-        "key": [b"k"] * n, "value": values, "topic": ["orders"] * n, "partition": [0] * n,
-        "offset": list(range(n)), "timestamp": stamps or [KAFKA_TS] * n, "timestampType": [0] * n,
+        "key": [b"k"] * n,
+        "value": values,
+        "topic": ["orders"] * n,
+        "partition": [0] * n,
+        "offset": list(range(n)),
+        "timestamp": stamps or [KAFKA_TS] * n,
+        "timestampType": [0] * n,
         "headers": [None] * n,
     }
     schema = _arrow_schema(None)
@@ -104,8 +115,9 @@ def comparable(row: dict[str, Any]) -> dict[str, Any]:
     return {k: ("NaN" if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
 
 
-def parse_both(spark: Any, values: list[bytes | None], block_rows: int,
-               max_message_bytes: int = 250) -> tuple[list[dict[str, Any]], list[dict[str, Any]], ArrowJsonParser]:
+def parse_both(
+    spark: Any, values: list[bytes | None], block_rows: int, max_message_bytes: int = 250
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], ArrowJsonParser]:
     src = orders_spec("orders").sink_source.model_copy(update={"max_message_bytes": max_message_bytes})
     fields = [(f.name, f.type) for f in src.fields]
     assert supported(fields)
@@ -140,11 +152,20 @@ def test_a_bad_record_sends_only_its_block_to_the_jvm(spark: Any) -> None:
 
 
 def test_clean_block_takes_the_fast_path_with_typed_values() -> None:
-    fields = [("order_id", "string"), ("amount", "int"), ("price", "double"), ("ok", "boolean"),
-              ("created_at", "timestamp")]
+    fields = [
+        ("order_id", "string"),
+        ("amount", "int"),
+        ("price", "double"),
+        ("ok", "boolean"),
+        ("created_at", "timestamp"),
+    ]
     parser = ArrowJsonParser(fields, 1000)
-    parsed = parser.parse([b'{"order_id":"a","amount":3,"price":1.25,"ok":true,"created_at":"2026-01-01"}',
-                           b'{"amount":null,"other":[1]}'])
+    parsed = parser.parse(
+        [
+            b'{"order_id":"a","amount":3,"price":1.25,"ok":true,"created_at":"2026-01-01"}',
+            b'{"amount":null,"other":[1]}',
+        ]
+    )
     assert parser.fast_rows == 2 and parser.fallback_rows == 0
     assert parsed.to_pylist() == [
         {"order_id": "a", "amount": 3, "price": 1.25, "ok": True, "created_at": "2026-01-01", "_corrupt": None},

@@ -34,14 +34,36 @@ from tests.spark.test_arrow_parse import EDGE_CASES, KAFKA_TS, good, kafka_table
 pytestmark = pytest.mark.spark
 
 TIMESTAMP_FORMS: list[Any] = [
-    "2026-01-02T03:04:05Z", "2026-01-02T03:04:05.1Z", "2026-01-02T03:04:05.123456Z",
-    "2026-01-02T03:04:05.1234567Z", "2026-01-02T03:04:05+05:30", "2026-01-02T03:04:05-01:00",
-    "2026-01-02T03:04:05+18:00", "2026-01-02T03:04:05+19:00", "2026-01-02T03:04:05+0530",
-    "2026-01-02 03:04:05Z", "2026-01-02T03:04:05", "2026-01-02", "2026-01-02T03:04Z",
-    "1767323045678", "-1000", "0", "007", "123456789012345", "9999999999999999", "253402300800000",
-    "0001-01-01T00:00:00Z", "9999-12-31T23:59:59.999999Z", "1582-10-10T00:00:00Z",
-    "1900-01-01T00:00:00+17:59", " 2026-01-02T03:04:05Z", "2026-01-02T03:04:05Z ",
-    "2026-01-02T03:04:05z", "2026-01-02T03:04:05UTC", "\uff12\uff10\uff12\uff16-01-02T03:04:05Z", "",
+    "2026-01-02T03:04:05Z",
+    "2026-01-02T03:04:05.1Z",
+    "2026-01-02T03:04:05.123456Z",
+    "2026-01-02T03:04:05.1234567Z",
+    "2026-01-02T03:04:05+05:30",
+    "2026-01-02T03:04:05-01:00",
+    "2026-01-02T03:04:05+18:00",
+    "2026-01-02T03:04:05+19:00",
+    "2026-01-02T03:04:05+0530",
+    "2026-01-02 03:04:05Z",
+    "2026-01-02T03:04:05",
+    "2026-01-02",
+    "2026-01-02T03:04Z",
+    "1767323045678",
+    "-1000",
+    "0",
+    "007",
+    "123456789012345",
+    "9999999999999999",
+    "253402300800000",
+    "0001-01-01T00:00:00Z",
+    "9999-12-31T23:59:59.999999Z",
+    "1582-10-10T00:00:00Z",
+    "1900-01-01T00:00:00+17:59",
+    " 2026-01-02T03:04:05Z",
+    "2026-01-02T03:04:05Z ",
+    "2026-01-02T03:04:05z",
+    "2026-01-02T03:04:05UTC",
+    "\uff12\uff10\uff12\uff16-01-02T03:04:05Z",
+    "",
 ]
 
 
@@ -57,8 +79,14 @@ def comparable(rows: pa.Table) -> list[dict[str, Any]]:
     return out
 
 
-def both_paths(spark: Any, src: SourceSpec, values: list[bytes | None], tmp_path: Path,
-               stamps: list[Any] | None = None, block_rows: int = 7) -> tuple[pa.Table, pa.Table, FastPath]:
+def both_paths(
+    spark: Any,
+    src: SourceSpec,
+    values: list[bytes | None],
+    tmp_path: Path,
+    stamps: list[Any] | None = None,
+    block_rows: int = 7,
+) -> tuple[pa.Table, pa.Table, FastPath]:
     """(Spark's parse alone, the fast path put back together, the fast path's counters)."""
     fields = [(f.name, f.type) for f in src.fields]
     reference = parse_records(spark.createDataFrame(kafka_table(values, None, stamps)), src).toArrow()
@@ -105,8 +133,10 @@ def test_every_edge_case_gives_the_rows_spark_gives(spark: Any, tmp_path: Path) 
 
 def test_one_value_arrow_cannot_convert_sends_that_fields_values_to_spark(spark: Any, tmp_path: Path) -> None:
     src = orders_spec("orders").sink_source
-    values = [good(i) for i in range(10)] + [good(10, created_at="2026-13-02T03:04:05Z"),
-                                             good(11, created_at="2026-02-30T00:00:00Z")]
+    values = [good(i) for i in range(10)] + [
+        good(10, created_at="2026-13-02T03:04:05Z"),
+        good(11, created_at="2026-02-30T00:00:00Z"),
+    ]
     reference, rows, fast = both_paths(spark, src, values, tmp_path)
     assert_same(reference, rows)
     assert [r["_status"] for r in comparable(rows)][-2:] == ["rejected", "rejected"]
@@ -118,7 +148,8 @@ def test_event_time_rules_dates_and_kafka_time(spark: Any, tmp_path: Path) -> No
     base = {"topic": "t", "key": ["id"]}
     fields = {"id": "string", "ts": "long", "day": "date", "flag": "boolean", "n": "long"}
     quarantine = SourceSpec.model_validate(
-        {**base, "fields": fields, "event_time": {"field": "ts", "fallback": "quarantine"}})
+        {**base, "fields": fields, "event_time": {"field": "ts", "fallback": "quarantine"}}
+    )
     fallback = SourceSpec.model_validate({**base, "fields": fields, "event_time": {"field": "ts"}})
     kafka_time = SourceSpec.model_validate({**base, "fields": fields})
 
@@ -128,15 +159,15 @@ def test_event_time_rules_dates_and_kafka_time(spark: Any, tmp_path: Path) -> No
     values: list[bytes | None] = [
         rec(ts=1767323045678, day="2026-01-02", flag=True, n=5),
         rec(ts=-5, day="1970-01-01"),
-        rec(day="2026-01-02"),                      # no event time
-        rec(ts=10**15),                            # out of range for epoch milliseconds
+        rec(day="2026-01-02"),  # no event time
+        rec(ts=10**15),  # out of range for epoch milliseconds
         rec(ts=999_999_999_999_999),
         rec(ts=253402300799999),
-        rec(ts=1, day="2026-1-2"),                 # a date form Spark reads and the fast path leaves
+        rec(ts=1, day="2026-1-2"),  # a date form Spark reads and the fast path leaves
         rec(ts=1, day="2026-01-02T10:00"),
         rec(ts=1, day=""),
         rec(ts=None, flag=None),
-        json.dumps({"ts": 1}).encode(),           # missing key
+        json.dumps({"ts": 1}).encode(),  # missing key
     ]
     stamps = [KAFKA_TS] * (len(values) - 3) + [None, None, None]
     for src in (quarantine, fallback, kafka_time):
@@ -144,8 +175,9 @@ def test_event_time_rules_dates_and_kafka_time(spark: Any, tmp_path: Path) -> No
         assert_same(reference, rows)
         assert fast.fast_rows >= 2
     # A date Arrow cannot convert (Feb 30) sends the batch's dates to Spark, which names it.
-    reference, rows, _ = both_paths(spark, fallback, [rec(ts=1, day="2026-02-30"), rec(ts=2, day="2026-01-01")],
-                                    tmp_path)
+    reference, rows, _ = both_paths(
+        spark, fallback, [rec(ts=1, day="2026-02-30"), rec(ts=2, day="2026-01-01")], tmp_path
+    )
     assert_same(reference, rows)
     assert comparable(rows)[0]["_reason"].startswith("field 'day' is not a valid date")
 

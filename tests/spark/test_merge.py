@@ -52,20 +52,23 @@ def test_merge_is_window_bounded_and_committed_once(tmp_path: Path) -> None:
     path = str(tmp_path / "silver")
     schema = silver_schema(orders_spec("t").sink_source)
     table = ensure_table(path, schema, ["_event_date"], cdf=True)
-    out = insert_if_absent(table, batch([("a", timedelta(0), 0), ("b", timedelta(0), 1)]),
-                                 ["order_id"], WINDOW, "app", 0)
+    out = insert_if_absent(
+        table, batch([("a", timedelta(0), 0), ("b", timedelta(0), 1)]), ["order_id"], WINDOW, "app", 0
+    )
     assert out.inserted == 2 and committed(table, "app", 0)
     # a: 30 minutes later is a duplicate; b: 2 hours later is outside the window -> new; c: new
     out = insert_if_absent(
         open_table(path),
         batch([("a", timedelta(minutes=30), 2), ("b", timedelta(hours=2), 3), ("c", timedelta(0), 4)]),
-        ["order_id"], WINDOW, "app", 1,
+        ["order_id"],
+        WINDOW,
+        "app",
+        1,
     )
     assert out.inserted == 2
     assert silver_ids(path) == [("a", 0), ("b", 1), ("b", 3), ("c", 4)]
     # An event *earlier* than the stored one but inside the window is a duplicate too.
-    out = insert_if_absent(open_table(path), batch([("c", timedelta(minutes=-20), 5)]),
-                                 ["order_id"], WINDOW, "app", 2)
+    out = insert_if_absent(open_table(path), batch([("c", timedelta(minutes=-20), 5)]), ["order_id"], WINDOW, "app", 2)
     assert out.inserted == 0
     assert not committed(open_table(path), "app", 3)
     assert not committed(open_table(path), "other-app", 0)
@@ -85,11 +88,18 @@ def test_merge_predicate_prunes_partitions_outside_the_window(tmp_path: Path) ->
     path = str(tmp_path / "silver")
     ensure_table(path, silver_schema(orders_spec("t").sink_source), ["_event_date"], cdf=True)
     for day in range(6):
-        insert_if_absent(open_table(path), batch([(f"d{day}", timedelta(days=day), day)]),
-                               ["order_id"], WINDOW, "app", day)
+        insert_if_absent(
+            open_table(path), batch([(f"d{day}", timedelta(days=day), day)]), ["order_id"], WINDOW, "app", day
+        )
     files_before = len(open_table(path).file_uris())
-    out = insert_if_absent(open_table(path), batch([("x", timedelta(days=5), 99), ("d5", timedelta(days=5), 98)]),
-                           ["order_id"], WINDOW, "app", 6)
+    out = insert_if_absent(
+        open_table(path),
+        batch([("x", timedelta(days=5), 99), ("d5", timedelta(days=5), 98)]),
+        ["order_id"],
+        WINDOW,
+        "app",
+        6,
+    )
     # Only the partitions within a day of day 5 are read (days 4 and 5: 2 files), not the six days,
     # and the stored d5 is still found there.
     assert out.files_scanned == 2 and files_before == 6
@@ -119,6 +129,7 @@ def test_compaction_keeps_rows_dedup_and_the_change_feed(tmp_path: Path) -> None
     # The last batch id survives the compaction (a replayed batch is still skipped) ...
     assert committed(after, "app", 5)
     # ... and the lookup still finds stored keys in the compacted file.
-    out = insert_if_absent(after, batch([("k3", timedelta(minutes=20), 30), ("new", timedelta(0), 31)]),
-                           ["order_id"], WINDOW, "app", 6)
+    out = insert_if_absent(
+        after, batch([("k3", timedelta(minutes=20), 30), ("new", timedelta(0), 31)]), ["order_id"], WINDOW, "app", 6
+    )
     assert out.inserted == 1 and out.files_scanned == 1

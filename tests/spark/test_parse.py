@@ -16,8 +16,10 @@ KAFKA_TS = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
 
 def kafka_rows(spark: Any, values: list[bytes | None]) -> Any:
-    schema = ("key binary, value binary, topic string, partition int, offset long, timestamp timestamp, "
-              "timestampType int, headers array<struct<key:string,value:binary>>")
+    schema = (
+        "key binary, value binary, topic string, partition int, offset long, timestamp timestamp, "
+        "timestampType int, headers array<struct<key:string,value:binary>>"
+    )
     data = [(b"k", v, "orders", 0, i, KAFKA_TS, 0, None) for i, v in enumerate(values)]
     return spark.createDataFrame(data, schema)
 
@@ -90,10 +92,13 @@ def test_quarantine_fallback_policy(spark: Any) -> None:
 
 
 def test_record_without_any_time_gets_the_batch_date(spark: Any) -> None:
-    schema = ("key binary, value binary, topic string, partition int, offset long, timestamp timestamp, "
-              "timestampType int, headers array<struct<key:string,value:binary>>")
-    rows = spark.createDataFrame([(b"k", b"not json", "orders", 0, 0, None, -1, None),
-                                  (b"k", b"[1]", "orders", 0, 1, KAFKA_TS, 0, None)], schema)
+    schema = (
+        "key binary, value binary, topic string, partition int, offset long, timestamp timestamp, "
+        "timestampType int, headers array<struct<key:string,value:binary>>"
+    )
+    rows = spark.createDataFrame(
+        [(b"k", b"not json", "orders", 0, 0, None, -1, None), (b"k", b"[1]", "orders", 0, 1, KAFKA_TS, 0, None)], schema
+    )
     parsed = parse_records(rows, orders_spec("orders").sink_source).orderBy("_offset").toArrow()
     assert parsed.column("_event_date").to_pylist() == [None, KAFKA_TS.date()]
     filled = fill_missing_dates(parsed, date(2030, 5, 6))

@@ -27,7 +27,11 @@ def test_orders_counts_add_up_and_are_deterministic() -> None:
             payload = json.loads(value)
         except (ValueError, UnicodeDecodeError):
             continue
-        if isinstance(payload, dict) and isinstance(payload.get("order_id"), str) and isinstance(payload.get("amount"), int):
+        if (
+            isinstance(payload, dict)
+            and isinstance(payload.get("order_id"), str)
+            and isinstance(payload.get("amount"), int)
+        ):
             valid_ids.add(payload["order_id"])
     assert len(valid_ids) == stats.expected_unique == 500
     again, _ = orders(cfg)
@@ -44,17 +48,23 @@ def test_user_events_share_user_ids_with_orders() -> None:
 
 
 def test_expected_join_reference_answer() -> None:
-    orders_stats = GeneratedStats(topic="orders", events=[
-        {"order_id": "o1", "user_id": "a", "created_at": "2026-01-01T10:00:00.000Z"},
-        {"order_id": "o2", "user_id": "b", "created_at": "2026-01-01T10:00:00.000Z"},
-        {"order_id": "o3", "user_id": "c", "created_at": "2026-01-01T10:00:00.000Z"},
-    ])
-    users_stats = GeneratedStats(topic="user_events", events=[
-        {"user_id": "a", "name": "A1", "created_at": "2026-01-01T09:30:00.000Z"},
-        {"user_id": "a", "name": "A2", "created_at": "2026-01-01T10:45:00.000Z"},
-        {"user_id": "a", "name": "A3", "created_at": "2026-01-01T11:30:00.000Z"},  # outside 1h
-        {"user_id": "b", "name": "B", "created_at": "2026-01-01T08:00:00.000Z"},   # outside 1h
-    ])
+    orders_stats = GeneratedStats(
+        topic="orders",
+        events=[
+            {"order_id": "o1", "user_id": "a", "created_at": "2026-01-01T10:00:00.000Z"},
+            {"order_id": "o2", "user_id": "b", "created_at": "2026-01-01T10:00:00.000Z"},
+            {"order_id": "o3", "user_id": "c", "created_at": "2026-01-01T10:00:00.000Z"},
+        ],
+    )
+    users_stats = GeneratedStats(
+        topic="user_events",
+        events=[
+            {"user_id": "a", "name": "A1", "created_at": "2026-01-01T09:30:00.000Z"},
+            {"user_id": "a", "name": "A2", "created_at": "2026-01-01T10:45:00.000Z"},
+            {"user_id": "a", "name": "A3", "created_at": "2026-01-01T11:30:00.000Z"},  # outside 1h
+            {"user_id": "b", "name": "B", "created_at": "2026-01-01T08:00:00.000Z"},  # outside 1h
+        ],
+    )
     answer = expected_join(orders_stats, users_stats, timedelta(hours=1))
     assert answer["names"] == {"o1": "A2", "o2": None, "o3": None}
     assert (answer["expected_joined"], answer["expected_unmatched"]) == (1, 2)

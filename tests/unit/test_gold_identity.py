@@ -23,22 +23,30 @@ DAY = date(2026, 3, 1)
 def driving(ids: list[tuple[str, int, int]], days: list[int] | None = None) -> pa.Table:
     """Silver-like rows: Kafka identity, event date, and a payload naming the row's position."""
     days = days or [0] * len(ids)
-    return pa.table({
-        "_topic": pa.array([i[0] for i in ids], pa.string()),
-        "_partition": pa.array([i[1] for i in ids], pa.int32()),
-        "_offset": pa.array([i[2] for i in ids], pa.int64()),
-        "_event_date": pa.array([DAY + timedelta(days=d) for d in days], pa.date32()),
-        "row": pa.array(range(len(ids)), pa.int64()),
-    })
+    return pa.table(
+        {
+            "_topic": pa.array([i[0] for i in ids], pa.string()),
+            "_partition": pa.array([i[1] for i in ids], pa.int32()),
+            "_offset": pa.array([i[2] for i in ids], pa.int64()),
+            "_event_date": pa.array([DAY + timedelta(days=d) for d in days], pa.date32()),
+            "row": pa.array(range(len(ids)), pa.int64()),
+        }
+    )
 
 
 def write_gold(path: Path, ids: list[tuple[str, int, int]], days: list[int]) -> str:
-    write_deltalake(str(path), pa.table({
-        IDENTITY[0]: pa.array([i[0] for i in ids], pa.string()),
-        IDENTITY[1]: pa.array([i[1] for i in ids], pa.int32()),
-        IDENTITY[2]: pa.array([i[2] for i in ids], pa.int64()),
-        "_left_event_date": pa.array([DAY + timedelta(days=d) for d in days], pa.date32()),
-    }), partition_by=["_left_event_date"])
+    write_deltalake(
+        str(path),
+        pa.table(
+            {
+                IDENTITY[0]: pa.array([i[0] for i in ids], pa.string()),
+                IDENTITY[1]: pa.array([i[1] for i in ids], pa.int32()),
+                IDENTITY[2]: pa.array([i[2] for i in ids], pa.int64()),
+                "_left_event_date": pa.array([DAY + timedelta(days=d) for d in days], pa.date32()),
+            }
+        ),
+        partition_by=["_left_event_date"],
+    )
     return str(path)
 
 
@@ -62,8 +70,9 @@ def test_dedupe_matches_a_first_seen_reference_on_random_rows() -> None:
 
 def test_not_processed_drops_what_gold_holds_from_the_earliest_date_on(tmp_path: Path) -> None:
     gold = write_gold(tmp_path / "gold", [("a", 0, 1), ("a", 0, 3), ("b", 1, 9), ("a", 0, 5)], days=[1, 1, 2, 0])
-    closed = driving([("a", 0, 1), ("a", 0, 2), ("a", 0, 3), ("a", 1, 1), ("b", 1, 9), ("a", 0, 5)],
-                     days=[1, 1, 1, 1, 2, 1])
+    closed = driving(
+        [("a", 0, 1), ("a", 0, 2), ("a", 0, 3), ("a", 1, 1), ("b", 1, 9), ("a", 0, 5)], days=[1, 1, 1, 1, 2, 1]
+    )
     # ("a", 0, 5) is in gold on a day before the earliest closed event's: not read, so kept.
     assert _not_processed(closed, gold).column("row").to_pylist() == [1, 3, 5]
 

@@ -37,8 +37,13 @@ def test_example_specs_are_valid() -> None:
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("30s", timedelta(seconds=30)), ("15m", timedelta(minutes=15)), ("1h", timedelta(hours=1)),
-     ("7d", timedelta(days=7)), ("1w", timedelta(weeks=1))],
+    [
+        ("30s", timedelta(seconds=30)),
+        ("15m", timedelta(minutes=15)),
+        ("1h", timedelta(hours=1)),
+        ("7d", timedelta(days=7)),
+        ("1w", timedelta(weeks=1)),
+    ],
 )
 def test_windows_parse(text: str, expected: timedelta) -> None:
     assert parse_window(text) == expected
@@ -125,16 +130,20 @@ def test_validate_cli_prints_every_problem_and_exits_1(tmp_path: Path) -> None:
     bad.write_text(yaml.safe_dump(data))
     broken = tmp_path / "broken.yaml"
     broken.write_text("name: [unclosed\n")
-    proc = subprocess.run([sys.executable, "-m", "riverhouse.cli", "validate", str(bad), str(broken)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "riverhouse.cli", "validate", str(bad), str(broken)], capture_output=True, text=True
+    )
     assert proc.returncode == 1
     assert "sources.orders.dedup.window" in proc.stderr
     assert "sink.table" in proc.stderr
     assert "hint:" in proc.stderr
     assert "invalid YAML" in proc.stderr and "line 2" in proc.stderr
     assert "Traceback" not in proc.stderr
-    ok = subprocess.run([sys.executable, "-m", "riverhouse.cli", "validate", str(REPO / "pipelines" / "orders_dedup.yaml")],
-                        capture_output=True, text=True)
+    ok = subprocess.run(
+        [sys.executable, "-m", "riverhouse.cli", "validate", str(REPO / "pipelines" / "orders_dedup.yaml")],
+        capture_output=True,
+        text=True,
+    )
     assert ok.returncode == 0, ok.stderr
 
 

@@ -13,19 +13,38 @@ from tests.conftest import REPO
 pytestmark = pytest.mark.unit
 
 SOURCES = {
-    "orders": {"topic": "orders", "fields": {"order_id": "string", "user_id": "string", "amount": "int",
-                                             "price": "double", "created_at": "timestamp"},
-               "key": ["order_id"], "event_time": {"field": "created_at"}},
-    "users": {"topic": "user_events", "fields": {"event_id": "string", "user_id": "string", "name": "string",
-                                                 "created_at": "timestamp"},
-              "key": ["event_id"], "event_time": {"field": "created_at"}},
+    "orders": {
+        "topic": "orders",
+        "fields": {
+            "order_id": "string",
+            "user_id": "string",
+            "amount": "int",
+            "price": "double",
+            "created_at": "timestamp",
+        },
+        "key": ["order_id"],
+        "event_time": {"field": "created_at"},
+    },
+    "users": {
+        "topic": "user_events",
+        "fields": {"event_id": "string", "user_id": "string", "name": "string", "created_at": "timestamp"},
+        "key": ["event_id"],
+        "event_time": {"field": "created_at"},
+    },
     "tiers": {"topic": "tiers", "fields": {"user_id": "string", "tier": "string"}, "key": ["user_id"]},
 }
 
 
 def sql_spec(query: str, **extra: Any) -> Any:
-    return parse_spec({"name": "q", "sources": SOURCES, "query": query,
-                       "sink": {"table": "out", "order_by": extra.pop("order_by", ["order_id"])}, **extra})
+    return parse_spec(
+        {
+            "name": "q",
+            "sources": SOURCES,
+            "query": query,
+            "sink": {"table": "out", "order_by": extra.pop("order_by", ["order_id"])},
+            **extra,
+        }
+    )
 
 
 def error(query: str, **extra: Any) -> str:
@@ -38,12 +57,15 @@ def test_plan_of_a_two_join_query() -> None:
     spec = sql_spec(
         "SELECT o.order_id, u.name AS user_name, t.tier, o.amount * o.price AS total FROM orders o "
         "LEFT JOIN users u ON o.user_id = u.user_id JOIN tiers t ON u.user_id = t.user_id WHERE o.amount > 0",
-        dimensions=["tiers"], state={"ttl": "2h", "sources": {"users": "30m"}},
+        dimensions=["tiers"],
+        state={"ttl": "2h", "sources": {"users": "30m"}},
     )
     plan = spec.plan
     assert plan.driving_source == "orders" and plan.output_names == ["order_id", "user_name", "tier", "total"]
     assert [(s.source, s.kind, s.window) for s in plan.steps] == [
-        ("users", "left", timedelta(minutes=30)), ("tiers", "inner", None)]
+        ("users", "left", timedelta(minutes=30)),
+        ("tiers", "inner", None),
+    ]
     assert plan.steps[1].keys[0].base_alias == "u"  # chained on the earlier join
     assert plan.where == "`o__amount` > 0"
     assert plan.close_after == timedelta(minutes=30)
@@ -65,7 +87,10 @@ def test_plan_of_a_two_join_query() -> None:
         ("SELECT o.order_id FROM orders o FULL JOIN users u ON o.user_id = u.user_id", "FULL"),
         ("SELECT order_id, user_id FROM orders o JOIN users u ON o.user_id = u.user_id", "ambiguous"),
         ("SELECT o.order_id, o.amount + 1 FROM orders o", "needs a name"),
-        ("SELECT o.order_id FROM orders o JOIN users u ON u.user_id = u.event_id", "must compare 'u' with an earlier source"),
+        (
+            "SELECT o.order_id FROM orders o JOIN users u ON u.user_id = u.event_id",
+            "must compare 'u' with an earlier source",
+        ),
         ("SELECT o.order_id FROM (SELECT * FROM orders) o", "unsupported clause: subqueries"),
         ("SELEC o.order_id FROM orders o", "cannot parse SQL"),
     ],
@@ -83,8 +108,13 @@ def test_require_dimensions_and_order_by_are_checked() -> None:
 
 def test_temporal_join_spec_validation() -> None:
     base = {"name": "j", "sources": SOURCES, "sink": {"table": "out", "order_by": ["order_id"]}}
-    join = {"left": "orders", "right": "users", "on": ["user_id"], "window": "1h",
-            "select": {"order_id": "orders.order_id", "user_name": "users.name"}}
+    join = {
+        "left": "orders",
+        "right": "users",
+        "on": ["user_id"],
+        "window": "1h",
+        "select": {"order_id": "orders.order_id", "user_name": "users.name"},
+    }
     spec = parse_spec({**base, "join": join})
     assert spec.plan.steps[0].kind == "inner" and spec.plan.output_names == ["order_id", "user_name"]
     for change, message in [

@@ -1,6 +1,5 @@
 """Jobs, the Kafka-lag sensor, the optional schedule and the continuous-mode job of a pipeline."""
 
-
 import json
 import threading
 import time
@@ -21,8 +20,12 @@ from riverhouse.resources import (
 )
 
 PIPELINE_TAG = "riverhouse/pipeline"
-ACTIVE = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
-          dg.DagsterRunStatus.STARTED]
+ACTIVE = [
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+]
 
 
 def job_name(spec: PipelineSpec) -> str:
@@ -37,15 +40,20 @@ def pipeline_job(spec: PipelineSpec) -> Any:
         selection=dg.AssetSelection.groups(spec.name),
         executor_def=dg.in_process_executor,
         tags={PIPELINE_TAG: spec.name, MODE_TAG: "stream"},
-        description=(f"Stream run of pipeline {spec.name}: Kafka -> Delta -> ClickHouse, everything now in Kafka. "
-                     "The partition only labels the run; data of every day is published."),
+        description=(
+            f"Stream run of pipeline {spec.name}: Kafka -> Delta -> ClickHouse, everything now in Kafka. "
+            "The partition only labels the run; data of every day is published."
+        ),
     )
 
 
 def _run_key(spec: PipelineSpec, end_offsets: dict[str, dict[str, int]]) -> str:
     """Same Kafka end offsets, same key: a tick that sees nothing new cannot request a second run."""
-    parts = [f"{topic}/{p}={off}" for topic in sorted(end_offsets)
-             for p, off in sorted(end_offsets[topic].items(), key=lambda kv: int(kv[0]))]
+    parts = [
+        f"{topic}/{p}={off}"
+        for topic in sorted(end_offsets)
+        for p, off in sorted(end_offsets[topic].items(), key=lambda kv: int(kv[0]))
+    ]
     return f"{spec.name}@" + ",".join(parts)
 
 
@@ -58,11 +66,18 @@ def lag_sensor(spec: PipelineSpec) -> dg.SensorDefinition:
         job_name=job_name(spec),
         minimum_interval_seconds=max(1, int(cfg.interval.total_seconds())),
         default_status=dg.DefaultSensorStatus.RUNNING if cfg.enabled else dg.DefaultSensorStatus.STOPPED,
-        description=(f"Requests a stream run of {spec.name} when {min_lag:,} records wait in Kafka, or when "
-                     f"a record has waited {cfg.max_delay} (orchestration.sensor in the spec)."),
+        description=(
+            f"Requests a stream run of {spec.name} when {min_lag:,} records wait in Kafka, or when "
+            f"a record has waited {cfg.max_delay} (orchestration.sensor in the spec)."
+        ),
     )
-    def kafka_lag(context: dg.SensorEvaluationContext, kafka: KafkaResource, warehouse: WarehouseResource,
-                  clickhouse: ClickHouseResource, spark: SparkResource) -> Any:
+    def kafka_lag(
+        context: dg.SensorEvaluationContext,
+        kafka: KafkaResource,
+        warehouse: WarehouseResource,
+        clickhouse: ClickHouseResource,
+        spark: SparkResource,
+    ) -> Any:
         cursor: dict[str, Any] = json.loads(context.cursor) if context.cursor else {}
         now = time.time()
         settings = settings_from(kafka, warehouse, clickhouse, spark)
@@ -85,16 +100,29 @@ def lag_sensor(spec: PipelineSpec) -> dg.SensorDefinition:
             context.update_cursor(json.dumps({**cursor, "pending_since": pending_since, "lag": waiting}))
             return dg.SkipReason(
                 f"{waiting:,} records waiting (below min_lag {min_lag:,}) for {age:.0f}s (below max_delay "
-                f"{max_delay:.0f}s)")
+                f"{max_delay:.0f}s)"
+            )
         run_key = _run_key(spec, lag.end_offsets)
-        context.update_cursor(json.dumps({"pending_since": None, "lag": waiting, "last_run_key": run_key,
-                                          "requested_end_offsets": lag.end_offsets}))
+        context.update_cursor(
+            json.dumps(
+                {
+                    "pending_since": None,
+                    "lag": waiting,
+                    "last_run_key": run_key,
+                    "requested_end_offsets": lag.end_offsets,
+                }
+            )
+        )
         reason = "min_lag" if waiting >= min_lag else "max_delay"
         return dg.RunRequest(
             run_key=run_key,
             partition_key=live_partition_key(spec),
-            tags={PIPELINE_TAG: spec.name, MODE_TAG: "stream", "riverhouse/lag": str(waiting),
-                  "riverhouse/trigger": reason},
+            tags={
+                PIPELINE_TAG: spec.name,
+                MODE_TAG: "stream",
+                "riverhouse/lag": str(waiting),
+                "riverhouse/trigger": reason,
+            },
         )
 
     return kafka_lag
@@ -132,20 +160,27 @@ class ContinuousConfig(dg.Config):
 def continuous_job(spec: PipelineSpec) -> dg.JobDefinition:
     @dg.op(
         name=f"{spec.name}_continuous",
-        description=(f"Keeps {spec.name}'s streaming queries running (a micro-batch every "
-                     f"{spec.orchestration.trigger_interval}) until the run is terminated; a terminate "
-                     "finishes the current batch and publishes it."),
+        description=(
+            f"Keeps {spec.name}'s streaming queries running (a micro-batch every "
+            f"{spec.orchestration.trigger_interval}) until the run is terminated; a terminate "
+            "finishes the current batch and publishes it."
+        ),
     )
-    def run_stream(context: dg.OpExecutionContext, config: ContinuousConfig, spark: SparkResource,
-                   kafka: KafkaResource, warehouse: WarehouseResource, clickhouse: ClickHouseResource) -> None:
+    def run_stream(
+        context: dg.OpExecutionContext,
+        config: ContinuousConfig,
+        spark: SparkResource,
+        kafka: KafkaResource,
+        warehouse: WarehouseResource,
+        clickhouse: ClickHouseResource,
+    ) -> None:
         settings = settings_from(kafka, warehouse, clickhouse, spark)
         stop = threading.Event()
         outcome: dict[str, Any] = {}
 
         def body() -> None:
             try:
-                outcome["summary"] = run_continuous(spec, settings, stop, log=context.log.info,
-                                                    spark=spark.session())
+                outcome["summary"] = run_continuous(spec, settings, stop, log=context.log.info, spark=spark.session())
             except BaseException as exc:
                 outcome["error"] = exc
 
@@ -166,8 +201,9 @@ def continuous_job(spec: PipelineSpec) -> dg.JobDefinition:
         if "error" in outcome:
             raise outcome["error"]
         context.log.info(f"continuous run finished: {outcome.get('summary')}")
-        context.add_output_metadata({k: v for k, v in (outcome.get("summary") or {}).items()
-                                     if isinstance(v, int | float | str)})
+        context.add_output_metadata(
+            {k: v for k, v in (outcome.get("summary") or {}).items() if isinstance(v, int | float | str)}
+        )
 
     @dg.job(
         name=f"{spec.name}_continuous_job",

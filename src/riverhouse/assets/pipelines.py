@@ -15,7 +15,6 @@ Checks that guard ClickHouse are blocking (Great Expectations suites from the sp
 the windowed unique-key scan); the reconciliation check runs after the load.
 """
 
-
 import re
 from datetime import UTC, datetime
 from typing import Any
@@ -85,21 +84,24 @@ def _column_lineage(spec: PipelineSpec) -> dg.TableColumnLineage:
     if not spec.is_join:
         silver = asset_key("silver", spec, spec.sink_source_name)
         return dg.TableColumnLineage(
-            deps_by_column={f.name: [dg.TableColumnDep(asset_key=silver, column_name=f.name)]
-                            for f in spec.sink_source.fields}
+            deps_by_column={
+                f.name: [dg.TableColumnDep(asset_key=silver, column_name=f.name)] for f in spec.sink_source.fields
+            }
         )
     plan = spec.plan
     aliases = {plan.driving_alias: plan.driving_source, **{s.alias: s.source for s in plan.steps}}
     deps: dict[str, list[dg.TableColumnDep]] = {}
     for name, expr in plan.projections:
         refs = {(aliases[a], c) for a, c in FLAT_COLUMN.findall(expr) if a in aliases}
-        deps[name] = [dg.TableColumnDep(asset_key=asset_key("silver", spec, src), column_name=c)
-                      for src, c in sorted(refs)]
+        deps[name] = [
+            dg.TableColumnDep(asset_key=asset_key("silver", spec, src), column_name=c) for src, c in sorted(refs)
+        ]
     return dg.TableColumnLineage(deps_by_column=deps)
 
 
-def _ingested_in_this_run(context: dg.AssetExecutionContext, spec: PipelineSpec,
-                          sources: list[str]) -> dict[str, dict[str, Any]]:
+def _ingested_in_this_run(
+    context: dg.AssetExecutionContext, spec: PipelineSpec, sources: list[str]
+) -> dict[str, dict[str, Any]]:
     """Ingest metadata of the given sources' bronze assets materialized in this run."""
     out: dict[str, dict[str, Any]] = {}
     for name in sources:
@@ -160,14 +162,23 @@ def _ingest_asset(spec: PipelineSpec, source_name: str) -> dg.AssetsDefinition:
     rate_check = f"{source_name}_rejected_rate_is_below_{spec.quality.max_rejected_rate:g}".replace(".", "_")
     specs = [
         dg.AssetSpec(
-            key=bronze_key, deps=[asset_key("kafka", spec, source_name)], group_name=spec.name,
-            kinds={"spark", "delta"}, owners=owners,
-            description=(f"Every record of `{src.topic}` as received, with Kafka coordinates, parse status "
-                         "and the Spark batch it came in. The ingest run also writes silver."),
+            key=bronze_key,
+            deps=[asset_key("kafka", spec, source_name)],
+            group_name=spec.name,
+            kinds={"spark", "delta"},
+            owners=owners,
+            description=(
+                f"Every record of `{src.topic}` as received, with Kafka coordinates, parse status "
+                "and the Spark batch it came in. The ingest run also writes silver."
+            ),
             metadata={"dagster/column_schema": _column_schema([(f.name, str(f.type)) for f in bronze_schema(src)])},
         ),
         dg.AssetSpec(
-            key=quarantine_key, deps=[bronze_key], group_name=spec.name, kinds={"spark", "delta"}, owners=owners,
+            key=quarantine_key,
+            deps=[bronze_key],
+            group_name=spec.name,
+            kinds={"spark", "delta"},
+            owners=owners,
             description="Records that failed parsing or validation, with the raw value and the reason.",
         ),
     ]
@@ -175,10 +186,17 @@ def _ingest_asset(spec: PipelineSpec, source_name: str) -> dg.AssetsDefinition:
     @dg.multi_asset(
         name=f"ingest_{spec.name}_{source_name}",
         specs=specs,
-        check_specs=[dg.AssetCheckSpec(
-            rate_check, asset=bronze_key, blocking=True,
-            description=(f"Great Expectations: at most {spec.quality.max_rejected_rate:.1%} of this run's records "
-                         "were quarantined (quality.max_rejected_rate)."))],
+        check_specs=[
+            dg.AssetCheckSpec(
+                rate_check,
+                asset=bronze_key,
+                blocking=True,
+                description=(
+                    f"Great Expectations: at most {spec.quality.max_rejected_rate:.1%} of this run's records "
+                    "were quarantined (quality.max_rejected_rate)."
+                ),
+            )
+        ],
         description=f"Read `{src.topic}` up to its current end (Spark availableNow) into bronze, quarantine and silver.",
     )
     def ingest_source(
@@ -201,8 +219,9 @@ def _ingest_asset(spec: PipelineSpec, source_name: str) -> dg.AssetsDefinition:
         silver = open_table(layout.silver(source_name))
         silver_before = silver.version() if silver is not None else -1
         # Runs launched from the UI are not queued per pipeline: wait for the one in progress.
-        result = ingest(spark.session(), spec, settings, source_name, on_batch=log_batch, lock_wait_s=600,
-                        log=context.log.info)
+        result = ingest(
+            spark.session(), spec, settings, source_name, on_batch=log_batch, lock_wait_s=600, log=context.log.info
+        )
         summary = result.summary()
         seconds = max(result.seconds, 1e-6)
         batch_ids = [b.batch_id for b in result.batches]
@@ -234,11 +253,16 @@ def _ingest_asset(spec: PipelineSpec, source_name: str) -> dg.AssetsDefinition:
         records, rejected = summary["read"], summary["quarantined"]
         outcome = validate_rejected_rate(spec, records, rejected)
         yield dg.AssetCheckResult(
-            asset_key=bronze_key, check_name=rate_check, passed=outcome.success,
-            metadata={"records": records, "rejected": rejected,
-                      "rejected_rate": round(rejected / records, 6) if records else 0.0,
-                      "max_rejected_rate": spec.quality.max_rejected_rate,
-                      "gx": dg.MetadataValue.json(outcome.metadata())},
+            asset_key=bronze_key,
+            check_name=rate_check,
+            passed=outcome.success,
+            metadata={
+                "records": records,
+                "rejected": rejected,
+                "rejected_rate": round(rejected / records, 6) if records else 0.0,
+                "max_rejected_rate": spec.quality.max_rejected_rate,
+                "gx": dg.MetadataValue.json(outcome.metadata()),
+            },
             description=None if outcome.success else outcome.describe_failures(),
         )
 
@@ -251,14 +275,26 @@ def _silver_asset(spec: PipelineSpec, source_name: str, parts: dg.PartitionsDefi
     window = str(src.dedup.window) if src.dedup else "none"
     gx_check = f"{source_name}_passes_expectations"
     unique_check = f"{source_name}_has_unique_keys_within_window"
-    check_specs = [dg.AssetCheckSpec(
-        gx_check, asset=key, blocking=True,
-        description=("Great Expectations suite from the spec: not-null keys, required fields and event time; "
-                     "field types; min/max ranges. Runs on the rows this run publishes."))]
+    check_specs = [
+        dg.AssetCheckSpec(
+            gx_check,
+            asset=key,
+            blocking=True,
+            description=(
+                "Great Expectations suite from the spec: not-null keys, required fields and event time; "
+                "field types; min/max ranges. Runs on the rows this run publishes."
+            ),
+        )
+    ]
     if src.dedup:
-        check_specs.append(dg.AssetCheckSpec(
-            unique_check, asset=key, blocking=True,
-            description=f"No two silver rows share {', '.join(src.dedup_key)} within {window}."))
+        check_specs.append(
+            dg.AssetCheckSpec(
+                unique_check,
+                asset=key,
+                blocking=True,
+                description=f"No two silver rows share {', '.join(src.dedup_key)} within {window}.",
+            )
+        )
 
     @dg.asset(
         key=key,
@@ -290,29 +326,46 @@ def _silver_asset(spec: PipelineSpec, source_name: str, parts: dg.PartitionsDefi
             ingested = _ingested_in_this_run(context, spec, [source_name]).get(source_name, {})
             before = int(ingested.get("silver_version_before", -1))
             after = int(ingested.get("silver_version_after", -1))
-            rows = read_inserts(layout.silver(source_name), before + 1, after, schema.names) \
-                if after > before else schema.empty_table()
-            metadata.update({"mode": "stream", "inserted": rows.num_rows,
-                             "duplicates_dropped": int(ingested.get("duplicates_dropped", 0)),
-                             "delta_version": after})
+            rows = (
+                read_inserts(layout.silver(source_name), before + 1, after, schema.names)
+                if after > before
+                else schema.empty_table()
+            )
+            metadata.update(
+                {
+                    "mode": "stream",
+                    "inserted": rows.num_rows,
+                    "duplicates_dropped": int(ingested.get("duplicates_dropped", 0)),
+                    "delta_version": after,
+                }
+            )
         else:
             start, end = _window(context)
             rebuilt = rebuild_silver(spark.session(), spec, settings, source_name, start, end, log=context.log.info)
             rows = rebuilt.published if rebuilt.published is not None else schema.empty_table()
-            metadata.update({"mode": "rebuild", "window": rebuilt.window, "rows": rebuilt.rows,
-                             "rows_before": rebuilt.rows_before, "changed": rebuilt.changed,
-                             "delta_version": rebuilt.delta_version if rebuilt.delta_version is not None else -1})
+            metadata.update(
+                {
+                    "mode": "rebuild",
+                    "window": rebuilt.window,
+                    "rows": rebuilt.rows,
+                    "rows_before": rebuilt.rows_before,
+                    "changed": rebuilt.changed,
+                    "delta_version": rebuilt.delta_version if rebuilt.delta_version is not None else -1,
+                }
+            )
         yield dg.MaterializeResult(metadata=metadata)
         outcome = validate_silver(spec, source_name, plain_strings(rows).select(schema.names))
         yield dg.AssetCheckResult(
-            check_name=gx_check, passed=outcome.success,
+            check_name=gx_check,
+            passed=outcome.success,
             metadata={**outcome.metadata(), "failures": dg.MetadataValue.json(outcome.metadata()["failures"])},
             description=None if outcome.success else outcome.describe_failures(),
         )
         if src.dedup:
             count, sample = duplicate_keys_within_window(layout.silver(source_name), src.dedup_key, src.dedup.window)
             yield dg.AssetCheckResult(
-                check_name=unique_check, passed=count == 0,
+                check_name=unique_check,
+                passed=count == 0,
                 metadata={"duplicate_rows": count, "sample": dg.MetadataValue.json(sample)},
             )
 
@@ -337,10 +390,17 @@ def _gold_asset(spec: PipelineSpec, gold_key: dg.AssetKey, parts: dg.PartitionsD
         group_name=spec.name,
         kinds={"spark", "delta"},
         owners=list(spec.owners),
-        check_specs=[dg.AssetCheckSpec(
-            check, asset=gold_key, blocking=True,
-            description=(f"No fan-out: at most one emitted row per {plan.driving_source} key "
-                         f"({', '.join(driving.dedup_key)}) within {window}."))],
+        check_specs=[
+            dg.AssetCheckSpec(
+                check,
+                asset=gold_key,
+                blocking=True,
+                description=(
+                    f"No fan-out: at most one emitted row per {plan.driving_source} key "
+                    f"({', '.join(driving.dedup_key)}) within {window}."
+                ),
+            )
+        ],
         description=(
             f"{kind} of {', '.join(spec.sources)} (driving stream `{plan.driving_source}`): each driving event "
             "emitted exactly once, when its window closes. A rebuild joins the partition's driving events again."
@@ -377,20 +437,30 @@ def _gold_asset(spec: PipelineSpec, gold_key: dg.AssetKey, parts: dg.PartitionsD
         else:
             start, end = _window(context)
             rebuilt = rebuild_gold(spark.session(), spec, settings, start, end, log=context.log.info)
-            metadata = {"mode": "rebuild", "window": rebuilt.window, "rows": rebuilt.rows,
-                        "rows_before": rebuilt.rows_before, "changed": rebuilt.changed,
-                        "delta_version": rebuilt.delta_version if rebuilt.delta_version is not None else -1}
+            metadata = {
+                "mode": "rebuild",
+                "window": rebuilt.window,
+                "rows": rebuilt.rows,
+                "rows_before": rebuilt.rows_before,
+                "changed": rebuilt.changed,
+                "delta_version": rebuilt.delta_version if rebuilt.delta_version is not None else -1,
+            }
         yield dg.MaterializeResult(metadata={**metadata, "path": path})
-        count, sample = duplicate_keys_within_window(path, ["_left_key"], window, time_column="_left_event_time",
-                                                     emitted_only=True)
-        yield dg.AssetCheckResult(check_name=check, passed=count == 0,
-                                  metadata={"duplicate_rows": count, "sample": dg.MetadataValue.json(sample)})
+        count, sample = duplicate_keys_within_window(
+            path, ["_left_key"], window, time_column="_left_event_time", emitted_only=True
+        )
+        yield dg.AssetCheckResult(
+            check_name=check,
+            passed=count == 0,
+            metadata={"duplicate_rows": count, "sample": dg.MetadataValue.json(sample)},
+        )
 
     return gold_table
 
 
-def _clickhouse_asset(spec: PipelineSpec, sink_key: dg.AssetKey, upstream: dg.AssetKey,
-                      parts: dg.PartitionsDefinition) -> dg.AssetsDefinition:
+def _clickhouse_asset(
+    spec: PipelineSpec, sink_key: dg.AssetKey, upstream: dg.AssetKey, parts: dg.PartitionsDefinition
+) -> dg.AssetsDefinition:
     check = f"{spec.sink.table}_matches_delta"
 
     @dg.asset(
@@ -401,10 +471,16 @@ def _clickhouse_asset(spec: PipelineSpec, sink_key: dg.AssetKey, upstream: dg.As
         kinds={"clickhouse"},
         owners=list(spec.owners),
         pool=CLICKHOUSE_POOL,
-        check_specs=[dg.AssetCheckSpec(
-            check, asset=sink_key,
-            description=("Great Expectations reconciliation: per day, ClickHouse holds as many rows as Delta "
-                         "at the last loaded version; no duplicate keys."))],
+        check_specs=[
+            dg.AssetCheckSpec(
+                check,
+                asset=sink_key,
+                description=(
+                    "Great Expectations reconciliation: per day, ClickHouse holds as many rows as Delta "
+                    "at the last loaded version; no duplicate keys."
+                ),
+            )
+        ],
         description=(
             f"ClickHouse table `{spec.sink.table}` (partitioned by `_event_date`): new Delta versions loaded "
             "exactly once (deduplication tokens per chunk + a ledger); a rebuild swaps whole days in with "
@@ -433,18 +509,25 @@ def _clickhouse_asset(spec: PipelineSpec, sink_key: dg.AssetKey, upstream: dg.As
                 "seconds": summary["seconds"],
                 "delta_version": summary["delta_version"] if summary["delta_version"] is not None else -1,
                 "last_loaded_version": summary["last_loaded_version"]
-                if summary["last_loaded_version"] is not None else -1,
+                if summary["last_loaded_version"] is not None
+                else -1,
             }
         else:
             start, end = _window(context)
             replaced = replace_clickhouse_window(spec, settings, start, end, log=context.log.info).summary()
-            metadata = {"mode": "rebuild", "days": ", ".join(replaced["days"]), "rows_replaced": replaced["rows"],
-                        "rows_caught_up": replaced["caught_up_rows"], "seconds": replaced["seconds"],
-                        "delta_version": replaced["delta_version"] if replaced["delta_version"] is not None else -1}
+            metadata = {
+                "mode": "rebuild",
+                "days": ", ".join(replaced["days"]),
+                "rows_replaced": replaced["rows"],
+                "rows_caught_up": replaced["caught_up_rows"],
+                "seconds": replaced["seconds"],
+                "delta_version": replaced["delta_version"] if replaced["delta_version"] is not None else -1,
+            }
         yield dg.MaterializeResult(metadata=metadata)
         outcome, stats = reconcile_per_day(spec, settings)
         yield dg.AssetCheckResult(
-            check_name=check, passed=outcome.success and stats["duplicate_keys"] == 0,
+            check_name=check,
+            passed=outcome.success and stats["duplicate_keys"] == 0,
             metadata={**stats, "gx": dg.MetadataValue.json(outcome.metadata())},
             description=None if outcome.success else outcome.describe_failures(),
         )

@@ -44,10 +44,16 @@ def _plain_projections(plan: JoinPlan) -> list[tuple[str, str]] | None:
 
 # What `joins.evaluate` adds after the projections, in its order, as `toArrow()` types them.
 META_COLUMNS: list[tuple[str, pa.DataType]] = [
-    ("_left_topic", pa.string()), ("_left_partition", pa.int32()), ("_left_offset", pa.int64()),
-    ("_left_event_time", TS), ("_left_event_date", pa.date32()),
-    ("_left_key", pa.string()), ("_matched", pa.bool_()), ("_late_match", pa.bool_()),
-    ("_reason", pa.string()), ("_status", pa.string()),
+    ("_left_topic", pa.string()),
+    ("_left_partition", pa.int32()),
+    ("_left_offset", pa.int64()),
+    ("_left_event_time", TS),
+    ("_left_event_date", pa.date32()),
+    ("_left_key", pa.string()),
+    ("_matched", pa.bool_()),
+    ("_late_match", pa.bool_()),
+    ("_reason", pa.string()),
+    ("_status", pa.string()),
 ]
 
 
@@ -100,8 +106,9 @@ def _group_ids(left: list[Any], right: list[Any]) -> tuple[np.ndarray, np.ndarra
     return ids[:n_left], ids[n_left:]
 
 
-def _latest_within(left_ids: np.ndarray, left_t: np.ndarray, right: pa.Table, right_ids: np.ndarray,
-                   window_us: int | None) -> np.ndarray:
+def _latest_within(
+    left_ids: np.ndarray, left_t: np.ndarray, right: pa.Table, right_ids: np.ndarray, window_us: int | None
+) -> np.ndarray:
     """Per left row: index of the matching right row, or -1."""
     if right.num_rows == 0 or len(left_ids) == 0:
         return np.full(len(left_ids), -1, dtype=np.int64)
@@ -115,7 +122,7 @@ def _latest_within(left_ids: np.ndarray, left_t: np.ndarray, right: pa.Table, ri
     right_code = np.where(right_ids >= 0, right_ids * span + ranks[: len(right_t)], -1)
     order = np.lexsort((offset, part, right_code))
     codes = right_code[order]
-    query = left_ids * span + ranks[len(right_t):]
+    query = left_ids * span + ranks[len(right_t) :]
     pos = np.searchsorted(codes, query, side="right") - 1
     found = order[np.clip(pos, 0, None)]
     ok = (pos >= 0) & (left_ids >= 0) & (right_ids[found] == left_ids)
@@ -134,8 +141,9 @@ def evaluate_arrow(spec: Any, plan: JoinPlan, driving: pa.Table, lookups: dict[s
     left_key = sources[plan.driving_source].dedup_key
     if any(_normal(driving.column(c)).type not in KEY_TYPES for c in left_key):
         return None
-    columns: dict[str, Any] = {flat(driving_alias, f.name): driving.column(f.name)
-                               for f in sources[plan.driving_source].fields}
+    columns: dict[str, Any] = {
+        flat(driving_alias, f.name): driving.column(f.name) for f in sources[plan.driving_source].fields
+    }
     left_t = _micros(driving.column("_event_time"))
     left_kts = driving.column("_kafka_timestamp")
     count = driving.num_rows
@@ -144,8 +152,9 @@ def evaluate_arrow(spec: Any, plan: JoinPlan, driving: pa.Table, lookups: dict[s
     late: Any = pa.array(np.zeros(count, dtype=bool))
     for step in plan.steps:
         right = lookups[step.alias]
-        ids = _group_ids([columns[flat(k.base_alias, k.base_column)] for k in step.keys],
-                         [right.column(k.column) for k in step.keys])
+        ids = _group_ids(
+            [columns[flat(k.base_alias, k.base_column)] for k in step.keys], [right.column(k.column) for k in step.keys]
+        )
         if ids is None:
             return None
         window_us = int(step.window.total_seconds() * 1_000_000) if step.window is not None else None
@@ -162,18 +171,24 @@ def evaluate_arrow(spec: Any, plan: JoinPlan, driving: pa.Table, lookups: dict[s
         late = pc.or_kleene(late, pc.and_kleene(flag, pc.greater(right_kts, left_kts)))
     out: dict[str, Any] = {name: columns[column] for name, column in projections}
     key_text = [pc.cast(driving.column(c), pa.string()) for c in left_key]
-    out.update({
-        "_left_topic": driving.column("_topic"), "_left_partition": driving.column("_partition"),
-        "_left_offset": driving.column("_offset"), "_left_event_time": driving.column("_event_time"),
-        "_left_event_date": driving.column("_event_date"),
-        "_left_key": pc.binary_join_element_wise(*key_text, "\u0001", null_handling="skip"),
-        "_matched": matched, "_late_match": late,
-    })
+    out.update(
+        {
+            "_left_topic": driving.column("_topic"),
+            "_left_partition": driving.column("_partition"),
+            "_left_offset": driving.column("_offset"),
+            "_left_event_time": driving.column("_event_time"),
+            "_left_event_date": driving.column("_event_date"),
+            "_left_key": pc.binary_join_element_wise(*key_text, "\u0001", null_handling="skip"),
+            "_matched": matched,
+            "_late_match": late,
+        }
+    )
     reason = pa.nulls(count, pa.string())
     for name in reversed(plan.require):  # the first missing one names the row, as COALESCE does
         missing = pc.is_null(out[name])
-        reason = pc.if_else(missing, pa.scalar(f"required field '{name}' is missing when the join window closed"),
-                            reason)
+        reason = pc.if_else(
+            missing, pa.scalar(f"required field '{name}' is missing when the join window closed"), reason
+        )
     status = pc.if_else(pc.invert(inner_ok), "unmatched", pc.if_else(pc.is_valid(reason), "rejected", "emitted"))
     out["_reason"] = pc.if_else(pc.equal(status, "rejected"), reason, pa.scalar(None, pa.string()))
     out["_status"] = status

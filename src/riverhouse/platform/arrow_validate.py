@@ -68,8 +68,12 @@ class Rules:
     @classmethod
     def decode(cls, text: str) -> Rules:
         raw = json.loads(text)
-        return cls([(str(n), str(t)) for n, t in raw["fields"]], [str(n) for n in raw["required"]],
-                   raw["event_time_field"], bool(raw["event_time_quarantine"]))
+        return cls(
+            [(str(n), str(t)) for n, t in raw["fields"]],
+            [str(n) for n in raw["required"]],
+            raw["event_time_field"],
+            bool(raw["event_time_quarantine"]),
+        )
 
 
 def rules_for(src: Any) -> Rules | None:
@@ -77,17 +81,24 @@ def rules_for(src: Any) -> Rules | None:
     fields = [(f.name, f.type) for f in src.fields]
     if not all(t in FINAL_TYPES for _, t in fields):
         return None
-    return Rules(fields, list(src.required_fields), src.event_time.field,
-                 src.event_time.fallback == "quarantine")
+    return Rules(fields, list(src.required_fields), src.event_time.field, src.event_time.fallback == "quarantine")
 
 
 def output_schema(fields: list[tuple[str, str]]) -> pa.Schema:
     """The columns `parse_records` gives, in its order, with Arrow types."""
     headers = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
     return pa.schema(
-        [("_topic", pa.string()), ("_partition", pa.int32()), ("_offset", pa.int64()),
-         ("_kafka_timestamp", TS), ("_key", pa.binary()), ("_value", pa.binary()), ("_headers", headers),
-         ("_reason", pa.string()), ("_event_time", TS)]
+        [
+            ("_topic", pa.string()),
+            ("_partition", pa.int32()),
+            ("_offset", pa.int64()),
+            ("_kafka_timestamp", TS),
+            ("_key", pa.binary()),
+            ("_value", pa.binary()),
+            ("_headers", headers),
+            ("_reason", pa.string()),
+            ("_event_time", TS),
+        ]
         + [(name, FINAL_TYPES[typ]) for name, typ in fields]
         + [("_status", pa.string()), ("_event_date", pa.date32())]
     )
@@ -168,11 +179,18 @@ class FastPath:
             return None, rest
         count = batch.num_rows
         columns = [
-            batch.column("topic"), batch.column("partition"), batch.column("offset"), batch.column("timestamp"),
-            batch.column("key"), batch.column("value"), batch.column("headers"),
-            pa.nulls(count, pa.string()), event_time,
+            batch.column("topic"),
+            batch.column("partition"),
+            batch.column("offset"),
+            batch.column("timestamp"),
+            batch.column("key"),
+            batch.column("value"),
+            batch.column("headers"),
+            pa.nulls(count, pa.string()),
+            event_time,
             *[typed[name] for name, _ in self.rules.fields],
-            pa.array(["ok"] * count, pa.string()), event_time.cast(pa.date32()),
+            pa.array(["ok"] * count, pa.string()),
+            event_time.cast(pa.date32()),
         ]
         finished = pa.RecordBatch.from_arrays(columns, schema=self.schema).filter(ok)
         return finished, rest

@@ -90,17 +90,23 @@ def _time_filter(time_col: str, date_col: str, lo: datetime, hi: datetime) -> An
     """lo <= time < hi, with literal date bounds so delta-rs prunes partitions."""
     lo_date = pa.scalar(lo.astimezone(UTC).date(), pa.date32())
     hi_date = pa.scalar(hi.astimezone(UTC).date(), pa.date32())
-    return ((pc.field(date_col) >= lo_date) & (pc.field(date_col) <= hi_date)
-            & (pc.field(time_col) >= lo) & (pc.field(time_col) < hi))
+    return (
+        (pc.field(date_col) >= lo_date)
+        & (pc.field(date_col) <= hi_date)
+        & (pc.field(time_col) >= lo)
+        & (pc.field(time_col) < hi)
+    )
 
 
 def _sql_window(time_col: str, date_col: str, start: datetime, end: datetime) -> str:
     """The same window as a delta-rs SQL predicate (replaceWhere)."""
     lo, hi = start.astimezone(UTC), end.astimezone(UTC)
     last = (hi - timedelta(microseconds=1)).date()
-    return (f"\"{date_col}\" >= '{lo.date().isoformat()}' AND \"{date_col}\" <= '{last.isoformat()}' "
-            f"AND \"{time_col}\" >= '{lo.strftime('%Y-%m-%d %H:%M:%S.%f')}' "
-            f"AND \"{time_col}\" < '{hi.strftime('%Y-%m-%d %H:%M:%S.%f')}'")
+    return (
+        f"\"{date_col}\" >= '{lo.date().isoformat()}' AND \"{date_col}\" <= '{last.isoformat()}' "
+        f"AND \"{time_col}\" >= '{lo.strftime('%Y-%m-%d %H:%M:%S.%f')}' "
+        f"AND \"{time_col}\" < '{hi.strftime('%Y-%m-%d %H:%M:%S.%f')}'"
+    )
 
 
 def _read(path: str, flt: Any, columns: list[str] | None = None) -> pa.Table:
@@ -119,11 +125,15 @@ def _same_rows(a: pa.Table, b: pa.Table, order: list[str]) -> bool:
     return a.sort_by(sort).equals(b.sort_by(sort))
 
 
-def _replace(table: DeltaTable, rows: pa.Table, predicate: str, label: str,
-             extra: dict[str, str] | None = None) -> int:
+def _replace(table: DeltaTable, rows: pa.Table, predicate: str, label: str, extra: dict[str, str] | None = None) -> int:
     """Replace the rows matching `predicate` with `rows`: one commit (delete + add)."""
-    write_deltalake(table, rows, mode="overwrite", predicate=predicate,
-                    commit_properties=CommitProperties(custom_metadata={REBUILD_KEY: label, **(extra or {})}))
+    write_deltalake(
+        table,
+        rows,
+        mode="overwrite",
+        predicate=predicate,
+        commit_properties=CommitProperties(custom_metadata={REBUILD_KEY: label, **(extra or {})}),
+    )
     table.update_incremental()
     return table.version()
 
@@ -139,20 +149,25 @@ def replay_dedup(candidates: pa.Table, context: pa.Table, key: list[str], window
     if candidates.num_rows == 0:
         return candidates
     cols = [*key, "_batch_id", "_event_time", "_topic", "_partition", "_offset"]
-    both = pa.concat_tables([
-        candidates.select(cols).append_column("_ctx", pa.array([False] * candidates.num_rows)),
-        context.select(cols).cast(candidates.select(cols).schema).append_column(
-            "_ctx", pa.array([True] * context.num_rows)),
-    ]).append_column("_row", pa.array(np.arange(candidates.num_rows + context.num_rows), pa.int64()))
-    both = both.sort_by([(c, "ascending") for c in [*key, "_batch_id", "_event_time", "_topic", "_partition",
-                                                      "_offset"]])
+    both = pa.concat_tables(
+        [
+            candidates.select(cols).append_column("_ctx", pa.array([False] * candidates.num_rows)),
+            context.select(cols)
+            .cast(candidates.select(cols).schema)
+            .append_column("_ctx", pa.array([True] * context.num_rows)),
+        ]
+    ).append_column("_row", pa.array(np.arange(candidates.num_rows + context.num_rows), pa.int64()))
+    both = both.sort_by(
+        [(c, "ascending") for c in [*key, "_batch_id", "_event_time", "_topic", "_partition", "_offset"]]
+    )
     n = both.num_rows
     new_key = np.zeros(n, dtype=bool)
     new_key[0] = True
     for k in key:
         col = both.column(k).combine_chunks()
         new_key[1:] |= pc.fill_null(pc.not_equal(col.slice(1), col.slice(0, n - 1)), True).to_numpy(
-            zero_copy_only=False)
+            zero_copy_only=False
+        )
     times = pc.cast(both.column("_event_time"), pa.int64()).to_numpy(zero_copy_only=False)
     batches = both.column("_batch_id").to_numpy(zero_copy_only=False)
     ctx = both.column("_ctx").to_numpy(zero_copy_only=False)
@@ -177,8 +192,7 @@ def replay_dedup(candidates: pa.Table, context: pa.Table, key: list[str], window
                 if ctx[r] or last is None or times[r] - last > window_us:
                     in_batch.append(r)
                     last = times[r]
-            finals = [r for r in in_batch
-                      if ctx[r] or not any(abs(times[r] - t) <= window_us for t in kept)]
+            finals = [r for r in in_batch if ctx[r] or not any(abs(times[r] - t) <= window_us for t in kept)]
             for r in finals:
                 keep[r] = not ctx[r]
             kept.extend(int(times[r]) for r in finals)
@@ -193,12 +207,18 @@ def _parse_bronze(spark: Any, spec: PipelineSpec, source: str, bronze: pa.Table)
     schema = silver_schema(src)
     if bronze.num_rows == 0:
         return schema.empty_table()
-    kafka_rows = pa.table({
-        "key": bronze.column("_key"), "value": bronze.column("_value"), "topic": bronze.column("_topic"),
-        "partition": bronze.column("_partition"), "offset": bronze.column("_offset"),
-        "timestamp": bronze.column("_kafka_timestamp"),
-        "timestampType": pa.array([0] * bronze.num_rows, pa.int32()), "headers": bronze.column("_headers"),
-    })
+    kafka_rows = pa.table(
+        {
+            "key": bronze.column("_key"),
+            "value": bronze.column("_value"),
+            "topic": bronze.column("_topic"),
+            "partition": bronze.column("_partition"),
+            "offset": bronze.column("_offset"),
+            "timestamp": bronze.column("_kafka_timestamp"),
+            "timestampType": pa.array([0] * bronze.num_rows, pa.int32()),
+            "headers": bronze.column("_headers"),
+        }
+    )
     parsed = parse_records(spark.createDataFrame(kafka_rows), src).filter("_status = 'ok'").toArrow()
     parsed = plain_strings(parsed.select([c for c in schema.names if c != "_batch_id"]))
     batch_of = bronze.select([*KAFKA_IDENTITY, "_batch_id"])
@@ -206,8 +226,15 @@ def _parse_bronze(spark: Any, spec: PipelineSpec, source: str, bronze: pa.Table)
     return parsed.select(schema.names).cast(schema)
 
 
-def rebuild_silver(spark: Any, spec: PipelineSpec, settings: Settings, source: str, start: datetime,
-                   end: datetime, log: Callable[[str], None] = print) -> RebuildResult:
+def rebuild_silver(
+    spark: Any,
+    spec: PipelineSpec,
+    settings: Settings,
+    source: str,
+    start: datetime,
+    end: datetime,
+    log: Callable[[str], None] = print,
+) -> RebuildResult:
     """Recompute silver rows with event time in [start, end) from bronze; one commit if they differ."""
     started = time.monotonic()
     src = spec.sources[source]
@@ -219,27 +246,33 @@ def rebuild_silver(spark: Any, spec: PipelineSpec, settings: Settings, source: s
     silver = ensure_table(layout.silver(source), schema, ["_event_date"], cdf=True)
     # The stream must not write silver while its window is replaced.
     with pipeline_lock(checkpoint_dir(settings, spec.name, source), spec.name, wait_s=LOCK_WAIT_S, log=log):
-        bronze = _read(layout.bronze(source), _time_filter("_event_time", "_event_date", start, end)
-                       & (pc.field("_status") == "ok"))
+        bronze = _read(
+            layout.bronze(source),
+            _time_filter("_event_time", "_event_date", start, end) & (pc.field("_status") == "ok"),
+        )
         rows = _parse_bronze(spark, spec, source, bronze)
         if src.dedup is not None and rows.num_rows:
             window = src.dedup.window
-            near = _read(layout.silver(source),
-                         _time_filter("_event_time", "_event_date", start - window, end + window)
-                         & ~((pc.field("_event_time") >= start) & (pc.field("_event_time") < end)),
-                         schema.names)
+            near = _read(
+                layout.silver(source),
+                _time_filter("_event_time", "_event_date", start - window, end + window)
+                & ~((pc.field("_event_time") >= start) & (pc.field("_event_time") < end)),
+                schema.names,
+            )
             rows = replay_dedup(rows, near.cast(schema), src.dedup_key, window)
-        current = _read(layout.silver(source), _time_filter("_event_time", "_event_date", start, end),
-                        schema.names).cast(schema)
+        current = _read(
+            layout.silver(source), _time_filter("_event_time", "_event_date", start, end), schema.names
+        ).cast(schema)
         result.rows, result.rows_before = rows.num_rows, current.num_rows
         if _same_rows(rows, current, KAFKA_IDENTITY):
             log(f"silver {source} {label}: {rows.num_rows:,} rows, unchanged")
         else:
-            result.delta_version = _replace(silver, rows, _sql_window("_event_time", "_event_date", start, end),
-                                            label)
+            result.delta_version = _replace(silver, rows, _sql_window("_event_time", "_event_date", start, end), label)
             result.changed = True
-            log(f"silver {source} {label}: replaced {current.num_rows:,} rows with {rows.num_rows:,} "
-                f"(Delta version {result.delta_version})")
+            log(
+                f"silver {source} {label}: replaced {current.num_rows:,} rows with {rows.num_rows:,} "
+                f"(Delta version {result.delta_version})"
+            )
         result.delta_version = silver.version()
         result.published = rows
     result.seconds = time.monotonic() - started
@@ -247,8 +280,14 @@ def rebuild_silver(spark: Any, spec: PipelineSpec, settings: Settings, source: s
 
 
 # -------------------------------------------------------------------------- gold
-def rebuild_gold(spark: Any, spec: PipelineSpec, settings: Settings, start: datetime, end: datetime,
-                 log: Callable[[str], None] = print) -> RebuildResult:
+def rebuild_gold(
+    spark: Any,
+    spec: PipelineSpec,
+    settings: Settings,
+    start: datetime,
+    end: datetime,
+    log: Callable[[str], None] = print,
+) -> RebuildResult:
     """Join every driving event with event time in [start, end) again, windows closed; replace it."""
     from riverhouse.platform.joins import (
         STATE_VERSION,
@@ -273,8 +312,11 @@ def rebuild_gold(spark: Any, spec: PipelineSpec, settings: Settings, start: date
     quarantine = ensure_table(gold_quarantine_path(layout, spec), schema, ["_left_event_date"])
     driving_schema = silver_schema(spec.sources[plan.driving_source])
     with gold_lock(settings, spec.name, log):
-        driving = _read(layout.silver(plan.driving_source),
-                        _time_filter("_event_time", "_event_date", start, end), driving_schema.names)
+        driving = _read(
+            layout.silver(plan.driving_source),
+            _time_filter("_event_time", "_event_date", start, end),
+            driving_schema.names,
+        )
         driving = driving.cast(driving_schema)
         if driving.num_rows:
             lookups = lookup_rows(spec, layout, start, end - timedelta(microseconds=1))
@@ -284,8 +326,9 @@ def rebuild_gold(spark: Any, spec: PipelineSpec, settings: Settings, start: date
             rows = schema.empty_table()
         order = ["_left_topic", "_left_partition", "_left_offset"]
         predicate = _sql_window("_left_event_time", "_left_event_date", start, end)
-        current = _read(path, _time_filter("_left_event_time", "_left_event_date", start, end),
-                        schema.names).cast(schema)
+        current = _read(path, _time_filter("_left_event_time", "_left_event_date", start, end), schema.names).cast(
+            schema
+        )
         result.rows, result.rows_before = rows.num_rows, current.num_rows
         if _same_rows(rows, current, order):
             log(f"gold {spec.sink.table} {label}: {rows.num_rows:,} driving events, unchanged")
@@ -299,8 +342,10 @@ def rebuild_gold(spark: Any, spec: PipelineSpec, settings: Settings, start: date
             # The stream's progress is carried into the rebuild commit, so it is never lost.
             result.delta_version = _replace(gold, rows, predicate, label, state)
             result.changed = True
-            log(f"gold {spec.sink.table} {label}: replaced {current.num_rows:,} rows with {rows.num_rows:,} "
-                f"(Delta version {result.delta_version})")
+            log(
+                f"gold {spec.sink.table} {label}: replaced {current.num_rows:,} rows with {rows.num_rows:,} "
+                f"(Delta version {result.delta_version})"
+            )
         result.delta_version = gold.version()
     result.seconds = time.monotonic() - started
     return result
@@ -320,8 +365,9 @@ class ReplaceResult:
         return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in asdict(self).items()}
 
 
-def replace_clickhouse_window(spec: PipelineSpec, settings: Settings, start: datetime, end: datetime,
-                              log: Callable[[str], None] = print) -> ReplaceResult:
+def replace_clickhouse_window(
+    spec: PipelineSpec, settings: Settings, start: datetime, end: datetime, log: Callable[[str], None] = print
+) -> ReplaceResult:
     """Swap the days covering [start, end) of the ClickHouse table for the Delta snapshot's rows."""
     started = time.monotonic()
     days = _days(start, end)
@@ -337,8 +383,11 @@ def replace_clickhouse_window(spec: PipelineSpec, settings: Settings, start: dat
         snapshot.load_as_version(caught_up.delta_version)
         result.delta_version = caught_up.delta_version
         if spec.is_join:
-            columns, date_col, order = spec.plan.output_names, "_left_event_date", ["_left_topic", "_left_partition",
-                                                                                   "_left_offset"]
+            columns, date_col, order = (
+                spec.plan.output_names,
+                "_left_event_date",
+                ["_left_topic", "_left_partition", "_left_offset"],
+            )
         else:
             columns, date_col, order = [f.name for f in spec.sink_source.fields], "_event_date", KAFKA_IDENTITY
         staging = quote(f"{spec.sink.table}__rh_backfill")
@@ -349,24 +398,38 @@ def replace_clickhouse_window(spec: PipelineSpec, settings: Settings, start: dat
                 flt = pc.field(date_col) == pa.scalar(day, pa.date32())
                 if spec.is_join:
                     flt = flt & (pc.field("_status") == "emitted")
-                rows = plain_strings(snapshot.to_pyarrow_dataset().to_table(
-                    columns=[*columns, date_col, *order], filter=flt))
+                rows = plain_strings(
+                    snapshot.to_pyarrow_dataset().to_table(columns=[*columns, date_col, *order], filter=flt)
+                )
                 rows = rows.sort_by([(c, "ascending") for c in order]).select([*columns, date_col])
                 rows = rows.rename_columns([*columns, "_event_date"])
-                with_retries(lambda: client.command(f"DROP TABLE IF EXISTS {staging_table}"), "dropping staging",
-                             log=log)
-                with_retries(lambda: client.command(
-                    f"CREATE TABLE {staging_table} AS {qualified_table(spec)}"), "creating staging", log=log)
+                with_retries(
+                    lambda: client.command(f"DROP TABLE IF EXISTS {staging_table}"), "dropping staging", log=log
+                )
+                with_retries(
+                    lambda: client.command(f"CREATE TABLE {staging_table} AS {qualified_table(spec)}"),
+                    "creating staging",
+                    log=log,
+                )
                 for offset in range(0, rows.num_rows, spec.sink.batch_size):
                     chunk = rows.slice(offset, spec.sink.batch_size)
-                    with_retries(lambda c=chunk: client.insert_arrow(staging_table, c),
-                                 f"staging {day} for {qualified_table(spec)}", log=log)
-                with_retries(lambda d=day: client.command(
-                    f"ALTER TABLE {qualified_table(spec)} REPLACE PARTITION '{d.isoformat()}' "
-                    f"FROM {staging_table}"), f"replacing partition {day}", log=log)
+                    with_retries(
+                        lambda c=chunk: client.insert_arrow(staging_table, c),
+                        f"staging {day} for {qualified_table(spec)}",
+                        log=log,
+                    )
+                with_retries(
+                    lambda d=day: client.command(
+                        f"ALTER TABLE {qualified_table(spec)} REPLACE PARTITION '{d.isoformat()}' FROM {staging_table}"
+                    ),
+                    f"replacing partition {day}",
+                    log=log,
+                )
                 client.command(f"DROP TABLE IF EXISTS {staging_table}")
                 result.rows += rows.num_rows
-                log(f"ClickHouse {qualified_table(spec)} partition {day}: replaced with {rows.num_rows:,} rows "
-                    f"(Delta version {caught_up.delta_version})")
+                log(
+                    f"ClickHouse {qualified_table(spec)} partition {day}: replaced with {rows.num_rows:,} rows "
+                    f"(Delta version {caught_up.delta_version})"
+                )
     result.seconds = time.monotonic() - started
     return result

@@ -64,7 +64,11 @@ def quote(identifier: str) -> str:
 
 def is_transient(exc: BaseException) -> bool:
     text = str(exc)
-    if "EmbeddedServer" in text or "already in use" in text.lower() or ("lock" in text.lower() and "chdb" in text.lower()):
+    if (
+        "EmbeddedServer" in text
+        or "already in use" in text.lower()
+        or ("lock" in text.lower() and "chdb" in text.lower())
+    ):
         return True
     match = CODE_RE.search(text)
     if match:
@@ -74,8 +78,13 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, OperationalError | ConnectionError | TimeoutError)
 
 
-def with_retries(action: Callable[[], Any], what: str, attempts: int = 6, base_delay_s: float = 0.5,
-                 log: Callable[[str], None] | None = None) -> Any:
+def with_retries(
+    action: Callable[[], Any],
+    what: str,
+    attempts: int = 6,
+    base_delay_s: float = 0.5,
+    log: Callable[[str], None] | None = None,
+) -> Any:
     """Run `action`, retrying transient errors with exponential backoff; permanent ones raise at once."""
     for attempt in range(1, attempts + 1):
         try:
@@ -104,7 +113,7 @@ def open_client(dsn: str, attempts: int = 8) -> Iterator[Any]:
     import clickhouse_connect
 
     if dsn.startswith("chdb://"):
-        Path(dsn[len("chdb://"):]).mkdir(parents=True, exist_ok=True)
+        Path(dsn[len("chdb://") :]).mkdir(parents=True, exist_ok=True)
     elif not dsn.startswith(("http://", "https://", "clickhouse://", "clickhouses://")):
         raise ClickHouseLoadError(
             f"unsupported ClickHouse DSN {redact_dsn(dsn)!r}: use chdb:///path or http(s)://user:pass@host:port/db"
@@ -228,8 +237,10 @@ def ensure_schema(client: Any, spec: PipelineSpec, schema: pa.Schema | None = No
     if engine:
         name, full, partition_key = engine[0]
         if partition_key.strip("` ") != PARTITION_COLUMN:
-            problems.append(f"it is partitioned by {partition_key or 'nothing'}, expected {PARTITION_COLUMN} "
-                            "(backfills replace one day at a time)")
+            problems.append(
+                f"it is partitioned by {partition_key or 'nothing'}, expected {PARTITION_COLUMN} "
+                "(backfills replace one day at a time)"
+            )
         if "MergeTree" not in name:
             problems.append(f"engine is {name}; exactly-once loading needs a MergeTree-family table")
         elif not name.startswith(("Replicated", "Shared")):
@@ -303,8 +314,9 @@ def rebuild_versions(table: Any, first: int, last: int) -> set[int]:
     return out
 
 
-def _version_rows(path: str, start: int, end: int, columns: list[str], order: list[str],
-                  emitted_only: bool) -> pa.Table:
+def _version_rows(
+    path: str, start: int, end: int, columns: list[str], order: list[str], emitted_only: bool
+) -> pa.Table:
     changes = read_inserts(path, start, end, [*columns, *order, *(["_status"] if emitted_only else [])])
     if emitted_only:
         # Join pipelines keep every driving event in gold; only emitted rows reach ClickHouse.
@@ -393,8 +405,9 @@ def load_new_versions(
     return result
 
 
-def _insert_version(client: Any, spec: PipelineSpec, table_id: str, version: int, rows: pa.Table,
-                    log: Callable[[str], None] | None) -> int:
+def _insert_version(
+    client: Any, spec: PipelineSpec, table_id: str, version: int, rows: pa.Table, log: Callable[[str], None] | None
+) -> int:
     size = spec.sink.batch_size
     chunks = 0
     for chunk_index, offset in enumerate(range(0, rows.num_rows, size)):
@@ -416,9 +429,11 @@ def duplicate_key_count(client: Any, spec: PipelineSpec) -> int:
     """Keys (dedup key; join pipelines: sink.order_by) held by more than one ClickHouse row."""
     key = list(spec.sink.order_by) if spec.is_join else spec.sink_source.dedup_key
     key_expr = ", ".join(quote(k) for k in key)
-    return int(client.query(
-        f"SELECT count() FROM (SELECT {key_expr} FROM {qualified_table(spec)} GROUP BY {key_expr} HAVING count() > 1)"
-    ).result_rows[0][0])
+    return int(
+        client.query(
+            f"SELECT count() FROM (SELECT {key_expr} FROM {qualified_table(spec)} GROUP BY {key_expr} HAVING count() > 1)"
+        ).result_rows[0][0]
+    )
 
 
 def table_stats(dsn: str, spec: PipelineSpec) -> dict[str, int]:

@@ -91,13 +91,13 @@ def compact_lookup_days(silver: DeltaTable, rows: pa.Table, window: timedelta) -
     id stays in the log, so replays are still skipped.
     """
     lo, hi = _lookup_days(rows, window)
-    done = silver.optimize.compact(partition_filters=[("_event_date", ">=", lo.isoformat()),
-                                                      ("_event_date", "<=", hi.isoformat())])
+    done = silver.optimize.compact(
+        partition_filters=[("_event_date", ">=", lo.isoformat()), ("_event_date", "<=", hi.isoformat())]
+    )
     return {"files_removed": int(done.get("numFilesRemoved", 0)), "files_added": int(done.get("numFilesAdded", 0))}
 
 
-def _stored_matches(silver: DeltaTable, rows: pa.Table, key: list[str],
-                    window: timedelta) -> tuple[pa.Table, int]:
+def _stored_matches(silver: DeltaTable, rows: pa.Table, key: list[str], window: timedelta) -> tuple[pa.Table, int]:
     """Stored (key..., _event_time) of silver rows sharing a key with `rows`, and the files read.
 
     Only partitions within a window of the batch's dates are read. Memory follows the
@@ -106,15 +106,20 @@ def _stored_matches(silver: DeltaTable, rows: pa.Table, key: list[str],
     """
     lo_date, hi_date = _lookup_days(rows, window)
     near = (pc.field("_event_date") >= pa.scalar(lo_date, pa.date32())) & (
-        pc.field("_event_date") <= pa.scalar(hi_date, pa.date32()))
+        pc.field("_event_date") <= pa.scalar(hi_date, pa.date32())
+    )
     dataset = silver.to_pyarrow_dataset()
     fragments = list(dataset.get_fragments(filter=near))
     if not fragments:
         return rows.select([*key, "_event_time"]).slice(0, 0), 0
     first = key[0]
     values = pc.unique(rows.column(first)).cast(dataset.schema.field(first).type)
-    stored = dataset.scanner(columns=[*key, "_event_time"], filter=near & pc.field(first).isin(values),
-                             batch_readahead=2, fragment_readahead=1).to_table()
+    stored = dataset.scanner(
+        columns=[*key, "_event_time"],
+        filter=near & pc.field(first).isin(values),
+        batch_readahead=2,
+        fragment_readahead=1,
+    ).to_table()
     return plain_strings(stored).cast(rows.select([*key, "_event_time"]).schema), len(fragments)
 
 
@@ -141,7 +146,9 @@ def insert_if_absent(
     keep = rows
     if stored.num_rows:
         delta = pa.scalar(window, pa.duration("us"))
-        probe = rows.select([*key, "_event_time"]).append_column("_row", pa.array(np.arange(rows.num_rows, dtype=np.int64)))
+        probe = rows.select([*key, "_event_time"]).append_column(
+            "_row", pa.array(np.arange(rows.num_rows, dtype=np.int64))
+        )
         pairs = probe.join(stored.rename_columns([*key, "_stored_time"]), keys=key, join_type="inner")
         lo = pc.subtract(pairs.column("_event_time"), delta)
         hi = pc.add(pairs.column("_event_time"), delta)

@@ -69,8 +69,12 @@ class SuiteOutcome:
             "expectations": len(self.outcomes),
             "failed_expectations": len(self.failed),
             "failures": [
-                {"expectation": o.expectation, "column": o.column, "unexpected_count": o.unexpected_count,
-                 "sample": [str(v) for v in o.sample[:10]]}
+                {
+                    "expectation": o.expectation,
+                    "column": o.column,
+                    "unexpected_count": o.unexpected_count,
+                    "sample": [str(v) for v in o.sample[:10]],
+                }
                 for o in self.failed
             ],
         }
@@ -112,9 +116,9 @@ def validate(rows: pa.Table, expectations: list[Any], suite_name: str) -> SuiteO
     suite = context.suites.add(gx.ExpectationSuite(name=suite_name))
     for expectation in expectations:
         suite.add_expectation(expectation)
-    naive = pa.schema([
-        pa.field(f.name, pa.timestamp(f.type.unit)) if pa.types.is_timestamp(f.type) else f for f in rows.schema
-    ])
+    naive = pa.schema(
+        [pa.field(f.name, pa.timestamp(f.type.unit)) if pa.types.is_timestamp(f.type) else f for f in rows.schema]
+    )
     frame = rows.cast(naive).to_pandas()
     batch = batch_definition.get_batch(batch_parameters={"dataframe": frame})
     result = batch.validate(suite, result_format={"result_format": "SUMMARY", "partial_unexpected_count": 10})
@@ -128,8 +132,10 @@ def validate(rows: pa.Table, expectations: list[Any], suite_name: str) -> SuiteO
                 column=config.kwargs.get("column") or config.kwargs.get("column_A"),
                 success=bool(r.success),
                 unexpected_count=int(details.get("unexpected_count") or (0 if r.success else 1)),
-                sample=list(details.get("partial_unexpected_list") or
-                            ([details.get("observed_value")] if "observed_value" in details else [])),
+                sample=list(
+                    details.get("partial_unexpected_list")
+                    or ([details.get("observed_value")] if "observed_value" in details else [])
+                ),
             )
         )
     return SuiteOutcome(suite_name, rows.num_rows, outcomes)
@@ -145,8 +151,7 @@ def validate_rejected_rate(spec: PipelineSpec, records: int, rejected: int) -> S
     The run already counted them per batch, so bronze is not read again: GX sees one
     `_status` value per record.
     """
-    statuses = pa.table({"_status": pa.array(["ok"] * (records - rejected) + ["rejected"] * rejected,
-                                             pa.string())})
+    statuses = pa.table({"_status": pa.array(["ok"] * (records - rejected) + ["rejected"] * rejected, pa.string())})
     gx = _gx()
     mostly = 1.0 - spec.quality.max_rejected_rate
     expectation = gx.expectations.ExpectColumnValuesToBeInSet(column="_status", value_set=["ok"], mostly=mostly)

@@ -81,8 +81,15 @@ def _malformed(kind: str, rng: random.Random, index: int) -> Record:
     if kind == "invalid_json":
         return key, b'{"order_id": "broken", "amount": '
     if kind == "wrong_type":
-        return key, json.dumps({"order_id": f"bad-{index}", "user_id": "u0", "amount": "lots",
-                                "price": 1.0, "created_at": "2026-01-01T00:00:00Z"}).encode()
+        return key, json.dumps(
+            {
+                "order_id": f"bad-{index}",
+                "user_id": "u0",
+                "amount": "lots",
+                "price": 1.0,
+                "created_at": "2026-01-01T00:00:00Z",
+            }
+        ).encode()
     if kind == "missing_key":
         return key, json.dumps({"user_id": "u0", "amount": 1, "price": 1.0}).encode()
     if kind == "null_key":
@@ -93,7 +100,10 @@ def _malformed(kind: str, rng: random.Random, index: int) -> Record:
 
 
 def _with_duplicates_and_malformed(
-    events: list[tuple[str, bytes]], cfg: GeneratorConfig, rng: random.Random, stats: GeneratedStats,
+    events: list[tuple[str, bytes]],
+    cfg: GeneratorConfig,
+    rng: random.Random,
+    stats: GeneratedStats,
     key_field: str,
 ) -> Iterator[Record]:
     n_dupes = round(cfg.count * cfg.duplicate_rate)
@@ -142,9 +152,13 @@ def orders(cfg: GeneratorConfig, stats: GeneratedStats | None = None) -> tuple[I
     return _with_duplicates_and_malformed(events, cfg, rng, stats, "order_id"), stats
 
 
-def user_events(cfg: GeneratorConfig, stats: GeneratedStats | None = None,
-                missing_users: float = 0.05, second_version: float = 0.2,
-                spread: timedelta = timedelta(minutes=70)) -> tuple[Iterator[Record], GeneratedStats]:
+def user_events(
+    cfg: GeneratorConfig,
+    stats: GeneratedStats | None = None,
+    missing_users: float = 0.05,
+    second_version: float = 0.2,
+    spread: timedelta = timedelta(minutes=70),
+) -> tuple[Iterator[Record], GeneratedStats]:
     """User profile events: event_id, user_id, name, email, created_at.
 
     One event per user (a `missing_users` fraction has none), at a time within
@@ -183,8 +197,9 @@ def _parse_iso(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
-def expected_join(orders_stats: GeneratedStats, users_stats: GeneratedStats, window: timedelta,
-                  key: str = "user_id") -> dict[str, Any]:
+def expected_join(
+    orders_stats: GeneratedStats, users_stats: GeneratedStats, window: timedelta, key: str = "user_id"
+) -> dict[str, Any]:
     """Reference answer for a temporal join of the generated orders with user events.
 
     Plain Python over the generator's own events, independent of the pipeline: each
@@ -209,8 +224,11 @@ def user_tiers(cfg: GeneratorConfig, stats: GeneratedStats | None = None) -> tup
     records: list[Record] = []
     for user in range(cfg.users):
         for version in range(1 + (rng.random() < 0.1)):
-            payload = {"user_id": f"u{user:06d}", "tier": rng.choice(["bronze", "silver", "gold"]),
-                       "updated_at": _iso(cfg.start - timedelta(days=30 - version))}
+            payload = {
+                "user_id": f"u{user:06d}",
+                "tier": rng.choice(["bronze", "silver", "gold"]),
+                "updated_at": _iso(cfg.start - timedelta(days=30 - version)),
+            }
             records.append((payload["user_id"].encode(), json.dumps(payload, separators=(",", ":")).encode()))
             stats.events.append(payload)
     stats.messages = len(records)

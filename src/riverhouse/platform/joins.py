@@ -111,8 +111,9 @@ def _with_prefix(df: DataFrame, alias: str, columns: list[str]) -> DataFrame:
     )
 
 
-def evaluate(spark: Any, spec: PipelineSpec, plan: JoinPlan, driving: pa.Table,
-             lookups: dict[str, pa.Table]) -> DataFrame:
+def evaluate(
+    spark: Any, spec: PipelineSpec, plan: JoinPlan, driving: pa.Table, lookups: dict[str, pa.Table]
+) -> DataFrame:
     """The join itself: driving rows (closed, unprocessed) + lookup rows -> gold rows."""
     sources = spec.sources
     base_fields = [f.name for f in sources[plan.driving_source].fields]
@@ -140,10 +141,15 @@ def evaluate(spark: Any, spec: PipelineSpec, plan: JoinPlan, driving: pa.Table,
         if step.window is not None:
             seconds = int(step.window.total_seconds())
             lt = F.col("_left_event_time")
-            cond = cond & (rt >= lt - F.expr(f"INTERVAL {seconds} SECONDS")) & (rt <= lt + F.expr(f"INTERVAL {seconds} SECONDS"))
+            cond = (
+                cond
+                & (rt >= lt - F.expr(f"INTERVAL {seconds} SECONDS"))
+                & (rt <= lt + F.expr(f"INTERVAL {seconds} SECONDS"))
+            )
         joined = base.join(right, cond, "left")
         latest_first = Window.partitionBy(*IDENTITY).orderBy(
-            rt.desc_nulls_last(), F.col(flat(step.alias, "_p")).desc_nulls_last(),
+            rt.desc_nulls_last(),
+            F.col(flat(step.alias, "_p")).desc_nulls_last(),
             F.col(flat(step.alias, "_o")).desc_nulls_last(),
         )
         base = joined.withColumn("_rn", F.row_number().over(latest_first)).filter("_rn = 1").drop("_rn")
@@ -172,8 +178,19 @@ def evaluate(spark: Any, spec: PipelineSpec, plan: JoinPlan, driving: pa.Table,
     base.createOrReplaceTempView(view)
     projections = ", ".join(f"{expr} AS `{name}`" for name, expr in plan.projections)
     where = f"COALESCE(({plan.where}), false)" if plan.where else "true"
-    meta = ", ".join(["_left_topic", "_left_partition", "_left_offset", "_left_event_time", "_left_event_date",
-                      "_left_key", "_matched", "_inner_ok", "_late_match"])
+    meta = ", ".join(
+        [
+            "_left_topic",
+            "_left_partition",
+            "_left_offset",
+            "_left_event_time",
+            "_left_event_date",
+            "_left_key",
+            "_matched",
+            "_inner_ok",
+            "_late_match",
+        ]
+    )
     result = spark.sql(f"SELECT {projections}, {meta}, {where} AS _where_ok FROM `{view}`")
     missing = [
         F.when(F.col(f"`{name}`").isNull(), F.lit(f"required field '{name}' is missing when the join window closed"))
@@ -190,8 +207,9 @@ def evaluate(spark: Any, spec: PipelineSpec, plan: JoinPlan, driving: pa.Table,
     return result.drop("_inner_ok", "_where_ok")
 
 
-def join_rows(spark: Any, spec: PipelineSpec, plan: JoinPlan, driving: pa.Table,
-              lookups: dict[str, pa.Table]) -> tuple[pa.Table, str]:
+def join_rows(
+    spark: Any, spec: PipelineSpec, plan: JoinPlan, driving: pa.Table, lookups: dict[str, pa.Table]
+) -> tuple[pa.Table, str]:
     """The join's rows as Arrow, and what computed them.
 
     In local mode a plan of plain columns without WHERE is joined with numpy on the driver,
@@ -294,8 +312,9 @@ def _dedupe_identity(rows: pa.Table) -> pa.Table:
     if rows.num_rows == 0:
         return rows
     numbered = _numbered_identities(rows)
-    return _keep_rows(rows, numbered.group_by(KAFKA_IDENTITY, use_threads=False)
-                      .aggregate([("_row", "min")]).column("_row_min"))
+    return _keep_rows(
+        rows, numbered.group_by(KAFKA_IDENTITY, use_threads=False).aggregate([("_row", "min")]).column("_row_min")
+    )
 
 
 def _not_processed(closed: pa.Table, gold_path_: str) -> pa.Table:
@@ -305,21 +324,26 @@ def _not_processed(closed: pa.Table, gold_path_: str) -> pa.Table:
         return closed
     lo_date = pc.min(closed.column("_event_date")).as_py()
     done = table.to_pyarrow_dataset().to_table(
-        columns=IDENTITY, filter=pc.field("_left_event_date") >= pa.scalar(lo_date, pa.date32()))
+        columns=IDENTITY, filter=pc.field("_left_event_date") >= pa.scalar(lo_date, pa.date32())
+    )
     if done.num_rows == 0:
         return closed
     numbered = _numbered_identities(closed)
     done = plain_strings(done).rename_columns(KAFKA_IDENTITY).cast(numbered.select(KAFKA_IDENTITY).schema)
-    return _keep_rows(closed, numbered.join(done, keys=KAFKA_IDENTITY, join_type="left anti",
-                                            use_threads=False).column("_row"))
+    return _keep_rows(
+        closed, numbered.join(done, keys=KAFKA_IDENTITY, join_type="left anti", use_threads=False).column("_row")
+    )
 
 
 def _merge_by_identity(table: Any, rows: pa.Table) -> int:
     lo = pc.min(rows.column("_left_event_date")).as_py()
     hi = pc.max(rows.column("_left_event_date")).as_py()
     predicate = " AND ".join(
-        [*(f't."{c}" = s."{c}"' for c in IDENTITY),
-         f"t.\"_left_event_date\" >= '{lo.isoformat()}'", f"t.\"_left_event_date\" <= '{hi.isoformat()}'"]
+        [
+            *(f't."{c}" = s."{c}"' for c in IDENTITY),
+            f"t.\"_left_event_date\" >= '{lo.isoformat()}'",
+            f"t.\"_left_event_date\" <= '{hi.isoformat()}'",
+        ]
     )
     metrics = (
         table.merge(source=rows, predicate=predicate, source_alias="s", target_alias="t")
@@ -337,7 +361,9 @@ def lookup_rows(spec: PipelineSpec, layout: TableLayout, lo: datetime, hi: datet
         if step.window is None:
             lookups[step.alias] = _read_range(layout.silver(step.source), src_schema, None, None)
         else:
-            lookups[step.alias] = _read_range(layout.silver(step.source), src_schema, lo - step.window, hi + step.window)
+            lookups[step.alias] = _read_range(
+                layout.silver(step.source), src_schema, lo - step.window, hi + step.window
+            )
     return lookups
 
 
@@ -393,8 +419,9 @@ def _run_gold(spark: Any, spec: PipelineSpec, settings: Settings, drain: bool) -
     # What the next run must look at again: events not closed yet.
     if drain:
         max_t = pc.max(candidates.column("_event_time")).as_py() if candidates.num_rows else None
-        next_watermark = max(filter(None, [last_watermark, (max_t + close_after) if max_t else None,
-                                           stream_watermark]), default=None)
+        next_watermark = max(
+            filter(None, [last_watermark, (max_t + close_after) if max_t else None, stream_watermark]), default=None
+        )
     else:
         next_watermark = max(filter(None, [last_watermark, stream_watermark]), default=None)
     if closed.num_rows == 0:
@@ -441,4 +468,3 @@ def _run_gold(spark: Any, spec: PipelineSpec, settings: Settings, drain: bool) -
     result.gold_version = open_table(gold_path(layout, spec)).version()
     result.seconds = time.monotonic() - started
     return result
-

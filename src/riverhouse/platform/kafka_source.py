@@ -127,8 +127,7 @@ def watermarks(config: dict[str, Any], topics: list[str]) -> dict[str, dict[int,
     """(low, high) offsets of every partition of the topics; a missing topic has none."""
     from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-    consumer = Consumer({**config, "group.id": f"riverhouse-meta-{uuid.uuid4().hex[:8]}",
-                         "enable.auto.commit": False})
+    consumer = Consumer({**config, "group.id": f"riverhouse-meta-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False})
     try:
         out: dict[str, dict[int, tuple[int, int]]] = {}
         for topic in topics:
@@ -158,9 +157,7 @@ def bound_offsets(start: Offsets, latest: Offsets, max_rows: int | None) -> Offs
     partition with a backlog advances by at least one record so none starves.
     """
     backlog = {
-        (t, p): max(0, end - start.get(t, {}).get(p, end))
-        for t, parts in latest.items()
-        for p, end in parts.items()
+        (t, p): max(0, end - start.get(t, {}).get(p, end)) for t, parts in latest.items() for p, end in parts.items()
     }
     total = sum(backlog.values())
     if max_rows is None or total <= max_rows:
@@ -277,8 +274,9 @@ def read_partition(options: dict[str, str], part: KafkaInputPartition, fail_on_d
     parse_fields = _parse_fields(options)
     fast = _fast_path(options, parse_fields)
     schema = _arrow_schema(parse_fields)
-    parser = (ArrowJsonParser(parse_fields, int(options.get("parse.maxmessagebytes", "1000000")))
-              if parse_fields else None)
+    parser = (
+        ArrowJsonParser(parse_fields, int(options.get("parse.maxmessagebytes", "1000000"))) if parse_fields else None
+    )
     spool = SpoolWriter(options["spool.dir"], fast.schema) if fast is not None else None
     try:
         consumer.assign([TopicPartition(part.topic, part.partition, part.start)])
@@ -441,9 +439,15 @@ class KafkaDataSource(DataSource):
         return KafkaStreamReader(self.options)
 
 
-def source_options(bootstrap: str, topics: list[str], librdkafka: dict[str, Any], starting: str,
-                   max_offsets_per_trigger: int | None, parse_fields: list[tuple[str, str]] | None = None,
-                   max_message_bytes: int | None = None) -> dict[str, str]:
+def source_options(
+    bootstrap: str,
+    topics: list[str],
+    librdkafka: dict[str, Any],
+    starting: str,
+    max_offsets_per_trigger: int | None,
+    parse_fields: list[tuple[str, str]] | None = None,
+    max_message_bytes: int | None = None,
+) -> dict[str, str]:
     """Options for `spark.readStream.format("riverhouse_kafka")` from spec values.
 
     `parse_fields` turns on the Arrow JSON parse in the source (when every type allows it).

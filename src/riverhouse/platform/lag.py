@@ -61,9 +61,13 @@ class PipelineLag:
         return {s.topic: s.end for s in self.sources}
 
     def summary(self) -> dict[str, Any]:
-        return {"pipeline": self.pipeline, "lag": self.total,
-                "sources": {s.source: {"topic": s.topic, "lag": s.lag, "end": s.end, "committed": s.committed}
-                            for s in self.sources}}
+        return {
+            "pipeline": self.pipeline,
+            "lag": self.total,
+            "sources": {
+                s.source: {"topic": s.topic, "lag": s.lag, "end": s.end, "committed": s.committed} for s in self.sources
+            },
+        }
 
 
 def pipeline_lag(spec: PipelineSpec, settings: Settings, sources: list[str] | None = None) -> PipelineLag:
@@ -72,8 +76,9 @@ def pipeline_lag(spec: PipelineSpec, settings: Settings, sources: list[str] | No
     out = PipelineLag(spec.name)
     for name in sources or list(spec.sources):
         src = spec.sources[name]
-        options = source_options(bootstrap, [src.topic], spec.kafka.config, spec.kafka.starting_offsets,
-                                 spec.kafka.max_offsets_per_trigger)
+        options = source_options(
+            bootstrap, [src.topic], spec.kafka.config, spec.kafka.starting_offsets, spec.kafka.max_offsets_per_trigger
+        )
         marks = watermarks(_client_config(options), [src.topic]).get(src.topic, {})
         committed = (committed_offsets(checkpoint_dir(settings, spec.name, name) / "spark") or {}).get(src.topic, {})
         end = {str(p): hi for p, (_, hi) in marks.items()}

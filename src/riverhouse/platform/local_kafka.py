@@ -82,9 +82,7 @@ def start(state_dir: Path, brokers: int = 1, timeout_s: float = 30.0) -> LocalKa
         if state and state.pid == proc.pid:
             return state
         if proc.poll() is not None:
-            raise LocalKafkaError(
-                f"the local Kafka exited with code {proc.returncode}; see {state_dir / 'kafka.log'}"
-            )
+            raise LocalKafkaError(f"the local Kafka exited with code {proc.returncode}; see {state_dir / 'kafka.log'}")
         time.sleep(0.1)
     proc.kill()
     raise LocalKafkaError(f"the local Kafka did not start within {timeout_s:.0f}s; see {state_dir / 'kafka.log'}")

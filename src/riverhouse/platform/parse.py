@@ -61,9 +61,7 @@ def _epoch_millis_to_ts(col: Column) -> Column:
 
 def _typed(raw: Column, typ: str) -> Column:
     if typ == "timestamp":
-        return F.when(raw.rlike(EPOCH_MILLIS_RE), _epoch_millis_to_ts(raw)).otherwise(
-            F.try_to_timestamp(raw)
-        )
+        return F.when(raw.rlike(EPOCH_MILLIS_RE), _epoch_millis_to_ts(raw)).otherwise(F.try_to_timestamp(raw))
     if typ == "date":
         return raw.try_cast("date")
     return raw
@@ -117,9 +115,7 @@ def parse_records(batch: DataFrame, src: SourceSpec) -> DataFrame:
         for f in src.fields
         if f.type in ("timestamp", "date")
     ]
-    missing = [
-        (typed[name].isNull(), f"missing required field '{name}'") for name in src.required_fields
-    ]
+    missing = [(typed[name].isNull(), f"missing required field '{name}'") for name in src.required_fields]
 
     et = src.event_time
     if et.field is None:
@@ -135,8 +131,10 @@ def parse_records(batch: DataFrame, src: SourceSpec) -> DataFrame:
         event_time = F.coalesce(event_time, F.col("timestamp"))
     if et.field is not None and src.field(et.field).type == "long":
         event_time_checks.append(
-            (typed[et.field].isNotNull() & _epoch_millis_to_ts(typed[et.field]).isNull(),
-             f"event time field '{et.field}' is out of range for epoch milliseconds")
+            (
+                typed[et.field].isNotNull() & _epoch_millis_to_ts(typed[et.field]).isNull(),
+                f"event time field '{et.field}' is out of range for epoch milliseconds",
+            )
         )
 
     reason = _first_reason(
@@ -145,7 +143,8 @@ def parse_records(batch: DataFrame, src: SourceSpec) -> DataFrame:
             (
                 oversized,
                 F.concat(
-                    F.lit("message of "), size.cast("string"),
+                    F.lit("message of "),
+                    size.cast("string"),
                     F.lit(f" bytes is larger than max_message_bytes={src.max_message_bytes}"),
                 ),
             ),

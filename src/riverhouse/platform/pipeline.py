@@ -164,8 +164,13 @@ def stream_app_id(checkpoint: Path, pipeline: str, source: str) -> str:
 
 
 @contextmanager
-def pipeline_lock(checkpoint: Path, pipeline: str, wait_s: float = 0.0, name: str = "run.lock",
-                  log: Callable[[str], None] | None = None) -> Iterator[None]:
+def pipeline_lock(
+    checkpoint: Path,
+    pipeline: str,
+    wait_s: float = 0.0,
+    name: str = "run.lock",
+    log: Callable[[str], None] | None = None,
+) -> Iterator[None]:
     """One run per pipeline source at a time (a sensor run and a manual run must not overlap).
 
     `wait_s` > 0 waits that long for the holder to finish (backfills wait for streaming runs).
@@ -183,8 +188,7 @@ def pipeline_lock(checkpoint: Path, pipeline: str, wait_s: float = 0.0, name: st
                 holder = handle.read().strip() or "unknown"
                 if time.monotonic() >= deadline:
                     raise PipelineError(
-                        f"another run of pipeline {pipeline!r} is in progress (pid {holder}); "
-                        "wait for it to finish"
+                        f"another run of pipeline {pipeline!r} is in progress (pid {holder}); wait for it to finish"
                     ) from None
                 if log and not announced:
                     log(f"waiting for the run of pipeline {pipeline!r} in pid {holder} to finish")
@@ -213,8 +217,14 @@ def _offset_ranges(rows: pa.Table) -> dict[str, dict[str, list[int]]]:
 class BatchWriter:
     """The foreachBatch body: one Spark batch -> bronze, quarantine, silver, each exactly once."""
 
-    def __init__(self, spec: PipelineSpec, source: str, layout: TableLayout, app_id: str,
-                 on_batch: Callable[[BatchMetrics], None] | None = None):
+    def __init__(
+        self,
+        spec: PipelineSpec,
+        source: str,
+        layout: TableLayout,
+        app_id: str,
+        on_batch: Callable[[BatchMetrics], None] | None = None,
+    ):
         self.spec = spec
         self.source_name = source
         self.src: SourceSpec = spec.sources[source]
@@ -314,8 +324,9 @@ class BatchWriter:
         dedup = self.src.dedup
         if dedup is None:
             if valid.num_rows:
-                write_deltalake(silver, valid, mode="append",
-                                commit_properties=commit_properties(self.app_id, batch_id))
+                write_deltalake(
+                    silver, valid, mode="append", commit_properties=commit_properties(self.app_id, batch_id)
+                )
             metrics.inserted = valid.num_rows
             metrics.silver_version = silver.version()
             return
@@ -394,8 +405,9 @@ class SourceStream:
         return error
 
 
-def prepare_stream(spec: PipelineSpec, settings: Settings, source: str,
-                   on_batch: Callable[[BatchMetrics], None] | None = None) -> SourceStream:
+def prepare_stream(
+    spec: PipelineSpec, settings: Settings, source: str, on_batch: Callable[[BatchMetrics], None] | None = None
+) -> SourceStream:
     src = spec.sources[source]
     bootstrap = resolve_bootstrap(spec, settings)
     layout = TableLayout(settings.warehouse, spec.name)
@@ -404,8 +416,12 @@ def prepare_stream(spec: PipelineSpec, settings: Settings, source: str,
     writer = BatchWriter(spec, source, layout, app_id, on_batch)
     writer.ensure_tables()
     options = source_options(
-        bootstrap, [src.topic], spec.kafka.config, spec.kafka.starting_offsets,
-        spec.kafka.max_offsets_per_trigger, parse_fields=[(f.name, f.type) for f in src.fields],
+        bootstrap,
+        [src.topic],
+        spec.kafka.config,
+        spec.kafka.starting_offsets,
+        spec.kafka.max_offsets_per_trigger,
+        parse_fields=[(f.name, f.type) for f in src.fields],
         max_message_bytes=src.max_message_bytes,
     )
     return SourceStream(spec, source, writer, options, ckpt, layout)
@@ -523,8 +539,9 @@ def stream_result(stream: SourceStream, query: Any, started: float) -> IngestRes
         end_offsets = json.loads(raw) if isinstance(raw, str) else (raw or {})
     writer = stream.writer
     silver = ensure_table(stream.layout.silver(stream.source), writer.silver_schema, ["_event_date"], cdf=True)
-    return IngestResult(stream.spec.name, stream.source, writer.batches, time.monotonic() - started,
-                        silver.version(), end_offsets)
+    return IngestResult(
+        stream.spec.name, stream.source, writer.batches, time.monotonic() - started, silver.version(), end_offsets
+    )
 
 
 def _root_message(exc: BaseException) -> str:
@@ -535,4 +552,3 @@ def _root_message(exc: BaseException) -> str:
         if line and not line.startswith(("Traceback", "File ", "at ", "JVM stacktrace")):
             return line[:500]
     return type(exc).__name__
-

@@ -14,9 +14,14 @@ from riverhouse.platform.spec import PipelineSpec
 from riverhouse.platform.tables import open_table, plain_strings
 
 
-def duplicate_keys_within_window(path: str, key: list[str], window: timedelta, limit: int = 20,
-                                 time_column: str = "_event_time", emitted_only: bool = False,
-                                 ) -> tuple[int, list[dict[str, Any]]]:
+def duplicate_keys_within_window(
+    path: str,
+    key: list[str],
+    window: timedelta,
+    limit: int = 20,
+    time_column: str = "_event_time",
+    emitted_only: bool = False,
+) -> tuple[int, list[dict[str, Any]]]:
     """Rows whose key equals the previous row's within `window` (by `time_column`).
 
     Returns (number of offending rows, a sample of them). Only the key and time
@@ -72,8 +77,9 @@ def reconcile_per_day(spec: PipelineSpec, settings: Settings) -> tuple[Any, dict
     ch_counts: dict[str, int] = {}
     with open_client(settings.clickhouse_dsn) as client:
         version = last_loaded_version(client, spec, table.metadata().id) if table is not None else None
-        rows = client.query(f"SELECT toString({PARTITION_COLUMN}), count() FROM {qualified_table(spec)} "
-                            f"GROUP BY {PARTITION_COLUMN}").result_rows
+        rows = client.query(
+            f"SELECT toString({PARTITION_COLUMN}), count() FROM {qualified_table(spec)} GROUP BY {PARTITION_COLUMN}"
+        ).result_rows
         ch_counts = {day: int(n) for day, n in rows}
         duplicates = duplicate_key_count(client, spec)
     if table is not None and version is not None:
@@ -83,17 +89,26 @@ def reconcile_per_day(spec: PipelineSpec, settings: Settings) -> tuple[Any, dict
         dates = table.to_pyarrow_dataset().to_table(columns=[date_col], filter=flt)
         if dates.num_rows:
             grouped = dates.group_by(date_col).aggregate([(date_col, "count")])
-            delta_counts = {str(d): int(n) for d, n in zip(grouped.column(date_col).to_pylist(),
-                                                           grouped.column(f"{date_col}_count").to_pylist(),
-                                                           strict=True)}
+            delta_counts = {
+                str(d): int(n)
+                for d, n in zip(
+                    grouped.column(date_col).to_pylist(), grouped.column(f"{date_col}_count").to_pylist(), strict=True
+                )
+            }
     days = sorted(set(delta_counts) | set(ch_counts))
-    per_day = pa.table({
-        "day": pa.array(days, pa.string()),
-        "delta_rows": pa.array([delta_counts.get(d, 0) for d in days], pa.int64()),
-        "clickhouse_rows": pa.array([ch_counts.get(d, 0) for d in days], pa.int64()),
-    })
+    per_day = pa.table(
+        {
+            "day": pa.array(days, pa.string()),
+            "delta_rows": pa.array([delta_counts.get(d, 0) for d in days], pa.int64()),
+            "clickhouse_rows": pa.array([ch_counts.get(d, 0) for d in days], pa.int64()),
+        }
+    )
     outcome = validate_reconciliation(spec, per_day)
-    return outcome, {"rows": sum(ch_counts.values()), "delta_rows": sum(delta_counts.values()),
-                     "duplicate_keys": duplicates, "days": len(days),
-                     "days_mismatched": sum(1 for d in days if delta_counts.get(d, 0) != ch_counts.get(d, 0)),
-                     "loaded_version": -1 if version is None else version}
+    return outcome, {
+        "rows": sum(ch_counts.values()),
+        "delta_rows": sum(delta_counts.values()),
+        "duplicate_keys": duplicates,
+        "days": len(days),
+        "days_mismatched": sum(1 for d in days if delta_counts.get(d, 0) != ch_counts.get(d, 0)),
+        "loaded_version": -1 if version is None else version,
+    }

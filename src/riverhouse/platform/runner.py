@@ -34,8 +34,14 @@ from riverhouse.platform.spec import PipelineSpec
 PUBLISH_POLL_S = 0.1  # continuous mode: how soon a landed batch is joined and loaded
 
 
-def run_once(spec: PipelineSpec, settings: Settings, load: bool = True,
-             log: Callable[[str], None] = print, spark: Any = None, drain: bool = False) -> dict[str, Any]:
+def run_once(
+    spec: PipelineSpec,
+    settings: Settings,
+    load: bool = True,
+    log: Callable[[str], None] = print,
+    spark: Any = None,
+    drain: bool = False,
+) -> dict[str, Any]:
     """Ingest every source, run the join (join pipelines), load ClickHouse; returns the counts.
 
     The sources' queries run side by side. A source pipeline loads each batch into
@@ -74,9 +80,11 @@ def run_once(spec: PipelineSpec, settings: Settings, load: bool = True,
         summary["query_startup_s"] = round(first_batch - queries_started, 3)
         if spec.is_join:
             gold = run_gold(spark, spec, settings, drain=drain)
-            log(f"join: {gold.processed:,} driving events closed, {gold.emitted:,} emitted "
+            log(
+                f"join: {gold.processed:,} driving events closed, {gold.emitted:,} emitted "
                 f"({gold.matched:,} matched, {gold.unmatched_left:,} unmatched left), {gold.rejected:,} quarantined, "
-                f"{gold.pending:,} waiting for their window to close")
+                f"{gold.pending:,} waiting for their window to close"
+            )
             summary.update({f"join_{k}": v for k, v in gold.summary().items()})
         if loader is not None:
             sink_version = None if spec.is_join else summary[f"silver_version_{spec.sink_source_name}"]
@@ -88,12 +96,14 @@ def run_once(spec: PipelineSpec, settings: Settings, load: bool = True,
     return summary
 
 
-def load_sink(spec: PipelineSpec, settings: Settings, log: Callable[[str], None] | None = None,
-              client: Any = None) -> Any:
+def load_sink(
+    spec: PipelineSpec, settings: Settings, log: Callable[[str], None] | None = None, client: Any = None
+) -> Any:
     """Load new Delta versions into ClickHouse, one loader per pipeline at a time."""
     with sink_lock(settings, spec.name, log):
-        return load_new_versions(spec, settings.clickhouse_dsn, sink_table_path(spec, settings.warehouse), log=log,
-                                 client=client)
+        return load_new_versions(
+            spec, settings.clickhouse_dsn, sink_table_path(spec, settings.warehouse), log=log, client=client
+        )
 
 
 class SinkLoader:
@@ -178,13 +188,21 @@ class SinkLoader:
 
 def _batch_line(spec: PipelineSpec, m: BatchMetrics) -> str:
     prefix = f"{m.source} " if len(spec.sources) > 1 else ""
-    return (f"{prefix}batch {m.batch_id}: read {m.read:,}, quarantined {m.quarantined:,}, "
-            f"duplicates dropped {m.duplicates_dropped:,}, inserted {m.inserted:,} ({m.seconds:.1f}s)")
+    return (
+        f"{prefix}batch {m.batch_id}: read {m.read:,}, quarantined {m.quarantined:,}, "
+        f"duplicates dropped {m.duplicates_dropped:,}, inserted {m.inserted:,} ({m.seconds:.1f}s)"
+    )
 
 
-def run_continuous(spec: PipelineSpec, settings: Settings, stop: threading.Event, load: bool = True,
-                   log: Callable[[str], None] = print, spark: Any = None,
-                   observe: Callable[[BatchMetrics], None] | None = None) -> dict[str, Any]:
+def run_continuous(
+    spec: PipelineSpec,
+    settings: Settings,
+    stop: threading.Event,
+    load: bool = True,
+    log: Callable[[str], None] = print,
+    spark: Any = None,
+    observe: Callable[[BatchMetrics], None] | None = None,
+) -> dict[str, Any]:
     """Keep every source's streaming query running (processing-time trigger) until `stop` is set.
 
     As soon as a batch lands, the join (non-draining) and the ClickHouse load run, so rows
@@ -230,9 +248,11 @@ def run_continuous(spec: PipelineSpec, settings: Settings, stop: threading.Event
             result = loader.load_now()
             if result.rows_loaded:
                 loaded["rows"] += result.rows_loaded
-                log(f"loaded {result.rows_loaded:,} rows into ClickHouse "
+                log(
+                    f"loaded {result.rows_loaded:,} rows into ClickHouse "
                     f"(Delta version {result.last_loaded_version}, {loaded['rows']:,} this session) "
-                    f"in {time.monotonic() - began:.2f}s")
+                    f"in {time.monotonic() - began:.2f}s"
+                )
 
     streams = [prepare_stream(spec, settings, source, on_batch) for source in spec.sources]
     trigger = {"processingTime": f"{max(1, int(interval.total_seconds() * 1000))} milliseconds"}
@@ -242,8 +262,10 @@ def run_continuous(spec: PipelineSpec, settings: Settings, stop: threading.Event
         if loader is not None:
             locks.callback(loader.close)  # before the locks are released
         queries = start_queries(spark, streams, trigger)
-        log(f"continuous: pipeline {spec.name} running ({len(queries)} queries, trigger every "
-            f"{interval.total_seconds():g}s); Ctrl-C or SIGTERM stops after the current batch")
+        log(
+            f"continuous: pipeline {spec.name} running ({len(queries)} queries, trigger every "
+            f"{interval.total_seconds():g}s); Ctrl-C or SIGTERM stops after the current batch"
+        )
         try:
             checked = time.monotonic()
             while not stop.wait(PUBLISH_POLL_S):
@@ -267,7 +289,11 @@ def run_continuous(spec: PipelineSpec, settings: Settings, stop: threading.Event
                 raise stream.failure(error)
         published["batches"] = -1
         publish()
-    summary: dict[str, Any] = {"pipeline": spec.name, "mode": "continuous", **totals,
-                               "clickhouse_rows_loaded": loaded["rows"],
-                               "seconds": round(time.monotonic() - started, 3)}
+    summary: dict[str, Any] = {
+        "pipeline": spec.name,
+        "mode": "continuous",
+        **totals,
+        "clickhouse_rows_loaded": loaded["rows"],
+        "seconds": round(time.monotonic() - started, 3),
+    }
     return summary

@@ -77,9 +77,7 @@ def parse_window(value: Any) -> timedelta:
     else:
         match = WINDOW_RE.match(str(value))
         if not match:
-            raise ValueError(
-                f"window {value!r} is not a duration: write a number and a unit, e.g. 30s, 15m, 1h, 7d"
-            )
+            raise ValueError(f"window {value!r} is not a duration: write a number and a unit, e.g. 30s, 15m, 1h, 7d")
         window = timedelta(**{WINDOW_UNITS[match.group(2)]: int(match.group(1))})
     if window <= timedelta(0):
         raise ValueError(f"window {value!r} must be longer than 0")
@@ -161,9 +159,7 @@ class SourceSpec(StrictModel):
     @classmethod
     def _topic_is_legal(cls, value: str) -> str:
         if not TOPIC_RE.match(value) or value in {".", ".."}:
-            raise ValueError(
-                f"topic {value!r} is not a legal Kafka topic name (letters, digits, '.', '_', '-')"
-            )
+            raise ValueError(f"topic {value!r} is not a legal Kafka topic name (letters, digits, '.', '_', '-')")
         return value
 
     @model_validator(mode="after")
@@ -358,9 +354,7 @@ class PipelineSpec(StrictModel):
                     f"(sources: {', '.join(self.sources)})"
                 )
         elif self.sink.source not in self.sources:
-            raise ValueError(
-                f"sink.source {self.sink.source!r} is not one of the sources ({', '.join(self.sources)})"
-            )
+            raise ValueError(f"sink.source {self.sink.source!r} is not one of the sources ({', '.join(self.sources)})")
         source = self.sources[self.sink_source_name]
         names = [f.name for f in source.fields]
         for col in self.sink.order_by:
@@ -387,7 +381,9 @@ class PipelineSpec(StrictModel):
             for out, ref in self.join.select.items():
                 source, dot, column = ref.partition(".")
                 if not dot or source not in (self.join.left, self.join.right):
-                    raise ValueError(f"join.select.{out}: write <source>.<field> with source {self.join.left!r} or {self.join.right!r}, got {ref!r}")
+                    raise ValueError(
+                        f"join.select.{out}: write <source>.<field> with source {self.join.left!r} or {self.join.right!r}, got {ref!r}"
+                    )
                 if column not in [f.name for f in self.sources[source].fields]:
                     raise ValueError(f"join.select.{out}: {source!r} has no field {column!r}")
         for name in self.dimensions:
@@ -404,7 +400,9 @@ class PipelineSpec(StrictModel):
             raise ValueError(str(exc)) from None
         for col in self.sink.order_by:
             if col not in plan.output_names:
-                raise ValueError(f"sink.order_by column {col!r} is not an output column ({', '.join(plan.output_names)})")
+                raise ValueError(
+                    f"sink.order_by column {col!r} is not an output column ({', '.join(plan.output_names)})"
+                )
         return self
 
     @property
@@ -418,8 +416,9 @@ class PipelineSpec(StrictModel):
 
         fields = {name: [f.name for f in src.fields] for name, src in self.sources.items()}
         if self.join is not None:
-            query = temporal_join_query(self.join.left, self.join.right, self.join.type,
-                                        self.join.on.left, self.join.on.right, self.join.select)
+            query = temporal_join_query(
+                self.join.left, self.join.right, self.join.type, self.join.on.left, self.join.on.right, self.join.select
+            )
             windows = {name: self.join.window for name in self.sources}
             return compile_query(query, fields, windows, set(), list(self.join.require))
         assert self.query is not None

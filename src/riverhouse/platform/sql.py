@@ -148,7 +148,9 @@ def compile_query(
         side = (join.args.get("side") or "").upper()
         kind = (join.args.get("kind") or "").upper()
         if side in ("RIGHT", "FULL") or kind in ("CROSS", "OUTER", "SEMI", "ANTI"):
-            raise QueryError(f"query: unsupported clause: {' '.join(filter(None, [side, kind]))} JOIN (use JOIN or LEFT JOIN)")
+            raise QueryError(
+                f"query: unsupported clause: {' '.join(filter(None, [side, kind]))} JOIN (use JOIN or LEFT JOIN)"
+            )
         if not isinstance(join.this, exp.Table):
             raise QueryError("query: JOIN must name a source")
         earlier = set(aliases)
@@ -160,7 +162,9 @@ def compile_query(
         keys: list[JoinKey] = []
         for cond in on.flatten() if isinstance(on, exp.And) else [on]:
             if not isinstance(cond, exp.EQ) or not all(isinstance(s, exp.Column) for s in (cond.this, cond.expression)):
-                raise QueryError(f"query: {label} ON: only `a.x = b.y` equality keys joined with AND are supported, got `{cond.sql()}`")
+                raise QueryError(
+                    f"query: {label} ON: only `a.x = b.y` equality keys joined with AND are supported, got `{cond.sql()}`"
+                )
             left = resolve(cond.this, f"{label} ON", earlier | {alias})
             right = resolve(cond.expression, f"{label} ON", earlier | {alias})
             if left[0] == alias and right[0] != alias:
@@ -207,8 +211,9 @@ def compile_query(
     return JoinPlan(driving, driving_alias, tuple(steps), tuple(projections), where_sql, tuple(require))
 
 
-def temporal_join_query(left: str, right: str, kind: str, left_keys: list[str], right_keys: list[str],
-                        select: dict[str, str]) -> str:
+def temporal_join_query(
+    left: str, right: str, kind: str, left_keys: list[str], right_keys: list[str], select: dict[str, str]
+) -> str:
     """The SELECT equivalent of a `join:` block (so both forms share one executor)."""
     on = " AND ".join(f"`{left}`.`{lk}` = `{right}`.`{rk}`" for lk, rk in zip(left_keys, right_keys, strict=True))
     columns = []

@@ -173,6 +173,4 @@ def committed(table: DeltaTable, app_id: str, batch_id: int) -> bool:
 
 def commit_properties(app_id: str, batch_id: int, extra: dict[str, Any] | None = None) -> CommitProperties:
     meta = {"riverhouse.batch_id": str(batch_id), **{k: str(v) for k, v in (extra or {}).items()}}
-    return CommitProperties(
-        app_transactions=[Transaction(app_id=app_id, version=batch_id)], custom_metadata=meta
-    )
+    return CommitProperties(app_transactions=[Transaction(app_id=app_id, version=batch_id)], custom_metadata=meta)

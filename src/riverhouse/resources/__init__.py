@@ -46,8 +46,9 @@ class ClickHouseResource(dg.ConfigurableResource):
     dsn: str
 
 
-def settings_from(kafka: KafkaResource, warehouse: WarehouseResource, clickhouse: ClickHouseResource,
-                  spark: SparkResource) -> Settings:
+def settings_from(
+    kafka: KafkaResource, warehouse: WarehouseResource, clickhouse: ClickHouseResource, spark: SparkResource
+) -> Settings:
     home = Path(warehouse.root).resolve().parent
     return Settings(
         home=home,
