@@ -15,7 +15,7 @@ import shutil
 import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime
 from itertools import pairwise
@@ -58,11 +58,18 @@ ORDER_FIELDS = {
 }
 
 
+# The local Kafka (librdkafka's mock cluster) auto-creates every topic with 4 partitions and
+# cannot create one with more (CreateTopics waits for a controller it never names), and keeps
+# the newest ~150,000 of the benchmark's orders (~114 bytes, lz4) per partition.
+LOCAL_KAFKA_PARTITIONS = 4
+KEPT_PER_PARTITION = 140_000
+
+
 @dataclass
 class BenchConfig:
     events: int = 200_000  # distinct orders per throughput scenario
     duplicate_rate: float = 0.10
-    partitions: int = 4  # the local Kafka's partitions per topic (fixed by the mock cluster)
+    partitions: int = 4  # topic partitions the data goes to, 1 to LOCAL_KAFKA_PARTITIONS
     freshness_rate: float = 20_000.0
     freshness_seconds: float = 60.0  # measured, after the warm-up
     freshness_warmup: float = 15.0  # seconds of traffic at the rate before the measured period
@@ -77,6 +84,24 @@ class BenchConfig:
     home: Path = Path(".riverhouse/bench")
     results_dir: Path = Path("bench/results")
     docs: Path = Path("docs/benchmarks.md")
+
+    def problems(self) -> list[str]:
+        """What the local Kafka cannot hold in this configuration (it would drop records)."""
+        found = []
+        if not 1 <= self.partitions <= LOCAL_KAFKA_PARTITIONS:
+            found.append(
+                f"--partitions must be 1 to {LOCAL_KAFKA_PARTITIONS}: the local Kafka creates topics with "
+                f"{LOCAL_KAFKA_PARTITIONS} partitions and cannot create more"
+            )
+        else:
+            per_partition = self.events * (1 + self.duplicate_rate) / self.partitions
+            if per_partition > KEPT_PER_PARTITION:
+                found.append(
+                    f"--events {self.events:,} with --duplicate-rate {self.duplicate_rate:g} puts ~{per_partition:,.0f} "
+                    f"messages in each of {self.partitions} partition(s); the local Kafka keeps about "
+                    f"{KEPT_PER_PARTITION:,} per partition and would drop the oldest: use fewer events or more partitions"
+                )
+        return found
 
 
 # A Kafka sink (Kafka engine, Kafka Connect) flushes a block every so many rows: one part each.
@@ -265,10 +290,15 @@ class Bench:
             count=count, duplicate_rate=self.cfg.duplicate_rate, malformed=0, seed=seed, users=max(10, count // 20)
         )
 
+    def _produce(self, topic: str, records: Iterator[Any], rate: float | None = None) -> int:
+        """Produce to the first `partitions` partitions of the topic (all of them by default)."""
+        used = self.cfg.partitions if self.cfg.partitions < LOCAL_KAFKA_PARTITIONS else None
+        return produce(self.state.bootstrap, topic, records, rate=rate, partitions=used)
+
     def produce_orders(self, topic: str, count: int, seed: int = 1) -> Any:
         records, stats = orders(self._orders_config(count, seed))
         started = time.monotonic()
-        produce(self.state.bootstrap, topic, records)
+        self._produce(topic, records)
         self.log(f"  produced {stats.messages:,} orders to {topic} in {time.monotonic() - started:.1f}s")
         return stats
 
@@ -464,9 +494,9 @@ class Bench:
 
         cfg = self._orders_config(count, seed)
         records, order_stats = orders(cfg)
-        produce(self.state.bootstrap, f"{name}_orders", records)
+        self._produce(f"{name}_orders", records)
         user_records, user_stats = user_events(replace(cfg, count=max(10, count // 10)))
-        produce(self.state.bootstrap, f"{name}_users", user_records)
+        self._produce(f"{name}_users", user_records)
         spec = _join_spec(name, f"{name}_orders", f"{name}_users")
         reference = expected_join(order_stats, user_stats, spec.join.window)
         spark = self.spark
@@ -538,7 +568,7 @@ class Bench:
         rate, warmup = self.cfg.freshness_rate, self.cfg.freshness_warmup
         count = int(rate * (warmup + self.cfg.freshness_seconds))
         cfg = GeneratorConfig(count=count, duplicate_rate=0.0, malformed=0, seed=11, users=1000)
-        produce(self.state.bootstrap, topic, iter([(b"warmup", b"{}")]))  # the topic exists before the query
+        self._produce(topic, iter([(b"warmup", b"{}")]))  # the topic exists before the query
         stop = threading.Event()
         visible: list[tuple[int, float]] = []  # (last silver version loaded, time it became visible)
         loads: list[float] = []  # seconds of each ClickHouse load
@@ -561,7 +591,7 @@ class Bench:
             time.sleep(0.5)  # the query's start-up (its first batch: the one record above) is not freshness
         records, stats = orders(cfg)
         produced_at, producing = time.time(), time.monotonic()
-        produce(self.state.bootstrap, topic, records, rate=rate)
+        self._produce(topic, records, rate=rate)
         produce_seconds = time.time() - produced_at
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -1422,6 +1452,19 @@ def _machine_lines(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _config_lines(result: dict[str, Any]) -> list[str]:
+    c = result.get("config") or {}
+    if not c.get("events"):
+        return []
+    return [
+        "",
+        f"Run with {c['events']:,} distinct orders per throughput scenario and {c['duplicate_rate']:.0%} "
+        f"duplicate copies, produced to {c.get('partitions', LOCAL_KAFKA_PARTITIONS)} of each topic's "
+        f"{LOCAL_KAFKA_PARTITIONS} partitions (`riverhouse bench --events --duplicate-rate --partitions "
+        "--scenarios`, `--help` for the rest).",
+    ]
+
+
 def render_docs(
     result: dict[str, Any], docs: Path, source: str = "bench/results/latest.json", analysis: Path = ANALYSIS
 ) -> Path:
@@ -1438,6 +1481,7 @@ def render_docs(
         "`bench/results/<timestamp>.json`.",
         "",
         *_machine_lines(result),
+        *_config_lines(result),
         "",
         *_scenario_lines(s),
         "",
@@ -1504,6 +1548,8 @@ def render_docs(
 
 
 def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> tuple[dict[str, Any], Path]:
+    if problems := cfg.problems():
+        raise ValueError("; ".join(problems))
     bench = Bench(cfg, log)
     try:
         result = bench.run()

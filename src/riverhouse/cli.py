@@ -300,7 +300,14 @@ def _print_summary(title: str, summary: dict[str, Any]) -> None:
 @app.command()
 def bench(
     events: Annotated[int, typer.Option(help="Distinct orders per throughput scenario", min=1000)] = 200_000,
-    duplicate_rate: Annotated[float, typer.Option(help="Extra duplicate copies, fraction of events")] = 0.1,
+    duplicate_rate: Annotated[float, typer.Option(help="Extra duplicate copies, fraction of events", min=0.0)] = 0.1,
+    partitions: Annotated[
+        int,
+        typer.Option(
+            help="Kafka partitions the events go to (the local Kafka has 4 per topic; fewer leaves the rest empty)",
+            min=1,
+        ),
+    ] = 4,
     scenarios: Annotated[str, typer.Option(help="Comma-separated scenarios, or all")] = "all",
     freshness_rate: Annotated[float, typer.Option(help="freshness: events/s produced")] = 20_000.0,
     freshness_seconds: Annotated[float, typer.Option(help="freshness: seconds of production measured")] = 60.0,
@@ -346,6 +353,7 @@ def bench(
     cfg = BenchConfig(
         events=events,
         duplicate_rate=duplicate_rate,
+        partitions=partitions,
         scenarios=chosen,
         freshness_rate=freshness_rate,
         freshness_seconds=freshness_seconds,
@@ -357,6 +365,8 @@ def bench(
         results_dir=results,
         docs=docs,
     )
+    if problems := cfg.problems():
+        _fail("; ".join(problems))
     result, path = _guarded(lambda: run_bench(cfg, log=lambda m: err.print(m, highlight=False)))
     table = Table(title="riverhouse bench", show_header=True, header_style="bold")
     for column in ("scenario", "events", "seconds", "events/s", "excl. start-up", "exact"):

@@ -109,6 +109,17 @@ def test_demo_json_matches_the_generator_and_repeats(tmp_path: Path) -> None:
     assert local_kafka.status(tmp_path / "home" / "demo" / "kafka") is None  # demo cleans up its Kafka
 
 
+def test_bench_refuses_what_the_local_kafka_cannot_hold(tmp_path: Path) -> None:
+    """More partitions than the local Kafka makes, or more events than it keeps: a clear error, before any work."""
+    home = str(tmp_path / "home")
+    proc = cli("bench", "--partitions", "5", "--home", home, timeout=120)
+    assert proc.returncode == 1 and "--partitions must be 1 to 4" in proc.stderr, proc.stderr[-2000:]
+    proc = cli("bench", "--events", "200000", "--partitions", "1", "--home", home, timeout=120)
+    assert proc.returncode == 1 and "~220,000 messages in each of 1 partition(s)" in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "home" / "bench").exists()  # refused before starting anything
+
+
 def test_bench_small_run_writes_results_and_page(tmp_path: Path) -> None:
     """`riverhouse bench` end to end on a small topic: every chosen scenario exact, JSON and page written."""
     results, docs = tmp_path / "results", tmp_path / "docs" / "benchmarks.md"  # folders that do not exist yet
@@ -122,6 +133,8 @@ def test_bench_small_run_writes_results_and_page(tmp_path: Path) -> None:
         "20000",
         "--steady-runs",
         "3",
+        "--partitions",
+        "2",
         "--results",
         str(results),
         "--docs",
@@ -133,6 +146,7 @@ def test_bench_small_run_writes_results_and_page(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     latest = json.loads((results / "latest.json").read_text())
     assert latest["machine"]["cores"] >= 1
+    assert latest["config"]["partitions"] == 2  # two of the topics' four partitions hold data, two are empty
     scenarios = latest["scenarios"]
     assert set(scenarios) == {
         "kafka_read_limit",

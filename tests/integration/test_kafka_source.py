@@ -84,3 +84,27 @@ def test_reader_replays_the_same_records_and_reads_to_the_end(kafka: str, topic:
     # A range that starts at the last record still reads it (and stops).
     last: Any = read_all(options, KafkaInputPartition(topic, 0, 119, 120))
     assert last.column("offset").to_pylist() == [119]
+
+
+def test_producing_to_fewer_partitions_keeps_a_key_in_one_and_the_rest_empty(kafka: str, topic: str) -> None:
+    """The benchmark's --partitions: the generator's producer uses only the topic's first N partitions."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from riverhouse.platform.generator import produce
+
+    keys = [f"k{i % 40}".encode() for i in range(400)]  # ten copies of each of 40 keys
+    assert produce(kafka, topic, iter((k, b"{}") for k in keys), partitions=2) == 400
+    ranges = watermarks({"bootstrap.servers": kafka}, [topic])[topic]
+    assert len(ranges) == 4  # the local Kafka's topics have four
+    assert [ranges[p][1] for p in (2, 3)] == [0, 0] and ranges[0][1] > 0 and ranges[1][1] > 0
+    consumer = Consumer({"bootstrap.servers": kafka, "group.id": f"{topic}-check", "log_level": 3})
+    consumer.assign([TopicPartition(topic, p, 0) for p in (0, 1)])
+    seen: dict[bytes, set[int]] = {}
+    read = 0
+    while read < 400:
+        for msg in consumer.consume(500, timeout=5):
+            assert msg.error() is None
+            seen.setdefault(msg.key(), set()).add(msg.partition())
+            read += 1
+    consumer.close()
+    assert len(seen) == 40 and all(len(parts) == 1 for parts in seen.values())

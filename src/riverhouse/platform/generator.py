@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import random
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -263,11 +264,17 @@ def produce(
     rate: float | None = None,
     on_progress: Callable[[int], None] | None = None,
     producer_extra: dict[str, Any] | None = None,
+    partitions: int | None = None,
 ) -> int:
-    """Produce records (optionally at `rate` messages/s); returns how many were acknowledged."""
+    """Produce records (optionally at `rate` messages/s); returns how many were acknowledged.
+
+    `partitions`: use only the topic's first N partitions (a record goes to crc32(key) mod N,
+    so copies of a key share one, as with Kafka's own partitioner); by default all of them.
+    """
     from confluent_kafka import KafkaException, Producer
 
     producer = Producer(producer_config(bootstrap, producer_extra))
+    route: dict[str, int] = {}
     errors: list[str] = []
 
     def delivered(err: Any, msg: Any) -> None:
@@ -277,9 +284,11 @@ def produce(
     started = time.monotonic()
     sent = 0
     for key, value in records:
+        if partitions:
+            route["partition"] = zlib.crc32(key or b"") % partitions
         while True:
             try:
-                producer.produce(topic, key=key, value=value, on_delivery=delivered)
+                producer.produce(topic, key=key, value=value, on_delivery=delivered, **route)
                 break
             except BufferError:
                 producer.poll(0.05)
