@@ -45,6 +45,15 @@ TIMESTAMP_FORMS: list[Any] = [
     "2026-01-02T03:04:05+0530",
     "2026-01-02 03:04:05Z",
     "2026-01-02T03:04:05",
+    "2026-01-02 03:04:05",
+    "2026-01-02T03:04:05.5",
+    "2026-01-02 03:04:05.123456",
+    "2026-01-02T03:04:05.1234567",
+    "0001-01-01T00:00:00",
+    "9999-12-31T23:59:59.999999",
+    "1582-10-10T00:00:00",
+    "0000-01-01T00:00:00",
+    "0000-01-01T00:00:00Z",
     "2026-01-02",
     "2026-01-02T03:04Z",
     "1767323045678",
@@ -125,9 +134,10 @@ def test_every_edge_case_gives_the_rows_spark_gives(spark: Any, tmp_path: Path) 
     reference, rows, fast = both_paths(spark, src, values, tmp_path, block_rows=1)
     assert_same(reference, rows)
     statuses = [r["_status"] for r in comparable(reference)]
-    # The 16 timestamp forms the fast path knows plus the clean edge cases went fast; every
-    # rejected record and the good records in other forms (zone-less...) went to Spark.
-    assert fast.fast_rows >= 16 + 8
+    # The clean edge cases and the timestamp forms the fast path knows went fast (34 records
+    # here, 8 of them zone-less: 26 before zone-less forms had a fast path); every rejected
+    # record and the good records in other forms (7 decimals, no seconds...) went to Spark.
+    assert fast.fast_rows >= 34
     assert fast.jvm_rows >= statuses.count("rejected") and statuses.count("ok") > fast.fast_rows
 
 
@@ -141,6 +151,19 @@ def test_one_value_arrow_cannot_convert_sends_that_fields_values_to_spark(spark:
     assert_same(reference, rows)
     assert [r["_status"] for r in comparable(rows)][-2:] == ["rejected", "rejected"]
     assert (fast.fast_rows, fast.jvm_rows) == (0, 12)  # that batch's ISO timestamps all went to Spark
+
+
+@pytest.mark.parametrize("bad", ["2026-02-30T00:00:00", "2026-01-02T24:00:00", "2026-01-02T03:04:60"])
+def test_one_zone_less_value_arrow_cannot_convert_sends_the_zone_less_ones_to_spark(
+    spark: Any, tmp_path: Path, bad: str
+) -> None:
+    src = orders_spec("orders").sink_source
+    zoned = [good(i) for i in range(5)]
+    local = [good(5 + i, created_at=f"2026-01-02T03:04:0{i}") for i in range(5)]
+    reference, rows, fast = both_paths(spark, src, [*zoned, *local, good(10, created_at=bad)], tmp_path)
+    assert_same(reference, rows)
+    # The zoned ones stay fast; every zone-less one goes to Spark, which names the bad one.
+    assert (fast.fast_rows, fast.jvm_rows) == (5, 6)
 
 
 def test_event_time_rules_dates_and_kafka_time(spark: Any, tmp_path: Path) -> None:

@@ -11,9 +11,11 @@ In local mode the source's Python workers already hold every record as Arrow, pa
 certain without Spark: every check of `parse_records` passes, and every conversion is
 one whose result is known to equal Spark's:
 
-- timestamps as epoch milliseconds in a string (years 1-9999), or ISO 8601 with a
-  zone (`Z` or `+hh:mm`, up to 6 decimals); any other form (zone-less, week dates,
-  Spark's many others) goes to the JVM, which also names what is wrong with it;
+- timestamps as epoch milliseconds in a string (years 1-9999), or ISO 8601
+  `yyyy-MM-dd[T ]HH:mm:ss` with up to 6 decimals, with a zone (`Z` or `+hh:mm`) or
+  without one (UTC wall time, as Spark reads it in the UTC session the fast path
+  requires); any other form (week dates, Spark's many others) goes to the JVM, which
+  also names what is wrong with it;
 - dates as `yyyy-MM-dd`;
 - the event time present (or the Kafka timestamp standing in for it, as the spec says).
 
@@ -45,10 +47,10 @@ TS = pa.timestamp("us", tz="UTC")
 EPOCH_MILLIS_RE = r"^-?[0-9]{1,15}$"
 # Milliseconds of years 1..9999, which both Arrow and Spark hold exactly.
 MIN_MILLIS, MAX_MILLIS = -62135596800000, 253402300799999
-ISO_ZONED_RE = (
-    r"^[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?"
-    r"(Z|[+-](0[0-9]|1[0-7]):[0-5][0-9]|[+-]18:00)$"
-)
+ISO_LOCAL = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?"
+ISO_ZONED_RE = ISO_LOCAL + r"(Z|[+-](0[0-9]|1[0-7]):[0-5][0-9]|[+-]18:00)$"
+# Zone-less: the session time zone's wall time, and the fast path only runs with UTC.
+ISO_LOCAL_RE = ISO_LOCAL + "$"
 ISO_DATE_RE = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$"
 FINAL_TYPES: dict[str, pa.DataType] = {**ARROW_TYPES, "timestamp": TS, "date": pa.date32()}
 
@@ -125,14 +127,26 @@ def _millis_to_ts(millis: pa.Array) -> tuple[pa.Array, pa.Array]:
 def _timestamp(raw: pa.Array) -> tuple[pa.Array, pa.Array]:
     """(typed, ok): ok where the value is null or in a form converted exactly as Spark does."""
     millis_form = _mask(pc.match_substring_regex(raw, EPOCH_MILLIS_RE))
-    iso_form = _mask(pc.match_substring_regex(raw, ISO_ZONED_RE))
     millis_ts, in_range = _millis_to_ts(pc.if_else(millis_form, raw, pa.scalar(None, raw.type)).cast(pa.int64()))
-    iso_ts = _cast_or_none(pc.if_else(iso_form, raw, pa.scalar(None, raw.type)), TS)
-    if iso_ts is None:  # one value Arrow rejects (a 13th month...): the JVM names it
-        iso_ts, iso_form = pa.nulls(len(raw), TS), pa.array([False] * len(raw))
-    typed = pc.if_else(millis_form, millis_ts, iso_ts)
-    ok = pc.or_(pc.is_null(raw), pc.or_(pc.and_(millis_form, _mask(in_range)), iso_form))
+    iso_ts, iso_form = _iso(raw, ISO_ZONED_RE, TS)
+    # A zone-less value is UTC wall time here (the fast path needs a UTC session, as Spark
+    # then reads it); Arrow reads it into a naive timestamp whose UTC reading is the same.
+    others = pc.if_else(pc.or_(millis_form, iso_form), pa.scalar(None, raw.type), raw)
+    local_ts, local_form = _iso(others, ISO_LOCAL_RE, pa.timestamp("us"))
+    typed = pc.if_else(millis_form, millis_ts, pc.if_else(iso_form, iso_ts, local_ts.cast(TS)))
+    ok = pc.or_(pc.is_null(raw), pc.or_(pc.and_(millis_form, _mask(in_range)), pc.or_(iso_form, local_form)))
     return typed, ok
+
+
+def _iso(raw: pa.Array, form_re: str, target: pa.DataType) -> tuple[pa.Array, pa.Array]:
+    """(the values in `form_re`'s form as `target`, where that is): all-or-nothing per batch."""
+    if raw.null_count == len(raw):  # e.g. every value had another form
+        return pa.nulls(len(raw), target), pa.array([False] * len(raw))
+    form = _mask(pc.match_substring_regex(raw, form_re))
+    typed = _cast_or_none(pc.if_else(form, raw, pa.scalar(None, raw.type)), target)
+    if typed is None:  # one value Arrow rejects (a 13th month...): the JVM names it
+        return pa.nulls(len(raw), target), pa.array([False] * len(raw))
+    return typed, form
 
 
 def _date(raw: pa.Array) -> tuple[pa.Array, pa.Array]:
