@@ -1,16 +1,19 @@
-# Every target bootstraps .venv on first use, so a fresh machine needs only
-# Python 3.11+ and Java 17+ (PySpark 4).
+# Every target bootstraps .venv and the JVM jars on first use, so a fresh machine needs
+# Python 3.11+, Java 17+ (PySpark 4, the Kafka broker) and Maven (the jars in jvm/pom.xml).
 SHELL := /bin/bash
 .SHELLFLAGS := -eo pipefail -c
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.riverhouse-installed
+JARS := jvm/lib
+JARS_STAMP := $(JARS)/.installed
+MVN ?= mvn
 PYTEST_ARGS ?=
 
-.PHONY: demo test ui lint install clean java-check chromium bench
+.PHONY: demo test ui lint install clean java-check mvn-check jars chromium bench
 
-install: $(STAMP)
+install: $(STAMP) $(JARS_STAMP)
 
 java-check:
 	@command -v java >/dev/null 2>&1 || [ -x "$$JAVA_HOME/bin/java" ] || { \
@@ -19,6 +22,28 @@ java-check:
 	  echo "  macOS:         brew install openjdk@17"; \
 	  echo "or set JAVA_HOME to an existing JDK 17+."; exit 1; }
 
+mvn-check:
+	@command -v $(MVN) >/dev/null 2>&1 || { \
+	  echo "Maven was not found. Riverhouse fetches its JVM jars (Kafka broker, Spark's Kafka"; \
+	  echo "connector, delta-spark; pinned in jvm/pom.xml) from Maven Central with it:"; \
+	  echo "  Debian/Ubuntu: sudo apt-get install maven"; \
+	  echo "  macOS:         brew install maven"; \
+	  echo "or put the jars in a folder yourself and set RIVERHOUSE_JARS (see jvm/README.md)."; exit 1; }
+
+# The jars of each jvm/pom.xml profile in a folder of its own (the broker's kafka-clients 4.x
+# must not meet the connector's 3.9.x); Spark's folder then loses what pyspark/jars ships.
+$(JARS_STAMP): jvm/pom.xml $(STAMP) | mvn-check
+	@echo "==> fetching the pinned JVM jars from Maven Central into $(JARS)/ (first run takes a minute)"
+	@rm -rf $(JARS)
+	@for profile in spark broker; do \
+	  $(MVN) -B -q -Dstyle.color=never -f jvm/pom.xml -P $$profile dependency:copy-dependencies -DincludeScope=runtime \
+	    -DoutputDirectory=$(CURDIR)/$(JARS)/$$profile || { echo "Maven could not fetch the $$profile jars (see above)"; exit 1; }; \
+	done
+	@$(BIN)/python -m riverhouse.platform.jars prune $(JARS)/spark
+	@touch $(JARS_STAMP)
+
+jars: $(JARS_STAMP) ## the JVM jars only
+
 $(STAMP): pyproject.toml | java-check
 	@echo "==> creating $(VENV) and installing riverhouse (first run takes a few minutes)"
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,7 +51,7 @@ $(STAMP): pyproject.toml | java-check
 	@$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev]' 2>&1 | { grep -v "is ignored: it is neither" || true; }
 	@touch $(STAMP)
 
-demo: $(STAMP) ## the main job on the embedded defaults
+demo: $(STAMP) $(JARS_STAMP) ## the main job on the embedded defaults
 	$(BIN)/riverhouse demo
 
 # The UI test drives Debian's chromium (Playwright's own browser download is not reachable here).
@@ -37,14 +62,14 @@ chromium:
 	  $$SUDO apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1 || \
 	  { $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq --no-install-recommends chromium >/dev/null; }; }
 
-test: $(STAMP) chromium ## every test tier: unit, spark, integration, dagster, e2e (UI in Chromium)
+test: $(STAMP) $(JARS_STAMP) chromium ## every test tier: unit, spark, integration, dagster, e2e (UI in Chromium)
 	$(BIN)/ruff check src tests
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-ui: $(STAMP) ## Dagster UI on http://127.0.0.1:3000 with the local Kafka
+ui: $(STAMP) $(JARS_STAMP) ## Dagster UI on http://127.0.0.1:3000 with the local Kafka
 	$(BIN)/riverhouse ui
 
-bench: $(STAMP) ## every benchmark scenario; writes bench/results/ and docs/benchmarks.md
+bench: $(STAMP) $(JARS_STAMP) ## every benchmark scenario; writes bench/results/ and docs/benchmarks.md
 	$(BIN)/riverhouse bench
 
 lint: $(STAMP)
@@ -52,4 +77,4 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check src tests
 
 clean:
-	rm -rf .riverhouse test-output .pytest_cache
+	rm -rf .riverhouse test-output .pytest_cache $(JARS)

@@ -134,18 +134,20 @@ def local_fast_path(spark: Any) -> bool:
 
 
 def get_spark(master: str = "local[2]", app_name: str = "riverhouse", conf: dict[str, str] | None = None) -> Any:
-    """Get (or create) the process's SparkSession with the Kafka source registered."""
+    """Get (or create) the process's SparkSession: the pinned jars, Delta, the Kafka sources."""
     check_java()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
+    from riverhouse.platform.jars import spark_conf
     from riverhouse.platform.kafka_source import KafkaDataSource
 
     log_config = Path(__file__).with_name("log4j2.properties")
     quiet = {"spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{log_config}"}
     builder = SparkSession.builder.master(master).appName(app_name)
-    for key, value in {**DEFAULT_CONF, **quiet, **(conf or {})}.items():
+    # The pinned jars (Spark's Kafka connector, delta-spark) and Delta's extension, on every session.
+    for key, value in {**DEFAULT_CONF, **spark_conf(), **quiet, **(conf or {})}.items():
         builder = builder.config(key, value)
     with _launch_env(master):
         spark = builder.getOrCreate()
