@@ -1,4 +1,4 @@
-"""Shared fixtures: one SparkSession per test session, one real local Kafka (mock cluster).
+"""Shared fixtures: one SparkSession per test session, one real local Kafka broker (Apache Kafka, KRaft).
 
 Each test gets its own topic and its own state folder (warehouse, checkpoints,
 chDB path), so tests share the expensive parts without sharing data.
@@ -34,7 +34,7 @@ def spark() -> Any:
 
 @pytest.fixture(scope="session")
 def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Bootstrap address of a real Kafka-protocol broker (librdkafka mock cluster process)."""
+    """Bootstrap address of the real local broker (Apache Kafka from jvm/lib/broker, one JVM for the session)."""
     state_dir = tmp_path_factory.mktemp("kafka")
     state = local_kafka.start(state_dir)
     yield state.bootstrap

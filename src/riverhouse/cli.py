@@ -19,6 +19,7 @@ from rich.table import Table
 
 from riverhouse.platform import local_kafka
 from riverhouse.platform.settings import Settings, redact_dsn
+from riverhouse.platform.spark import JavaMissingError
 from riverhouse.platform.spec import SpecError, load_spec
 
 app = typer.Typer(
@@ -28,7 +29,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 kafka_app = typer.Typer(
-    help="The local Kafka (librdkafka's mock cluster) for development and demos.", no_args_is_help=True
+    help="The local Kafka: a single-node Apache Kafka broker (KRaft) for development and demos.",
+    no_args_is_help=True,
 )
 app.add_typer(kafka_app, name="kafka")
 
@@ -84,22 +86,49 @@ def validate(files: Annotated[list[Path], typer.Argument(help="Pipeline spec fil
 
 # ---------------------------------------------------------------------------- kafka
 @kafka_app.command("start")
-def kafka_start(home: HomeOption = None) -> None:
-    """Start the local Kafka in the background (state in <home>/kafka)."""
+def kafka_start(
+    secure: Annotated[
+        bool,
+        typer.Option(
+            "--secure",
+            help="Also open a SASL_SSL listener (SCRAM-SHA-512) and an SSL listener requiring client "
+            "certificates, with a throwaway CA under <home>/kafka/secure",
+        ),
+    ] = False,
+    heap: Annotated[str, typer.Option(help="The broker JVM's maximum heap (-Xmx)")] = local_kafka.DEFAULT_HEAP,
+    home: HomeOption = None,
+) -> None:
+    """Start the local Apache Kafka broker (KRaft, one node) in the background; data in <home>/kafka."""
     settings = _settings(home)
     was_running = local_kafka.status(settings.kafka_state_dir)
+    started = time.monotonic()
+    if not was_running:
+        err.print("starting the local Kafka broker (Apache Kafka, KRaft)...", highlight=False)
     try:
-        state = local_kafka.start(settings.kafka_state_dir)
-    except local_kafka.LocalKafkaError as exc:
+        state = local_kafka.start(settings.kafka_state_dir, secure=secure, heap=heap)
+    except (local_kafka.LocalKafkaError, JavaMissingError) as exc:
         _fail(str(exc))
-    verb = "already running" if was_running else "started"
+    verb = "already running" if was_running else f"started in {time.monotonic() - started:.1f}s"
     out.print(f"local Kafka {verb}: bootstrap [bold]{state.bootstrap}[/] (pid {state.pid})", highlight=False)
-    out.print("[dim]in-memory mock cluster: 4 partitions per topic, ~5 MB kept per partition[/]")
+    _print_listeners(state, settings)
+
+
+def _print_listeners(state: local_kafka.LocalKafkaState, settings: Settings) -> None:
+    out.print(f"[dim]data and logs in {settings.kafka_state_dir}[/]", highlight=False)
+    if state.secure:
+        secure = settings.kafka_state_dir / "secure"
+        out.print(
+            f"  SASL_SSL {state.listeners['SASL_SSL']}  (SCRAM-SHA-512, user and password in "
+            f"{secure / 'credentials.json'}, CA {secure / 'ca.pem'})\n"
+            f"  SSL      {state.listeners['SSL']}  (client certificate required: {secure / 'client.pem'}, "
+            f"key {secure / 'client.key'})",
+            highlight=False,
+        )
 
 
 @kafka_app.command("stop")
 def kafka_stop(home: HomeOption = None) -> None:
-    """Stop the local Kafka (its topics are in memory and are gone afterwards)."""
+    """Stop the local Kafka broker (topics and offsets stay on disk for the next start)."""
     settings = _settings(home)
     if local_kafka.stop(settings.kafka_state_dir):
         out.print("local Kafka stopped")
@@ -109,7 +138,7 @@ def kafka_stop(home: HomeOption = None) -> None:
 
 @kafka_app.command("status")
 def kafka_status(home: HomeOption = None) -> None:
-    """Print whether the local Kafka runs, and its bootstrap address. Exit 1 when it does not."""
+    """Print whether the local Kafka runs, and its addresses. Exit 1 when it does not."""
     settings = _settings(home)
     state = local_kafka.status(settings.kafka_state_dir)
     if state is None:
@@ -119,6 +148,7 @@ def kafka_status(home: HomeOption = None) -> None:
         f"local Kafka running: bootstrap {state.bootstrap} (pid {state.pid}, up {time.time() - state.started_at:.0f}s)",
         highlight=False,
     )
+    _print_listeners(state, settings)
 
 
 def _bootstrap(settings: Settings, bootstrap: str | None) -> str:
@@ -135,7 +165,13 @@ def _bootstrap(settings: Settings, bootstrap: str | None) -> str:
 
 # ---------------------------------------------------------------------------- generate
 def _produce_with_progress(
-    bootstrap: str, topic: str, kind: str, cfg: Any, rate: float | None, quiet: bool = False
+    bootstrap: str,
+    topic: str,
+    kind: str,
+    cfg: Any,
+    rate: float | None,
+    quiet: bool = False,
+    client_config: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     from riverhouse.platform.generator import GENERATORS, produce
 
@@ -152,7 +188,14 @@ def _produce_with_progress(
         transient=False,
     ) as progress:
         task = progress.add_task("produce", total=total, topic=topic)
-        produce(bootstrap, topic, records, rate=rate, on_progress=lambda n: progress.advance(task, n))
+        produce(
+            bootstrap,
+            topic,
+            records,
+            rate=rate,
+            on_progress=lambda n: progress.advance(task, n),
+            producer_extra=client_config,
+        )
     return stats.as_dict()
 
 
@@ -166,7 +209,23 @@ def generate(
     malformed: Annotated[int, typer.Option(help="Malformed records to add")] = 10,
     rate: Annotated[float | None, typer.Option(help="Messages per second (default: as fast as possible)")] = None,
     seed: Annotated[int, typer.Option(help="Random seed (same seed, same events)")] = 42,
+    partitions: Annotated[
+        int,
+        typer.Option(
+            help="Create the topic with this many partitions when it does not exist yet "
+            f"(an existing topic keeps its own; auto-created topics get {local_kafka.DEFAULT_PARTITIONS})",
+            min=1,
+            max=1000,
+        ),
+    ] = local_kafka.DEFAULT_PARTITIONS,
     bootstrap: Annotated[str | None, typer.Option(help="Kafka bootstrap servers (default: the local Kafka)")] = None,
+    spec_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--spec",
+            help="Take the Kafka connection (bootstrap servers, security in kafka.config) from this pipeline spec",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the counts as JSON")] = False,
     home: HomeOption = None,
 ) -> None:
@@ -182,9 +241,19 @@ def generate(
     except ValueError as exc:
         _fail(str(exc))
     settings = _settings(home)
+    client_config: dict[str, Any] = {}
+    if spec_file is not None:
+        spec = _load_or_fail(spec_file)
+        client_config = _guarded(spec.kafka.resolved_config)
+        if not bootstrap and spec.kafka.bootstrap_servers != "local":
+            bootstrap = spec.kafka.bootstrap_servers
     started = time.monotonic()
     try:
-        stats = _produce_with_progress(_bootstrap(settings, bootstrap), topic, kind, cfg, rate, quiet=as_json)
+        address = _bootstrap(settings, bootstrap)
+        local_kafka.create_topic(address, topic, partitions, client_config)
+        stats = _produce_with_progress(address, topic, kind, cfg, rate, quiet=as_json, client_config=client_config)
+    except typer.Exit:
+        raise
     except Exception as exc:
         _fail(f"producing to {topic!r} failed: {exc}")
     stats["seconds"] = round(time.monotonic() - started, 3)
@@ -268,7 +337,6 @@ def _guarded(action: Any) -> Any:
     from riverhouse.platform.clickhouse import ClickHouseLoadError
     from riverhouse.platform.kafka_source import KafkaSourceError
     from riverhouse.platform.pipeline import PipelineError
-    from riverhouse.platform.spark import JavaMissingError
 
     try:
         return action()
