@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -127,7 +128,17 @@ def watermarks(config: dict[str, Any], topics: list[str]) -> dict[str, dict[int,
     """(low, high) offsets of every partition of the topics; a missing topic has none."""
     from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-    consumer = Consumer({**config, "group.id": f"riverhouse-meta-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False})
+    # librdkafka reports why a broker cannot be used (authentication, TLS) only to error_cb;
+    # the metadata call itself just times out with "transport failure".
+    reasons: list[str] = []
+    consumer = Consumer(
+        {
+            **config,
+            "group.id": f"riverhouse-meta-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "error_cb": lambda err: reasons.append(err.str()),
+        }
+    )
     try:
         out: dict[str, dict[int, tuple[int, int]]] = {}
         for topic in topics:
@@ -135,7 +146,8 @@ def watermarks(config: dict[str, Any], topics: list[str]) -> dict[str, dict[int,
                 metadata = consumer.list_topics(topic, timeout=METADATA_TIMEOUT_S)
             except KafkaException as exc:
                 raise KafkaSourceError(
-                    f"cannot reach Kafka at {config['bootstrap.servers']} to list topic {topic!r}: {exc}"
+                    f"cannot reach Kafka at {config['bootstrap.servers']} to list topic {topic!r}: "
+                    f"{_best_reason(reasons) or exc.args[0].str()}"
                 ) from None
             info = metadata.topics.get(topic)
             if info is None or info.error is not None or not info.partitions:
@@ -148,6 +160,40 @@ def watermarks(config: dict[str, Any], topics: list[str]) -> dict[str, dict[int,
         return out
     finally:
         consumer.close()
+
+
+def _best_reason(reasons: list[str]) -> str:
+    """The error that explains a failed connection: authentication or TLS first, then the latest."""
+    for word in ("SASL", "uthentication", "SSL", "certificate"):
+        for reason in reversed(reasons):
+            if word in reason:
+                return reason
+    return reasons[-1] if reasons else ""
+
+
+def lost_offsets(start: Offsets, low: Offsets, high: Offsets) -> list[str]:
+    """What Kafka no longer holds of what the checkpoint says comes next, one line per partition.
+
+    Records deleted by retention (the next offset is below the low watermark), partitions that
+    disappeared and offsets that went backwards (the topic was deleted or recreated).
+    """
+    lost = []
+    for topic, parts in sorted(start.items()):
+        for partition, offset in sorted(parts.items(), key=lambda kv: int(kv[0])):
+            name = f"{topic}[{partition}]"
+            if partition not in high.get(topic, {}):
+                lost.append(f"{name}: the partition no longer exists (the topic was deleted or recreated with fewer)")
+            elif offset > high[topic][partition]:
+                lost.append(
+                    f"{name}: Kafka's offsets end at {high[topic][partition]}, before the next offset to read "
+                    f"({offset}): the topic was deleted and recreated"
+                )
+            elif offset < low[topic][partition]:
+                lost.append(
+                    f"{name}: offsets {offset}..{low[topic][partition] - 1} "
+                    f"({low[topic][partition] - offset} records) were deleted by retention before they were read"
+                )
+    return lost
 
 
 def bound_offsets(start: Offsets, latest: Offsets, max_rows: int | None) -> Offsets:
@@ -183,6 +229,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.fail_on_data_loss = self.options.get("failondataloss", "true").lower() != "false"
         self._available_now_target: Offsets | None = None
         self._last_high: Offsets | None = None  # from the latest latestOffset() call
+        self._skipped_from: Offsets = {}  # where reading resumed after skipped data loss
 
     # -- planning (driver side) -------------------------------------------------
     def _current(self) -> tuple[Offsets, Offsets]:
@@ -205,6 +252,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         low, high = self._current()
         self._last_high = high
         latest = self._available_now_target or high
+        start = self._after_data_loss(start, low, high)
         # Partitions that appeared since the query started are read from their beginning.
         start_full: Offsets = {t: dict(start.get(t, {})) for t in latest}
         for t, parts in latest.items():
@@ -221,12 +269,43 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 parts[p] = max(off, start_full[t].get(p, off))
         return end
 
+    def _after_data_loss(self, start: Offsets, low: Offsets, high: Offsets) -> Offsets:
+        """`start`, or a KafkaSourceError naming what Kafka lost (failOnDataLoss=true, the default).
+
+        With failOnDataLoss=false the lost records are skipped: reading goes on from the low
+        watermark, and how many were skipped is printed (on the driver's stderr).
+        """
+        lost = lost_offsets(start, low, high)
+        if not lost:
+            return start
+        if self.fail_on_data_loss:
+            raise KafkaSourceError(
+                "records the pipeline has not read are no longer in Kafka: "
+                + "; ".join(lost)
+                + ". Nothing was written for them. To skip what was lost and go on, set "
+                "kafka.fail_on_data_loss: false in the spec and run again."
+            )
+        print("riverhouse: skipping records lost in Kafka (fail_on_data_loss is false): " + "; ".join(lost),
+              file=sys.stderr, flush=True)  # fmt: skip
+        moved: Offsets = {}
+        for topic, parts in start.items():
+            moved[topic] = {}
+            for partition, offset in parts.items():
+                if partition not in high.get(topic, {}):
+                    continue
+                gone = offset < low[topic][partition] or offset > high[topic][partition]
+                moved[topic][partition] = low[topic][partition] if gone else offset
+        self._skipped_from = moved
+        return moved
+
     def reportLatestOffset(self) -> dict | None:
         # Spark asks right after latestOffset(); reuse its watermarks instead of a new consumer.
         return self._last_high if self._last_high is not None else self._current()[1]
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         out: list[InputPartition] = []
+        # After skipped data loss (failOnDataLoss=false), the batch starts where reading resumed.
+        start = {t: {**parts, **self._skipped_from.get(t, {})} for t, parts in start.items()}
         for topic in sorted(end):
             for p, stop in sorted(end[topic].items(), key=lambda kv: int(kv[0])):
                 begin = start.get(topic, {}).get(p)
