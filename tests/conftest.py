@@ -79,11 +79,15 @@ def orders_spec(
 
 
 def produce(
-    bootstrap: str, topic: str, records: list[tuple[bytes | None, bytes | None]], partition: int | None = None
+    bootstrap: str,
+    topic: str,
+    records: list[tuple[bytes | None, bytes | None]],
+    partition: int | None = None,
+    config: dict[str, str] | None = None,
 ) -> None:
     from confluent_kafka import Producer
 
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "log_level": 3})
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "log_level": 3, **(config or {})})
     for key, value in records:
         if partition is None:
             producer.produce(topic, key=key, value=value)

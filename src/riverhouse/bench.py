@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from riverhouse.platform.pipeline import BatchMetrics
 
 SCENARIOS = (
+    "kafka_produce_limit",
     "kafka_read_limit",
     "clickhouse_insert_limit",
     "baseline_consumer",
@@ -58,18 +59,15 @@ ORDER_FIELDS = {
 }
 
 
-# The local Kafka (librdkafka's mock cluster) auto-creates every topic with 4 partitions and
-# cannot create one with more (CreateTopics waits for a controller it never names), and keeps
-# the newest ~150,000 of the benchmark's orders (~114 bytes, lz4) per partition.
-LOCAL_KAFKA_PARTITIONS = 4
-KEPT_PER_PARTITION = 140_000
+# The bench's topics are created with this many partitions at most (`--partitions`).
+MAX_PARTITIONS = 32
 
 
 @dataclass
 class BenchConfig:
-    events: int = 200_000  # distinct orders per throughput scenario
+    events: int = 2_000_000  # distinct orders per throughput scenario
     duplicate_rate: float = 0.10
-    partitions: int = 4  # topic partitions the data goes to, 1 to LOCAL_KAFKA_PARTITIONS
+    partitions: int = 8  # partitions of every topic the bench creates, 1 to MAX_PARTITIONS
     freshness_rate: float = 20_000.0
     freshness_seconds: float = 60.0  # measured, after the warm-up
     freshness_warmup: float = 15.0  # seconds of traffic at the rate before the measured period
@@ -86,21 +84,10 @@ class BenchConfig:
     docs: Path = Path("docs/benchmarks.md")
 
     def problems(self) -> list[str]:
-        """What the local Kafka cannot hold in this configuration (it would drop records)."""
+        """What this configuration cannot run, said before any work starts."""
         found = []
-        if not 1 <= self.partitions <= LOCAL_KAFKA_PARTITIONS:
-            found.append(
-                f"--partitions must be 1 to {LOCAL_KAFKA_PARTITIONS}: the local Kafka creates topics with "
-                f"{LOCAL_KAFKA_PARTITIONS} partitions and cannot create more"
-            )
-        else:
-            per_partition = self.events * (1 + self.duplicate_rate) / self.partitions
-            if per_partition > KEPT_PER_PARTITION:
-                found.append(
-                    f"--events {self.events:,} with --duplicate-rate {self.duplicate_rate:g} puts ~{per_partition:,.0f} "
-                    f"messages in each of {self.partitions} partition(s); the local Kafka keeps about "
-                    f"{KEPT_PER_PARTITION:,} per partition and would drop the oldest: use fewer events or more partitions"
-                )
+        if not 1 <= self.partitions <= MAX_PARTITIONS:
+            found.append(f"--partitions must be 1 to {MAX_PARTITIONS}, got {self.partitions}")
         return found
 
 
@@ -143,9 +130,17 @@ def machine_facts() -> dict[str, Any]:
         "deltalake": deltalake.__version__,
         "chdb": chdb.__version__,
         "librdkafka": confluent_kafka.libversion()[0],
-        "kafka": "librdkafka mock cluster (local, in-memory)",
+        "kafka": f"Apache Kafka {_broker_version()} (local broker, KRaft, one node)",
         "calibration": calibrate(),
     }
+
+
+def _broker_version() -> str:
+    from riverhouse.platform.jars import jars_root
+
+    for jar in (jars_root() / "broker").glob("kafka_2.13-*.jar"):
+        return jar.name.removeprefix("kafka_2.13-").removesuffix(".jar")
+    return "?"
 
 
 def calibrate() -> dict[str, float]:
@@ -291,15 +286,18 @@ class Bench:
         )
 
     def _produce(self, topic: str, records: Iterator[Any], rate: float | None = None) -> int:
-        """Produce to the first `partitions` partitions of the topic (all of them by default)."""
-        used = self.cfg.partitions if self.cfg.partitions < LOCAL_KAFKA_PARTITIONS else None
-        return produce(self.state.bootstrap, topic, records, rate=rate, partitions=used)
+        """Produce to a topic of `--partitions` partitions (created here when it does not exist)."""
+        local_kafka.create_topic(self.state.bootstrap, topic, self.cfg.partitions)
+        return produce(self.state.bootstrap, topic, records, rate=rate)
 
     def produce_orders(self, topic: str, count: int, seed: int = 1) -> Any:
         records, stats = orders(self._orders_config(count, seed))
         started = time.monotonic()
-        self._produce(topic, records)
-        self.log(f"  produced {stats.messages:,} orders to {topic} in {time.monotonic() - started:.1f}s")
+        acknowledged = self._produce(topic, records)
+        seconds = time.monotonic() - started
+        self.log(f"  produced {stats.messages:,} orders to {topic} in {seconds:.1f}s")
+        self.produced = {"events": acknowledged, "seconds": seconds, "events_per_s": acknowledged / seconds}
+        self.produced["exact"] = acknowledged == stats.messages
         return stats
 
     # -- scenarios --------------------------------------------------------------
@@ -810,6 +808,8 @@ class Bench:
 
         stats = self.produce_orders("bench_orders", cfg.events)
         messages = stats.messages
+        # The broker's produce limit as one Python producer (lz4, acks=all) reaches it, generator included.
+        scenario("kafka_produce_limit", lambda: dict(self.produced))
         scenario("kafka_read_limit", lambda: self.kafka_read_limit("bench_orders", messages))
         scenario("clickhouse_insert_limit", lambda: self.clickhouse_insert_limit(stats.unique))
         scenario("baseline_consumer", lambda: self.baseline_consumer("bench_orders", messages, stats.unique))
@@ -1016,7 +1016,7 @@ def _role(pid: int) -> str:
     except OSError:
         return "other"
     if "java" in cmd.split(" ", 1)[0]:
-        return "jvm"
+        return "kafka" if " kafka.Kafka " in cmd else "jvm"
     if "pyspark" in cmd:
         return "spark_python"
     if "local_kafka" in cmd:
@@ -1132,6 +1132,7 @@ def _short(result: dict[str, Any]) -> str:
 
 # ---------------------------------------------------------------------------- results
 THROUGHPUT = (
+    "kafka_produce_limit",
     "kafka_read_limit",
     "clickhouse_insert_limit",
     "baseline_consumer",
@@ -1459,9 +1460,8 @@ def _config_lines(result: dict[str, Any]) -> list[str]:
     return [
         "",
         f"Run with {c['events']:,} distinct orders per throughput scenario and {c['duplicate_rate']:.0%} "
-        f"duplicate copies, produced to {c.get('partitions', LOCAL_KAFKA_PARTITIONS)} of each topic's "
-        f"{LOCAL_KAFKA_PARTITIONS} partitions (`riverhouse bench --events --duplicate-rate --partitions "
-        "--scenarios`, `--help` for the rest).",
+        f"duplicate copies, every topic created with {c.get('partitions', 4)} partitions "
+        "(`riverhouse bench --events --duplicate-rate --partitions --scenarios`, `--help` for the rest).",
     ]
 
 
@@ -1476,7 +1476,8 @@ def render_docs(
         "# Benchmarks",
         "",
         "Measured by `make bench` (`riverhouse bench`): every scenario in one run against the same local",
-        "Kafka (librdkafka mock cluster) and the same embedded ClickHouse engine (chDB), so ratios are fair.",
+        "Apache Kafka broker (KRaft, one node, on the same 2 cores) and the same embedded ClickHouse engine",
+        "(chDB), so ratios are fair.",
         f"Rendered from `{source}` (run of {result['started_at'][:16]} UTC); each run's raw figures are in "
         "`bench/results/<timestamp>.json`.",
         "",
@@ -1503,7 +1504,10 @@ def render_docs(
         "",
         "## How each figure is measured",
         "",
-        "- `kafka_read_limit`: one librdkafka consumer reading the topic (the source's limit here), "
+        "- `kafka_produce_limit`: producing the bench's orders (generator included) with one "
+        "librdkafka producer (lz4, acks=all) to the local broker: the broker's produce limit as one "
+        "Python client reaches it.",
+        "- `kafka_read_limit`: one librdkafka consumer reading the topic from the broker (the source's limit here), "
         "with the same prefetch tuning as Riverhouse's source (`queued.min.messages` 1,000,000).",
         "- `clickhouse_insert_limit`: the same number of rows inserted from prebuilt Arrow batches "
         "of 100,000 (the sink's limit).",

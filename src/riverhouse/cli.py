@@ -367,15 +367,9 @@ def _print_summary(title: str, summary: dict[str, Any]) -> None:
 # ---------------------------------------------------------------------------- bench
 @app.command()
 def bench(
-    events: Annotated[int, typer.Option(help="Distinct orders per throughput scenario", min=1000)] = 200_000,
+    events: Annotated[int, typer.Option(help="Distinct orders per throughput scenario", min=1000)] = 2_000_000,
     duplicate_rate: Annotated[float, typer.Option(help="Extra duplicate copies, fraction of events", min=0.0)] = 0.1,
-    partitions: Annotated[
-        int,
-        typer.Option(
-            help="Kafka partitions the events go to (the local Kafka has 4 per topic; fewer leaves the rest empty)",
-            min=1,
-        ),
-    ] = 4,
+    partitions: Annotated[int, typer.Option(help="Partitions of every topic the bench creates (1-32)", min=1)] = 8,
     scenarios: Annotated[str, typer.Option(help="Comma-separated scenarios, or all")] = "all",
     freshness_rate: Annotated[float, typer.Option(help="freshness: events/s produced")] = 20_000.0,
     freshness_seconds: Annotated[float, typer.Option(help="freshness: seconds of production measured")] = 60.0,

@@ -26,6 +26,9 @@ def test_help_lists_every_command() -> None:
 
 
 def test_local_kafka_lifecycle_and_generate(tmp_path: Path) -> None:
+    """A real broker: start, topics with a chosen partition count, and data that survives stop/start."""
+    from riverhouse.platform.kafka_source import watermarks
+
     home = str(tmp_path / "home")
     assert cli("kafka", "status", "--home", home).returncode == 1
     started = cli("kafka", "start", "--home", home)
@@ -33,33 +36,28 @@ def test_local_kafka_lifecycle_and_generate(tmp_path: Path) -> None:
     try:
         state = local_kafka.status(tmp_path / "home" / "kafka")
         assert state is not None and state.bootstrap in started.stdout
+        assert (tmp_path / "home" / "kafka" / "data" / "meta.properties").exists()  # formatted KRaft storage
         assert "already running" in cli("kafka", "start", "--home", home).stdout  # idempotent
         status = cli("kafka", "status", "--home", home)
         assert status.returncode == 0 and state.bootstrap in status.stdout
-        generated = cli(
-            "generate",
-            "--home",
-            home,
-            "--topic",
-            "gen_orders",
-            "--count",
-            "500",
-            "--duplicate-rate",
-            "0.1",
-            "--malformed",
-            "3",
-            "--json",
-        )
+        generate = ["generate", "--home", home, "--topic", "gen_orders", "--count", "500", "--malformed", "3"]
+        generated = cli(*generate, "--duplicate-rate", "0.1", "--partitions", "8", "--json")
         assert generated.returncode == 0, generated.stderr
         stats = json.loads(generated.stdout)
         assert (stats["messages"], stats["unique"], stats["duplicates"], stats["malformed"]) == (553, 500, 50, 3)
-        from riverhouse.platform.kafka_source import watermarks
-
         marks = watermarks({"bootstrap.servers": state.bootstrap}, ["gen_orders"])["gen_orders"]
+        assert sorted(marks) == list(range(8))  # created with the asked-for partitions
         assert sum(high - low for low, high in marks.values()) == 553  # really in Kafka
-    finally:
         stopped = cli("kafka", "stop", "--home", home)
-    assert stopped.returncode == 0 and "stopped" in stopped.stdout
+        assert stopped.returncode == 0 and "stopped" in stopped.stdout
+        assert local_kafka.status(tmp_path / "home" / "kafka") is None
+        assert cli("kafka", "status", "--home", home).returncode == 1
+        restarted = cli("kafka", "start", "--home", home)
+        assert restarted.returncode == 0, restarted.stderr
+        assert state.bootstrap in restarted.stdout  # same address: clients and checkpoints stay valid
+        assert watermarks({"bootstrap.servers": state.bootstrap}, ["gen_orders"])["gen_orders"] == marks
+    finally:
+        cli("kafka", "stop", "--home", home)
     assert local_kafka.status(tmp_path / "home" / "kafka") is None
 
 
@@ -109,13 +107,11 @@ def test_demo_json_matches_the_generator_and_repeats(tmp_path: Path) -> None:
     assert local_kafka.status(tmp_path / "home" / "demo" / "kafka") is None  # demo cleans up its Kafka
 
 
-def test_bench_refuses_what_the_local_kafka_cannot_hold(tmp_path: Path) -> None:
-    """More partitions than the local Kafka makes, or more events than it keeps: a clear error, before any work."""
+def test_bench_refuses_a_partition_count_it_does_not_offer(tmp_path: Path) -> None:
+    """A clear error before any work: no broker started, no folder made."""
     home = str(tmp_path / "home")
-    proc = cli("bench", "--partitions", "5", "--home", home, timeout=120)
-    assert proc.returncode == 1 and "--partitions must be 1 to 4" in proc.stderr, proc.stderr[-2000:]
-    proc = cli("bench", "--events", "200000", "--partitions", "1", "--home", home, timeout=120)
-    assert proc.returncode == 1 and "~220,000 messages in each of 1 partition(s)" in proc.stderr, proc.stderr[-2000:]
+    proc = cli("bench", "--partitions", "33", "--home", home, timeout=120)
+    assert proc.returncode == 1 and "--partitions must be 1 to 32, got 33" in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "home" / "bench").exists()  # refused before starting anything
 
@@ -128,13 +124,13 @@ def test_bench_small_run_writes_results_and_page(tmp_path: Path) -> None:
         "--events",
         "3000",
         "--scenarios",
-        "kafka_read_limit,clickhouse_insert_limit,baseline_consumer,riverhouse_dedup,query_vs_final",
+        "kafka_produce_limit,kafka_read_limit,clickhouse_insert_limit,baseline_consumer,riverhouse_dedup,query_vs_final",
         "--final-scale",
         "20000",
         "--steady-runs",
         "3",
         "--partitions",
-        "2",
+        "3",
         "--results",
         str(results),
         "--docs",
@@ -146,9 +142,12 @@ def test_bench_small_run_writes_results_and_page(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     latest = json.loads((results / "latest.json").read_text())
     assert latest["machine"]["cores"] >= 1
-    assert latest["config"]["partitions"] == 2  # two of the topics' four partitions hold data, two are empty
+    assert latest["config"]["partitions"] == 3
+    assert latest["machine"]["kafka"].startswith("Apache Kafka 4.")
     scenarios = latest["scenarios"]
+    assert scenarios["kafka_produce_limit"]["events"] == 3300  # every produced order acknowledged by the broker
     assert set(scenarios) == {
+        "kafka_produce_limit",
         "kafka_read_limit",
         "clickhouse_insert_limit",
         "baseline_consumer",
@@ -167,7 +166,8 @@ def test_bench_small_run_writes_results_and_page(tmp_path: Path) -> None:
     steady_cpu = dedup["steady"]["cpu"]["by_role"]
     assert steady_cpu["jvm"] > 0 and steady_cpu["spark_python"] > 0 and steady_cpu["driver"] > 0
     assert scenarios["baseline_consumer"]["cpu"]["by_role"]["driver"] > 0
-    assert scenarios["baseline_consumer"]["cpu"]["by_role"]["jvm"] == 0
+    assert scenarios["baseline_consumer"]["cpu"]["by_role"]["jvm"] == 0  # the broker's JVM counts as kafka
+    assert scenarios["baseline_consumer"]["cpu"]["by_role"]["kafka"] > 0
     final = scenarios["query_vs_final"]
     assert set(final["queries"]) == {"count_sum_uniq", "count", "sum_amount", "top_users"}
     assert final["rmt_parts"] >= 1 and final["expected"][0] == 3000

@@ -145,6 +145,7 @@ def watermarks(config: dict[str, Any], topics: list[str]) -> dict[str, dict[int,
             try:
                 metadata = consumer.list_topics(topic, timeout=METADATA_TIMEOUT_S)
             except KafkaException as exc:
+                consumer.poll(0.2)  # serves error_cb: the reason, if librdkafka knows one
                 raise KafkaSourceError(
                     f"cannot reach Kafka at {config['bootstrap.servers']} to list topic {topic!r}: "
                     f"{_best_reason(reasons) or exc.args[0].str()}"
@@ -526,6 +527,7 @@ def source_options(
     max_offsets_per_trigger: int | None,
     parse_fields: list[tuple[str, str]] | None = None,
     max_message_bytes: int | None = None,
+    fail_on_data_loss: bool = True,
 ) -> dict[str, str]:
     """Options for `spark.readStream.format("riverhouse_kafka")` from spec values.
 
@@ -533,7 +535,12 @@ def source_options(
     """
     from riverhouse.platform.arrow_parse import encode_fields, supported
 
-    opts = {"bootstrap.servers": bootstrap, "subscribe": ",".join(topics), "startingOffsets": starting}
+    opts = {
+        "bootstrap.servers": bootstrap,
+        "subscribe": ",".join(topics),
+        "startingOffsets": starting,
+        "failOnDataLoss": str(fail_on_data_loss).lower(),
+    }
     if max_offsets_per_trigger:
         opts["maxOffsetsPerTrigger"] = str(max_offsets_per_trigger)
     if parse_fields and supported(parse_fields):

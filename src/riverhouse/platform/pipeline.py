@@ -14,6 +14,7 @@ import datetime
 import fcntl
 import json
 import os
+import re
 import threading
 import time
 import uuid
@@ -423,6 +424,7 @@ def prepare_stream(
         spec.kafka.max_offsets_per_trigger,
         parse_fields=[(f.name, f.type) for f in src.fields],
         max_message_bytes=src.max_message_bytes,
+        fail_on_data_loss=spec.kafka.fail_on_data_loss,
     )
     return SourceStream(spec, source, writer, options, ckpt, layout)
 
@@ -544,8 +546,17 @@ def stream_result(stream: SourceStream, query: Any, started: float) -> IngestRes
     )
 
 
+_PYTHON_ERROR_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?(?P<name>[A-Za-z_]\w*(?:Error|Exception)): (?P<message>.+)$")
+
+
 def _root_message(exc: BaseException) -> str:
     text = str(exc).strip()
+    if "Traceback (most recent call last)" in text:
+        # A Python error inside Spark (our Kafka source in Spark's planner process): its own
+        # last "SomeError: message" line says what happened; the trace is for developers.
+        found = [m for line in text.splitlines() if (m := _PYTHON_ERROR_LINE.match(line.strip()))]
+        if found:
+            return found[-1].group("message").strip()[:1000]
     # Spark wraps Python errors in long JVM traces; the user needs the first real line.
     for line in text.splitlines():
         line = line.strip()

@@ -210,6 +210,9 @@ class KafkaSpec(StrictModel):
     config: dict[str, str | int | float | bool] = Field(default_factory=dict)
     starting_offsets: Literal["earliest", "latest"] = "earliest"
     max_offsets_per_trigger: int = Field(default=500_000, gt=0)
+    # Records Kafka lost before they were read (retention, a recreated topic) stop the run;
+    # false skips them (the run says how many).
+    fail_on_data_loss: bool = True
 
     @field_validator("config")
     @classmethod

@@ -1,0 +1,168 @@
+"""Pipelines through the real broker's SASL_SSL (SCRAM-SHA-512) and mTLS listeners; bad secrets fail clearly."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from riverhouse.platform import kafka_tls, local_kafka
+from riverhouse.platform.clickhouse import open_client, qualified_table
+from riverhouse.platform.pipeline import PipelineError
+from riverhouse.platform.runner import run_once
+from riverhouse.platform.settings import Settings
+from riverhouse.platform.spec import parse_spec
+from tests.conftest import order, produce, riverhouse_cmd, subprocess_env
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+PASSWORD_VAR = "RIVERHOUSE_SECRET_KAFKA_PASSWORD"
+
+
+@pytest.fixture(scope="module")
+def secure_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_kafka.LocalKafkaState]:
+    state_dir = tmp_path_factory.mktemp("secure_kafka")
+    state = local_kafka.start(state_dir, secure=True)
+    yield state
+    local_kafka.stop(state_dir)
+
+
+def secure_files(broker: local_kafka.LocalKafkaState) -> tuple[dict[str, str], dict[str, str]]:
+    folder = Path(broker.state_dir) / "secure"
+    return kafka_tls.credentials(folder), kafka_tls.client_files(folder)
+
+
+def sasl_config(broker: local_kafka.LocalKafkaState) -> dict[str, str]:
+    creds, files = secure_files(broker)
+    return {
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": creds["username"],
+        "sasl.password": "${env:" + PASSWORD_VAR + "}",
+        "ssl.ca.location": files["ca"],
+    }
+
+
+def mtls_config(broker: local_kafka.LocalKafkaState, cert: str | None = None, key: str | None = None) -> dict[str, str]:
+    _, files = secure_files(broker)
+    return {
+        "security.protocol": "SSL",
+        "ssl.ca.location": files["ca"],
+        "ssl.certificate.location": cert or files["certificate"],
+        "ssl.key.location": key or files["key"],
+    }
+
+
+def spec_data(name: str, topic: str, bootstrap: str, config: dict[str, str]) -> dict[str, Any]:
+    return {
+        "name": name,
+        "kafka": {"bootstrap_servers": bootstrap, "config": config},
+        "sources": {
+            "orders": {
+                "topic": topic,
+                "fields": {"order_id": "string", "amount": "int", "created_at": "timestamp"},
+                "key": ["order_id"],
+                "event_time": {"field": "created_at"},
+                "dedup": {"key": ["order_id"], "window": "1h"},
+            }
+        },
+        "sink": {"table": f"{name}_orders", "order_by": ["order_id"]},
+    }
+
+
+def resolved(config: dict[str, str], password: str) -> dict[str, str]:
+    return {k: v.replace("${env:" + PASSWORD_VAR + "}", password) for k, v in config.items()}
+
+
+def events(count: int) -> list[tuple[bytes, bytes]]:
+    records = [order(f"o{i}", f"2026-01-01T10:{i % 60:02d}:00Z", amount=i) for i in range(count)]
+    return records + records[:7]  # seven producer retries
+
+
+def clickhouse_ids(settings: Settings, spec: Any) -> list[str]:
+    with open_client(settings.clickhouse_dsn) as client:
+        rows = client.query(f"SELECT order_id FROM {qualified_table(spec)}").result_rows
+    return sorted(r[0] for r in rows)
+
+
+def test_pipeline_through_sasl_ssl_with_the_password_from_the_environment(
+    secure_broker: local_kafka.LocalKafkaState, topic: str, settings: Settings, tmp_path: Path
+) -> None:
+    """The spec names the variable; the password is only in the environment of the run (and Spark's workers)."""
+    creds, _ = secure_files(secure_broker)
+    config = sasl_config(secure_broker)
+    produce(secure_broker.listeners["SASL_SSL"], topic, events(40), config=resolved(config, creds["password"]))
+    # Only the SASL_SSL address: the plaintext listener is not what the pipeline uses.
+    data = spec_data("sasl_pipe", topic, secure_broker.listeners["SASL_SSL"], config)
+    spec_file = tmp_path / "sasl.yaml"
+    spec_file.write_text(yaml.safe_dump(data))
+    env = subprocess_env(settings, RIVERHOUSE_KAFKA_BOOTSTRAP="", **{PASSWORD_VAR: creds["password"]})
+    ran = subprocess.run(
+        [*riverhouse_cmd(), "run", str(spec_file), "--json"], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert clickhouse_ids(settings, parse_spec(data)) == sorted(f"o{i}" for i in range(40))
+    assert creds["password"] not in ran.stdout + ran.stderr
+
+
+def test_pipeline_through_mtls_from_the_command_line(
+    secure_broker: local_kafka.LocalKafkaState, topic: str, settings: Settings, tmp_path: Path
+) -> None:
+    """`generate --spec` and `run` both connect with the client certificate named in the spec."""
+    spec_file = tmp_path / "mtls.yaml"
+    spec_file.write_text(
+        yaml.safe_dump(spec_data("mtls_pipe", topic, secure_broker.listeners["SSL"], mtls_config(secure_broker)))
+    )
+    env = subprocess_env(settings, RIVERHOUSE_KAFKA_BOOTSTRAP="")
+    common = {"capture_output": True, "text": True, "env": env, "timeout": 600}
+    generate = [*riverhouse_cmd(), "generate", "--spec", str(spec_file), "--topic", topic, "--count", "300"]
+    generated = subprocess.run([*generate, "--malformed", "0", "--json"], **common)
+    assert generated.returncode == 0, generated.stderr[-2000:]
+    expected = json.loads(generated.stdout)["expected_unique"]
+    ran = subprocess.run([*riverhouse_cmd(), "run", str(spec_file), "--json"], **common)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    spec = parse_spec(yaml.safe_load(spec_file.read_text()))
+    ids = clickhouse_ids(settings, spec)
+    assert len(ids) == len(set(ids)) == expected == 300
+
+
+def test_a_wrong_password_fails_clearly_without_printing_a_secret(
+    secure_broker: local_kafka.LocalKafkaState, topic: str, settings: Settings, tmp_path: Path
+) -> None:
+    creds, _ = secure_files(secure_broker)
+    produce(secure_broker.bootstrap, topic, events(5))
+    spec_file = tmp_path / "wrong.yaml"
+    spec_file.write_text(
+        yaml.safe_dump(spec_data("wrong_pw", topic, secure_broker.listeners["SASL_SSL"], sasl_config(secure_broker)))
+    )
+    wrong = "not-the-password-" + creds["password"][:4]
+    env = subprocess_env(settings, RIVERHOUSE_KAFKA_BOOTSTRAP="", **{PASSWORD_VAR: wrong})
+    ran = subprocess.run(
+        [*riverhouse_cmd(), "run", str(spec_file)], capture_output=True, text=True, env=env, timeout=600
+    )
+    output = ran.stdout + ran.stderr
+    assert ran.returncode == 1
+    assert "Authentication failed" in output and "SCRAM-SHA-512" in output, output[-3000:]
+    assert "Traceback" not in output
+    assert wrong not in output and creds["password"] not in output
+
+
+def test_an_untrusted_client_certificate_is_refused_clearly(
+    spark: Any, secure_broker: local_kafka.LocalKafkaState, topic: str, settings: Settings, tmp_path: Path
+) -> None:
+    # A certificate of another CA: the broker's mTLS listener must not accept it.
+    key, cert = kafka_tls.make_certificate("intruder")
+    (tmp_path / "intruder.pem").write_bytes(kafka_tls.pem(None, cert))
+    (tmp_path / "intruder.key").write_bytes(kafka_tls.pem(key))
+    config = mtls_config(secure_broker, str(tmp_path / "intruder.pem"), str(tmp_path / "intruder.key"))
+    spec = parse_spec(spec_data("intruder", topic, secure_broker.listeners["SSL"], config))
+    with pytest.raises(PipelineError) as failure:
+        run_once(spec, settings.with_(kafka_bootstrap=None), spark=spark, log=lambda m: None)
+    message = str(failure.value)
+    assert "cannot reach Kafka" in message and "SSL" in message, message
+    assert "Traceback" not in message
