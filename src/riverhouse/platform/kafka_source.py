@@ -68,7 +68,9 @@ def _client_config(options: dict[str, str]) -> dict[str, Any]:
     bootstrap = options.get("bootstrap.servers")
     if not bootstrap:
         raise KafkaSourceError("the riverhouse_kafka source needs option bootstrap.servers")
-    config: dict[str, Any] = {"bootstrap.servers": bootstrap, "log_level": 3}
+    # librdkafka's own log would repeat a down broker many times a second on stderr; its
+    # errors reach the user once, through error_cb, in the message of the error raised.
+    config: dict[str, Any] = {"bootstrap.servers": bootstrap, "log_level": 0}
     for key, value in options.items():
         if key.startswith("kafka."):
             config[key[len("kafka.") :]] = resolve_env_refs(value, key)
@@ -154,10 +156,17 @@ def watermarks(config: dict[str, Any], topics: list[str]) -> dict[str, dict[int,
             if info is None or info.error is not None or not info.partitions:
                 out[topic] = {}
                 continue
-            out[topic] = {
-                p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=METADATA_TIMEOUT_S)
-                for p in sorted(info.partitions)
-            }
+            try:
+                out[topic] = {
+                    p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=METADATA_TIMEOUT_S)
+                    for p in sorted(info.partitions)
+                }
+            except KafkaException as exc:  # the broker went away between the two calls
+                consumer.poll(0.2)
+                raise KafkaSourceError(
+                    f"cannot reach Kafka at {config['bootstrap.servers']} to read the offsets of topic {topic!r}: "
+                    f"{_best_reason(reasons) or exc.args[0].str()}"
+                ) from None
         return out
     finally:
         consumer.close()
@@ -338,9 +347,11 @@ def read_partition(options: dict[str, str], part: KafkaInputPartition, fail_on_d
     from riverhouse.platform.arrow_validate import SpoolWriter
 
     config = _client_config(options)
+    reasons: list[str] = []
     consumer = Consumer(
         {
             **config,
+            "error_cb": lambda err: reasons.append(err.str()),
             "group.id": f"riverhouse-reader-{uuid.uuid4().hex[:8]}",
             "enable.auto.commit": False,
             "enable.partition.eof": True,
@@ -373,6 +384,7 @@ def read_partition(options: dict[str, str], part: KafkaInputPartition, fail_on_d
                     raise KafkaSourceError(
                         f"no progress reading {part.topic}[{part.partition}] at offset {next_offset} "
                         f"(planned up to {part.end}) for {STALL_TIMEOUT_S:.0f}s"
+                        + (f": {_best_reason(reasons)}" if reasons else "")
                     )
                 continue
             records, next_offset = _in_range(messages, part, next_offset)
