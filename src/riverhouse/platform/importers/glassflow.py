@@ -87,6 +87,8 @@ def import_glassflow(path: str | Path) -> ImportResult:
 
 
 def build_spec(p: Pipeline, result: ImportResult) -> dict[str, Any]:
+    if str(p.sink.type).lower() != "clickhouse":
+        raise ImporterError(result.path, [("sink.type", f"{p.sink.type!r}: Riverhouse loads ClickHouse", "")])
     spec: dict[str, Any] = {"name": identifier(p.pipeline_id.replace("-", "_"), "pipeline_id", result)}
     spec["description"] = f"{p.name or p.pipeline_id} (imported from GlassFlow pipeline {p.pipeline_id})"
     spec["kafka"] = kafka_block(p, result)
@@ -249,6 +251,8 @@ def single_source(
         raise ImporterError(result.path, [(src.path, f"key field {key!r} cannot be imported", "")])
     if src.dedup is None:
         result.note(f"{src.path}: no dedup; {key!r} becomes the record key (records without it go to quarantine)")
+    if key not in wanted:
+        result.note(f"{src.path}: key {key!r} is not a mapped column, but a dedup pipeline loads it too")
     for col in p.columns:
         if col.ref in fields:
             check_column_type(col, fields[col.ref], result)
@@ -305,7 +309,16 @@ def joined(p: Pipeline, names: dict[str, str], result: ImportResult) -> tuple[An
     for col, src, ref in select:
         if ref in src.fields:
             wanted[src.sid][ref] = col.column_type
-    fields = {s.sid: declare_fields(s, {**{f: None for f in s.fields}, **wanted[s.sid]}, result) for s in (left, right)}
+    # Every scalar field is declared (filters and transforms may use them); fields of other types
+    # are only a loss when the sink or a key needs them, which declare_fields reports.
+    fields = {}
+    for s in (left, right):
+        unused = [f for f in s.fields if f not in wanted[s.sid]]
+        scalar = {f: None for f in unused if s.fields[f][0] in SCALAR_TYPES and "." not in f}
+        for f in unused:
+            if f not in scalar:
+                result.note(f"{s.fields[f][1]}: {f!r} ({s.fields[f][0]}) is not used downstream and not declared")
+        fields[s.sid] = declare_fields(s, {**scalar, **wanted[s.sid]}, result)
     keys = {s.sid: s.dedup[0] if s.dedup else (join.left.key if s is left else join.right.key) for s in (left, right)}
     sources = {names[s.sid]: source_block(s, fields[s.sid], keys[s.sid], result) for s in (left, right)}
 
