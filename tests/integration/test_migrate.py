@@ -122,7 +122,7 @@ def test_glassflow_dedup_config_runs_with_glassflow_results(
     assert len(expected) == 45  # 40 originals + 5 re-sends; the 15 retries are gone
     columns = ["event_id", "user_id", "name", "email", "created_at"]
     assert clickhouse_rows(settings, spec, columns) == expected
-    # GlassFlow sends a record without its dedup key to a DLQ stream; Riverhouse to quarantine, with the reason.
+    # A message GlassFlow cannot process goes to its dead-letter queue; Riverhouse quarantines it, with the reason.
     assert summary["quarantined"] == 1
 
 
