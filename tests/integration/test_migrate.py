@@ -52,25 +52,29 @@ def iso(at: datetime) -> str:
 def imported_spec(tmp_path: Path, fixture: str, topics: dict[str, str]) -> PipelineSpec:
     """Import the fixture (its topics renamed) and read the written spec as `riverhouse validate` does."""
     config = json.loads((FIXTURES / fixture).read_text())
-    for source in config["sources"]:
+    for source in config.get("sources", []):  # v3
         source["topic"] = topics[source["topic"]]
+    for source in config.get("source", {}).get("topics", []):  # v2: the topic's name is also its source id
+        source["id"], source["name"] = source["name"], topics[source["name"]]
     config_path = tmp_path / fixture
     config_path.write_text(json.dumps(config))
     result = import_glassflow(config_path)
     assert result.unmapped == []  # everything in these documented configs has a Riverhouse equivalent
     spec_path = tmp_path / "imported.yaml"
     spec_path.write_text(result.to_yaml())
-    assert spec_path.read_text().startswith(f"# Imported from GlassFlow pipeline config v3 {config_path}")
+    assert spec_path.read_text().startswith(
+        f"# Imported from GlassFlow pipeline config {config['version']} {config_path}"
+    )
     return load_spec(spec_path)
 
 
-def deduplicate(events: list[Event], key: str) -> list[Event]:
+def deduplicate(events: list[Event], key: str, window: timedelta = WINDOW) -> list[Event]:
     """GlassFlow's documented dedup: an id seen within the window of a kept event is dropped; after it, new."""
     kept: list[Event] = []
     last_kept: dict[str, datetime] = {}
     for event in sorted(events, key=lambda e: e[2]):
         ident = event[1][key]
-        if ident in last_kept and event[2] - last_kept[ident] <= WINDOW:
+        if ident in last_kept and event[2] - last_kept[ident] <= window:
             continue
         last_kept[ident] = event[2]
         kept.append(event)
@@ -174,3 +178,34 @@ def test_glassflow_join_config_runs_with_left_join_results(
     assert any(r[3] is None for r in expected) and any(r[3] is not None for r in expected)  # the data tests both
     columns = ["order_id", "amount", "created_at", "user_id", "email"]
     assert clickhouse_rows(settings, spec, columns) == expected
+
+
+def test_glassflow_v2_dedup_with_filter_and_renamed_column(
+    spark: Any, kafka: str, topic: str, settings: Settings, tmp_path: Path
+) -> None:
+    rng = random.Random(3)
+    events: list[Event] = []
+    for i in range(40):
+        at = BASE + timedelta(minutes=2 * i)
+        value = {
+            "click_id": f"c{i:02d}",
+            "user_id": f"v{i % 5}",
+            "source": rng.choice(["web", "app", "bot"]),
+            "duration_ms": rng.choice([-1, 0, 250, 1200]),
+        }
+        events.append((value["click_id"], value, at))
+    for key, value, at in rng.sample(list(events), 10):  # retries within the 30m window
+        events.append((key, dict(value), at + timedelta(minutes=rng.randint(1, 25))))
+    produce_at(kafka, f"{topic}_clicks", events)
+
+    spec = imported_spec(tmp_path, "glassflow_v2_dedup_filter.json", {"clicks": f"{topic}_clicks"})
+    run_once(spec, settings, spark=spark, log=lambda m: None, drain=True)
+
+    # A v2 filter names the rows to DROP (GlassFlow < 3.0): bots and negative durations go.
+    expected = sorted(
+        (v["click_id"], v["user_id"], v["duration_ms"])
+        for _, v, _ in deduplicate(events, "click_id", timedelta(minutes=30))
+        if not (v["source"] == "bot" or v["duration_ms"] < 0)
+    )
+    assert 0 < len(expected) < 40
+    assert clickhouse_rows(settings, spec, ["click_id", "visitor", "duration_ms"]) == expected

@@ -112,8 +112,8 @@ def test_v3_unsupported_settings_are_named_with_reasons(tmp_path: Path) -> None:
         "sources[1]",  # OTLP
         "sources[0].schema_fields[5]",  # nested field
         "sources[0].schema_fields[6]",  # map
-        "sink.mapping[5].column_name",  # a rename a dedup pipeline cannot do
-        "transforms[1]",  # filter outside a join
+        "sink.mapping[5]",  # ... so their columns cannot be loaded
+        "sink.mapping[6]",
         "transforms[2]",  # targets the OTLP source
         "metadata.tags",
         "resources",
@@ -121,7 +121,9 @@ def test_v3_unsupported_settings_are_named_with_reasons(tmp_path: Path) -> None:
     reasons = {u.setting: u.reason for u in result.unmapped}
     assert "Kafka topics only" in reasons["sources[1]"]
     assert "scalars" in reasons["sources[0].schema_fields[6]"]
-    written(result, tmp_path)  # still a valid spec
+    spec = written(result, tmp_path)  # still a valid spec: a SELECT over the one source, for the filter
+    assert spec.query is not None and spec.query.rstrip().endswith("WHERE (users.name <> '')")
+    assert spec.plan.output_names == ["event_id", "user_id", "created_at", "name", "email"]
 
 
 def test_v3_stateless_transform_in_a_join_becomes_a_projection(tmp_path: Path) -> None:
@@ -195,12 +197,17 @@ def test_v2_join_config_maps_like_its_v3_form_and_never_copies_credentials(tmp_p
 def test_v2_older_layout_with_table_mapping(tmp_path: Path) -> None:
     result = import_glassflow(FIXTURES / "glassflow_v2_table_mapping.json")
     assert settings_of(result) == {
-        "filter",  # a dedup pipeline has no row filter
         "source.topics[0].schema.fields[3]",  # device.os: nested
-        "sink.table_mapping[3].column_name",  # device.os -> os
-        "sink.table_mapping[4].column_name",  # timestamp -> login_at
+        "sink.table_mapping[3]",  # its column, os
     }
     spec = written(result, tmp_path)
+    # The filter and the renamed column need a SELECT over the one source; v2 filters named rows to DROP.
+    assert " ".join((spec.query or "").split()) == (
+        "SELECT user_logins.session_id AS session_id, user_logins.user_id AS user_id, "
+        "user_logins.login_count AS login_count, user_logins.timestamp AS login_at "
+        "FROM user_logins WHERE NOT (user_logins.login_count = 0)"
+    )
+    assert spec.sink.order_by == ["session_id"]
     source = spec.sources["user_logins"]  # "user-logins" is not an identifier; the topic keeps its name
     assert source.topic == "user-logins"
     assert {f.name: f.type for f in source.fields} == {

@@ -105,7 +105,10 @@ def build_spec(p: Pipeline, result: ImportResult) -> dict[str, Any]:
                     )
                 ],
             )
-        spec["sources"], spec["sink"] = single_source(p, p.sources[0], names, result)
+        spec["sources"], sink, query = single_source(p, p.sources[0], names, result)
+        if query is not None:
+            spec["query"] = query
+        spec["sink"] = sink
     else:
         spec["sources"], spec["join"], spec["query"], spec["state"], spec["sink"] = joined(p, names, result)
         for key in ("join", "query", "state"):
@@ -223,42 +226,106 @@ def check_column_type(column: Column, typ: str, result: ImportResult) -> None:
         result.note(f"{column.path}: column {column.column} is created as {made} (GlassFlow: {column.column_type})")
 
 
+def declare_all(src: Source, wanted: dict[str, str | None], result: ImportResult) -> dict[str, str]:
+    """`wanted` plus every other scalar field (filters and transforms may use them); unused fields of
+    other types are no loss and only noted, while wanted ones that cannot map are reported."""
+    unused = [f for f in src.fields if f not in wanted]
+    scalar = {f: None for f in unused if src.fields[f][0] in SCALAR_TYPES and "." not in f}
+    for f in unused:
+        if f not in scalar:
+            result.note(f"{src.fields[f][1]}: {f!r} ({src.fields[f][0]}) is not used downstream and not declared")
+    return declare_fields(src, {**scalar, **wanted}, result)
+
+
+def projections(
+    select: list[tuple[Column, Source, str]],
+    fields: dict[str, dict[str, str]],
+    names: dict[str, str],
+    result: ImportResult,
+) -> dict[str, str]:
+    """Output column -> Spark SQL: a field (`orders.amount`) or a translated stateless transform."""
+    exprs: dict[str, str] = {}
+    for col, src, ref in select:
+        if ref in src.fields:
+            if ref in fields[src.sid]:
+                exprs[col.column] = f"{names[src.sid]}.{ref}"
+                check_column_type(col, fields[src.sid][ref], result)
+            else:
+                result.drop(col.path, f"field {ref!r} could not be imported (see above)")
+            continue
+        out, path = src.stateless[ref]
+        sql = translate_expr(out.expression, names[src.sid], set(fields[src.sid]))
+        cast = SPARK_CASTS.get(out.output_type.lower())
+        if sql is None or cast is None:
+            result.drop(path, f"expression {out.expression!r} has no Spark SQL translation here; write it in query:")
+            continue
+        exprs[col.column] = f"CAST(({sql}) AS {cast})"
+    if not exprs:
+        raise ImporterError(result.path, [("sink", "no sink column could be imported", "")])
+    return exprs
+
+
+def where_clauses(src: Source, fields: dict[str, str], name: str, result: ImportResult) -> list[str]:
+    where = []
+    for expression, path, keep in src.filters:
+        sql = translate_expr(expression, name, set(fields))
+        if sql is None:
+            result.drop(path, f"filter {expression!r} has no Spark SQL translation here; write it in query: WHERE")
+        else:
+            where.append(f"({sql})" if keep else f"NOT ({sql})")
+    return where
+
+
+def select_sql(exprs: dict[str, str], source: str, join: str = "", where: list[str] | None = None) -> str:
+    query = "SELECT " + ",\n       ".join(f"{e} AS {c}" for c, e in exprs.items()) + f"\nFROM {source}" + join
+    return query + ("\nWHERE " + " AND ".join(where) if where else "") + "\n"
+
+
 def single_source(
     p: Pipeline, src: Source, names: dict[str, str], result: ImportResult
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    for expression, path, _ in src.filters:
-        result.drop(path, f"filter {expression!r}: Riverhouse filters rows only in join/SQL pipelines (query: WHERE)")
-    for out, path in src.stateless.values():
-        result.drop(path, f"transform {out.output_name!r}: derived columns need a query: pipeline (SELECT ... AS)")
-    wanted: dict[str, str | None] = {}
+) -> tuple[dict[str, Any], dict[str, Any], str | None]:
+    """A dedup pipeline; a join-less `query:` when filters, transforms or renamed columns need a SELECT."""
+    select: list[tuple[Column, Source, str]] = []
     for col in p.columns:
-        if col.ref not in src.fields:
+        if col.ref in src.fields or col.ref in src.stateless:
+            select.append((col, src, col.ref))
+        else:
             result.drop(col.path, f"{col.ref!r} is not a field of source {src.sid!r}'s schema")
-            continue
-        if col.column != col.ref:
-            result.drop(
-                f"{col.path}.column_name",
-                f"{col.column}: a dedup pipeline loads each field under its own name, {col.ref!r}",
-            )
-        wanted[col.ref] = col.column_type
-    key = src.dedup[0] if src.dedup else next(iter(wanted), None)
+    needs_sql = bool(src.filters or src.stateless) or any(col.column != ref for col, _, ref in select)
+    mapped = {ref: col.column_type for col, _, ref in select if ref in src.fields}
+    key = src.dedup[0] if src.dedup else next(iter(mapped), None)
     if key is None or key not in src.fields:
         raise ImporterError(
             result.path, [(src.path, "no field to use as the record key", "declare the source's fields")]
         )
-    fields = declare_fields(src, {key: None, **wanted}, result)
+    wanted: dict[str, str | None] = {key: None, **mapped}
+    fields = declare_all(src, wanted, result) if needs_sql else declare_fields(src, wanted, result)
     if key not in fields:
         raise ImporterError(result.path, [(src.path, f"key field {key!r} cannot be imported", "")])
     if src.dedup is None:
         result.note(f"{src.path}: no dedup; {key!r} becomes the record key (records without it go to quarantine)")
-    if key not in wanted:
-        result.note(f"{src.path}: key {key!r} is not a mapped column, but a dedup pipeline loads it too")
-    for col in p.columns:
-        if col.ref in fields:
-            check_column_type(col, fields[col.ref], result)
-    sink = {"table": identifier(p.sink.table, "sink.table", result), "order_by": [key]}
-    result.note(f"sink.order_by [{key}]: Riverhouse creates the table if missing (GlassFlow needs it to exist)")
-    return {names[src.sid]: source_block(src, fields, key, result)}, sink
+    name = names[src.sid]
+    sources = {name: source_block(src, fields, key, result)}
+    table = identifier(p.sink.table, "sink.table", result)
+    if not needs_sql:
+        if key not in mapped:
+            result.note(f"{src.path}: key {key!r} is not a mapped column, but a dedup pipeline loads it too")
+        for col, _, ref in select:
+            if ref in fields:
+                check_column_type(col, fields[ref], result)
+        result.note(f"sink.order_by [{key}]: Riverhouse creates the table if missing (GlassFlow needs it to exist)")
+        return sources, {"table": table, "order_by": [key]}, None
+    exprs = projections(select, {src.sid: fields}, names, result)
+    order_col = next((c for c, e in exprs.items() if e == f"{name}.{key}"), next(iter(exprs)))
+    result.note(
+        "query: a SELECT over one source (for its filter, transforms or renamed columns): rows pass through the "
+        "gold table and are written when the stream's watermark reaches them (`riverhouse run --drain`: all now)"
+    )
+    return (
+        sources,
+        {"table": table, "order_by": [order_col]},
+        select_sql(exprs, name, where=where_clauses(src, fields, name, result)),
+    )
 
 
 def joined(p: Pipeline, names: dict[str, str], result: ImportResult) -> tuple[Any, ...]:
@@ -281,7 +348,7 @@ def joined(p: Pipeline, names: dict[str, str], result: ImportResult) -> tuple[An
     window = spec_window(longest.window, f"{longest.path}.time_window", result)
     if window is None:
         raise ImporterError(result.path, [(f"{longest.path}.time_window", "the join window cannot be imported", "")])
-    # Each output column: (column, source, expression or field).
+    # Each output column: (column, source, field or transform output).
     select: list[tuple[Column, Source, str]] = []
     for col in p.columns:
         sid, ref = col.sid, col.ref
@@ -300,61 +367,23 @@ def joined(p: Pipeline, names: dict[str, str], result: ImportResult) -> tuple[An
             result.drop(col.path, f"{sid}.{ref} is not a field of the joined sources")
             continue
         select.append((col, by_id[sid], ref))
-    if not select:
-        raise ImporterError(result.path, [("sink", "no sink column could be imported", "")])
-    wanted: dict[str, dict[str, str | None]] = {left.sid: {join.left.key: None}, right.sid: {join.right.key: None}}
-    for src in (left, right):
-        if src.dedup:
-            wanted[src.sid][src.dedup[0]] = None
+    keys = {s.sid: s.dedup[0] if s.dedup else (join.left.key if s is left else join.right.key) for s in (left, right)}
+    wanted: dict[str, dict[str, str | None]] = {
+        left.sid: {join.left.key: None, keys[left.sid]: None},
+        right.sid: {join.right.key: None, keys[right.sid]: None},
+    }
     for col, src, ref in select:
         if ref in src.fields:
             wanted[src.sid][ref] = col.column_type
-    # Every scalar field is declared (filters and transforms may use them); fields of other types
-    # are only a loss when the sink or a key needs them, which declare_fields reports.
-    fields = {}
-    for s in (left, right):
-        unused = [f for f in s.fields if f not in wanted[s.sid]]
-        scalar = {f: None for f in unused if s.fields[f][0] in SCALAR_TYPES and "." not in f}
-        for f in unused:
-            if f not in scalar:
-                result.note(f"{s.fields[f][1]}: {f!r} ({s.fields[f][0]}) is not used downstream and not declared")
-        fields[s.sid] = declare_fields(s, {**scalar, **wanted[s.sid]}, result)
-    keys = {s.sid: s.dedup[0] if s.dedup else (join.left.key if s is left else join.right.key) for s in (left, right)}
+    fields = {s.sid: declare_all(s, wanted[s.sid], result) for s in (left, right)}
     sources = {names[s.sid]: source_block(s, fields[s.sid], keys[s.sid], result) for s in (left, right)}
 
-    # Expressions (filters, transforms) force the SQL form; otherwise the readable `join:` block.
-    exprs: dict[str, str] = {}
-    for col, src, ref in select:
-        if ref in src.fields:
-            if ref in fields[src.sid]:
-                exprs[col.column] = f"{names[src.sid]}.{ref}"
-                check_column_type(col, fields[src.sid][ref], result)
-            else:
-                result.drop(col.path, f"field {ref!r} could not be imported (see above)")
-            continue
-        out, path = src.stateless[ref]
-        sql = translate_expr(out.expression, names[src.sid], set(fields[src.sid]))
-        cast = SPARK_CASTS.get(out.output_type.lower())
-        if sql is None or cast is None:
-            result.drop(path, f"expression {out.expression!r} has no Spark SQL translation here; write it in query:")
-            continue
-        exprs[col.column] = f"CAST(({sql}) AS {cast})"
-    where: list[str] = []
-    for src in (left, right):
-        for expression, path, keep in src.filters:
-            sql = translate_expr(expression, names[src.sid], set(fields[src.sid]))
-            if src is right:
-                result.drop(path, "a filter on the right stream: WHERE would drop left rows; filter at the producer")
-            elif sql is None:
-                result.drop(path, f"filter {expression!r} has no Spark SQL translation here; write it in query: WHERE")
-            else:
-                where.append(f"({sql})" if keep else f"NOT ({sql})")
-    outputs = {c: e for c, e in exprs.items()}
-    order_col = next(
-        (c for c, e in outputs.items() if e == f"{names[left.sid]}.{keys[left.sid]}"), next(iter(outputs), None)
-    )
-    if order_col is None:
-        raise ImporterError(result.path, [("sink", "no sink column could be imported", "")])
+    # Expressions (filters, transforms) need the SQL form; otherwise the readable `join:` block.
+    outputs = projections(select, fields, names, result)
+    where = where_clauses(left, fields[left.sid], names[left.sid], result)
+    for _, path, _ in right.filters:
+        result.drop(path, "a filter on the right stream: WHERE would drop left rows; filter at the producer")
+    order_col = next((c for c, e in outputs.items() if e == f"{names[left.sid]}.{keys[left.sid]}"), next(iter(outputs)))
     result.note(
         "join: GlassFlow's docs call the left stream complete, yet its join service drops left events that find no "
         "match; Riverhouse makes it a LEFT join (unmatched left events emitted once their window closes). "
@@ -362,18 +391,12 @@ def joined(p: Pipeline, names: dict[str, str], result: ImportResult) -> tuple[An
     )
     sink = {"table": identifier(p.sink.table, "sink.table", result), "order_by": [order_col]}
     lname, rname = names[left.sid], names[right.sid]
-    simple = not where and all(re.fullmatch(r"\w+\.\w+", e) for e in outputs.values())
-    if simple:
+    if not where and all(re.fullmatch(r"\w+\.\w+", e) for e in outputs.values()):
         on = {"left": [join.left.key], "right": [join.right.key]}
         block = {"type": "left", "left": lname, "right": rname, "on": on, "window": window, "select": outputs}
         return sources, block, None, None, sink
-    projections = ",\n       ".join(f"{e} AS {c}" for c, e in outputs.items())
-    query = (
-        f"SELECT {projections}\nFROM {lname}\nLEFT JOIN {rname} ON {lname}.{join.left.key} = {rname}.{join.right.key}"
-    )
-    if where:
-        query += "\nWHERE " + " AND ".join(where)
-    return sources, None, query + "\n", {"ttl": window}, sink
+    on_sql = f"\nLEFT JOIN {rname} ON {lname}.{join.left.key} = {rname}.{join.right.key}"
+    return sources, None, select_sql(outputs, lname, on_sql, where), {"ttl": window}, sink
 
 
 def sink_settings(p: Pipeline, spec: dict[str, Any], result: ImportResult) -> None:
