@@ -362,3 +362,31 @@ def test_cli_writes_validates_and_is_strict(tmp_path: Path) -> None:
     assert lenient.exit_code == 0 and lenient.output.count("query: |") == 1  # spec on stdout
     bad = runner.invoke(app, ["import", "glassflow", str(tmp_path / "missing.json")])
     assert bad.exit_code == 1 and "cannot read file" in bad.output and "Traceback" not in bad.output
+
+
+def test_kafka_security_settings(tmp_path: Path) -> None:
+    config = json.loads((FIXTURES / "glassflow_v2_join.json").read_text())
+    params = config["source"]["connection_params"]
+    params.update(
+        protocol="SASL_SSL",
+        mechanism="GSSAPI",
+        kerberos_service_name="kafka",
+        kerberos_keytab="/etc/keytabs/app.keytab",
+        kerberos_realm="EXAMPLE.COM",
+        skip_tls_verification=True,
+        client_cert="-----BEGIN CERTIFICATE-----",
+        client_key="-----BEGIN PRIVATE KEY-----",
+    )
+    result = import_glassflow(config_file(tmp_path, config))
+    config_out = written(result, tmp_path).kafka.config
+    assert config_out["sasl.mechanism"] == "GSSAPI" and config_out["sasl.kerberos.service.name"] == "kafka"
+    assert config_out["sasl.kerberos.keytab"] == "${env:RIVERHOUSE_SECRET_KAFKA_KERBEROS_KEYTAB_PATH}"
+    assert config_out["ssl.key.pem"] == "${env:RIVERHOUSE_SECRET_KAFKA_CLIENT_KEY_PEM}"
+    assert config_out["enable.ssl.certificate.verification"] is False
+    assert "source.connection_params.kerberos_realm" in settings_of(result)
+    assert "PRIVATE KEY" not in result.to_yaml() and "/etc/keytabs" not in result.to_yaml()
+
+    params.update(protocol="SSL", mechanism="PLAIN")  # a mechanism without SASL authenticates nothing
+    result = import_glassflow(config_file(tmp_path, config))
+    assert "source.connection_params.mechanism" in settings_of(result)
+    assert "sasl.mechanism" not in written(result, tmp_path).kafka.config

@@ -139,12 +139,14 @@ def kafka_block(p: Pipeline, result: ImportResult) -> dict[str, Any]:
     if protocol != "PLAINTEXT":
         config["security.protocol"] = protocol
     mechanism = (conn.mechanism or "").upper()
-    if mechanism and mechanism != "NO_AUTH" and not conn.skip_auth:
+    if protocol.startswith("SASL") and mechanism and mechanism != "NO_AUTH" and not conn.skip_auth:
         config["sasl.mechanism"] = mechanism
         if conn.username is not None:
             config["sasl.username"] = secret_ref("KAFKA_USERNAME")
         if conn.password is not None:
             config["sasl.password"] = secret_ref("KAFKA_PASSWORD")
+    elif mechanism and mechanism != "NO_AUTH" and not conn.skip_auth:
+        result.drop(f"{where}.mechanism", f"{mechanism} without a SASL protocol ({protocol}) authenticates nothing")
     if conn.root_ca:
         # A CA is not secret, but it is a long PEM (base64 in v2): the variable keeps the spec readable.
         config["ssl.ca.pem"] = secret_ref("KAFKA_CA_PEM")
