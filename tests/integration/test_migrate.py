@@ -26,7 +26,8 @@ from riverhouse.platform.spec import PipelineSpec, load_spec
 pytestmark = pytest.mark.integration
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "migrate"
-BASE = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
+# Recent, whole-minute timestamps: a real broker's time-based retention would delete records months old.
+BASE = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(hours=8)
 WINDOW = timedelta(hours=1)  # the fixtures' dedup and join time_window
 
 
