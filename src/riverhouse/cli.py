@@ -563,6 +563,73 @@ def prepare_dagster_home(path: Path) -> Path:
     return path
 
 
+# ---------------------------------------------------------------------------- import
+import_app = typer.Typer(help="Import other tools' pipeline configs as Riverhouse specs.", no_args_is_help=True)
+app.add_typer(import_app, name="import")
+ImportOutput = Annotated[
+    Path | None, typer.Option("-o", "--output", help="Spec file to write (default: print the spec on stdout)")
+]
+StrictOption = Annotated[
+    bool, typer.Option("--strict", help="Exit 1 and write nothing when any setting could not be carried over")
+]
+ForceOption = Annotated[bool, typer.Option("--force", help="Overwrite the output file if it exists")]
+
+
+@import_app.command("glassflow")
+def import_glassflow_cmd(
+    config: Annotated[Path, typer.Argument(help="GlassFlow pipeline config (JSON or YAML, v2 or v3)")],
+    output: ImportOutput = None,
+    strict: StrictOption = False,
+    force: ForceOption = False,
+) -> None:
+    """Write a spec from a GlassFlow pipeline config; print what could not be mapped, and why."""
+    from riverhouse.platform.importers.glassflow import import_glassflow
+
+    _import(lambda: import_glassflow(config), output, strict, force)
+
+
+@import_app.command("kaflowsql")
+def import_kaflowsql_cmd(
+    pipeline: Annotated[Path, typer.Argument(help="KaflowSQL pipeline (YAML)")],
+    output: ImportOutput = None,
+    strict: StrictOption = False,
+    force: ForceOption = False,
+) -> None:
+    """Write a SQL-pipeline spec from a KaflowSQL pipeline; print what could not be mapped, and why."""
+    from riverhouse.platform.importers.kaflowsql import import_kaflowsql
+
+    _import(lambda: import_kaflowsql(pipeline), output, strict, force)
+
+
+def _import(run_import: Any, output: Path | None, strict: bool, force: bool) -> None:
+    from rich.markup import escape
+
+    from riverhouse.platform.importers.report import ImporterError
+
+    if output is not None and output.exists() and not force:
+        _fail(f"{output} exists; pass --force to overwrite it")
+    try:
+        result = run_import()
+    except ImporterError as exc:
+        _fail(escape(str(exc)))
+    # Escaped: settings are written like `sources[0]` and `key [id]`, which rich would take for markup.
+    for note in result.notes:
+        err.print(f"[dim]note:[/] {escape(note)}", highlight=False)
+    for item in result.unmapped:
+        err.print(f"[yellow]not carried over:[/] {escape(item.setting)}: {escape(item.reason)}", highlight=False)
+    if strict and result.unmapped:
+        _fail(f"{len(result.unmapped)} setting(s) could not be carried over (--strict): nothing written")
+    if output is None:
+        print(result.to_yaml(), end="")
+    else:
+        output.write_text(result.to_yaml())
+        err.print(
+            f"[green]wrote[/] {escape(str(output))} from {result.origin} {escape(result.path)}: "
+            f"{len(result.unmapped)} setting(s) not carried over; check it with `riverhouse validate {output}`",
+            highlight=False,
+        )
+
+
 def main() -> None:
     app()
 

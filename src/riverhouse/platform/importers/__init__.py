@@ -1,0 +1,1 @@
+"""Importers: other tools' pipeline configs as Riverhouse specs (`riverhouse import ...`)."""

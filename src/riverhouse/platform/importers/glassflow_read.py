@@ -1,0 +1,247 @@
+"""GlassFlow configs, v2 and v3, read into one neutral form for the mapping in glassflow.py.
+
+Each setting keeps the path the user wrote (`source.topics[0].deduplication` in
+v2, `transforms[0]` in v3), so what cannot be mapped is reported where it is.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from riverhouse.platform.importers import glassflow_models as gf
+from riverhouse.platform.importers.report import ImporterError, ImportResult
+
+
+@dataclass
+class Source:
+    sid: str
+    path: str
+    topic: str
+    offset: str
+    fields: dict[str, tuple[str, str]]  # name -> (GlassFlow type, path)
+    connection: gf.KafkaConnection | None
+    dedup: tuple[str, str, str] | None = None  # (key, window, path)
+    filters: list[tuple[str, str, bool]] = field(default_factory=list)  # (expression, path, keeps matching rows)
+    stateless: dict[str, tuple[gf.StatelessOutput, str]] = field(default_factory=dict)  # output name -> (spec, path)
+
+
+@dataclass
+class JoinSide:
+    sid: str
+    key: str
+    window: str
+    path: str
+
+
+@dataclass
+class Join:
+    left: JoinSide
+    right: JoinSide
+    outputs: dict[str, tuple[str, str]] | None  # output name -> (source id, field)
+
+
+@dataclass
+class Column:
+    ref: str  # field (or join output) name
+    column: str
+    column_type: str
+    sid: str | None
+    path: str
+
+
+@dataclass
+class Pipeline:
+    version: str
+    pipeline_id: str
+    name: str | None
+    sources: list[Source]
+    join: Join | None
+    columns: list[Column]
+    sink: Any  # gf.SinkV3 | gf.SinkV2
+    sink_connection: gf.SinkConnection | None
+
+
+# ---------------------------------------------------------------------------- reading
+def read_config(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ImporterError(str(path), [("", f"cannot read file: {exc.strerror}", "check the path")]) from None
+    try:
+        data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise ImporterError(str(path), [("", f"not valid JSON/YAML: {exc}", "export the config again")]) from None
+    if not isinstance(data, dict):
+        raise ImporterError(str(path), [("", "a GlassFlow pipeline config is a JSON object", "")])
+    return data
+
+
+def validate_config(model: type[BaseModel], data: dict[str, Any], source: str) -> Any:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            where = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in err["loc"]).replace(".[", "[")
+            hint = (
+                "not a setting of GlassFlow's documented format; check its spelling" if "extra" in err["type"] else ""
+            )
+            problems.append((where, str(err["msg"]).removeprefix("Value error, "), hint))
+        raise ImporterError(source, problems) from None
+
+
+def detect_version(data: dict[str, Any], source: str) -> str:
+    version = str(data.get("version") or ("v3" if "sources" in data else "v2" if "source" in data else "")).lower()
+    if version not in ("v2", "v3"):
+        raise ImporterError(
+            source, [("version", f"unsupported GlassFlow config version {data.get('version')!r}", "v2 and v3 are read")]
+        )
+    return version
+
+
+def from_v3(cfg: gf.PipelineV3, result: ImportResult) -> Pipeline:
+    sources: list[Source] = []
+    for i, s in enumerate(cfg.sources):
+        path = f"sources[{i}]"
+        if s.type.lower() != "kafka":
+            result.drop(path, f"a {s.type} source (OTLP): Riverhouse reads Kafka topics only")
+            continue
+        if s.topic is None or s.connection_params is None:
+            raise ImporterError(result.path, [(path, "a Kafka source needs topic and connection_params", "")])
+        _source_extras(s.format, s.schema_registry, s.schema_version, s.schema_, path, result)
+        fields = {f.name: (f.type.lower(), f"{path}.schema_fields[{j}]") for j, f in enumerate(s.schema_fields or [])}
+        sources.append(Source(s.source_id, path, s.topic, s.consumer_group_initial_offset, fields, s.connection_params))
+    by_id = {s.sid: s for s in sources}
+    for i, t in enumerate(cfg.transforms or []):
+        path = f"transforms[{i}]"
+        src = by_id.get(t.source_id)
+        if src is None:
+            result.drop(path, f"applies to {t.source_id!r}, which is not an imported Kafka source")
+        elif isinstance(t, gf.DedupTransform):
+            src.dedup = (t.config.key, t.config.time_window, path)
+        elif isinstance(t, gf.FilterTransform):
+            src.filters.append((t.config.expression, path, True))
+        else:
+            for j, out in enumerate(t.config.transforms):
+                src.stateless[out.output_name] = (out, f"{path}.config.transforms[{j}]")
+    join = None
+    if cfg.join is not None and cfg.join.enabled:
+        if cfg.join.left_source is None or cfg.join.right_source is None:
+            raise ImporterError(result.path, [("join", "an enabled join needs left_source and right_source", "")])
+        sides = [
+            JoinSide(side.source_id, side.key, side.time_window, f"join.{name}")
+            for name, side in (("left_source", cfg.join.left_source), ("right_source", cfg.join.right_source))
+        ]
+        outputs = None
+        if cfg.join.output_fields:
+            outputs = {o.output_name or o.name: (o.source_id, o.name) for o in cfg.join.output_fields}
+        join = Join(sides[0], sides[1], outputs)
+    columns = [
+        Column(m.name, m.column_name, m.column_type, None, f"sink.mapping[{i}]") for i, m in enumerate(cfg.sink.mapping)
+    ]
+    if cfg.metadata and cfg.metadata.tags:
+        result.drop("metadata.tags", "Riverhouse specs have no tags (Dagster owners are people or teams)")
+    if cfg.resources:
+        result.drop("resources", "Kubernetes sizing of GlassFlow's components: Riverhouse scales with Spark executors")
+    return Pipeline("v3", cfg.pipeline_id, cfg.name, sources, join, columns, cfg.sink, cfg.sink.connection_params)
+
+
+def from_v2(cfg: gf.PipelineV2, result: ImportResult) -> Pipeline:
+    schema_fields = cfg.schema_.fields if cfg.schema_ else []
+    if cfg.source.provider:
+        result.drop("source.provider", "a label for GlassFlow's UI; it changes nothing Riverhouse does")
+    sources: list[Source] = []
+    for i, t in enumerate(cfg.source.topics):
+        path = f"source.topics[{i}]"
+        sid = t.id or t.name
+        _source_extras(None, t.schema_registry, t.schema_version, None, path, result)
+        if t.replicas is not None:
+            result.drop(f"{path}.replicas", "Riverhouse reads every partition in Spark; parallelism follows partitions")
+        fields: dict[str, tuple[str, str]] = {}
+        if t.schema_ is not None:
+            fields |= {f.name: (f.type.lower(), f"{path}.schema.fields[{j}]") for j, f in enumerate(t.schema_.fields)}
+        fields |= {f.name: (f.type.lower(), f"{path}.schema_fields[{j}]") for j, f in enumerate(t.schema_fields or [])}
+        fields |= {
+            f.name: (f.type.lower(), f"schema.fields[{j}]") for j, f in enumerate(schema_fields) if f.source_id == sid
+        }
+        src = Source(sid, path, t.name, t.consumer_group_initial_offset, fields, cfg.source.connection_params)
+        if t.deduplication and t.deduplication.enabled:
+            key = t.deduplication.key or t.deduplication.id_field
+            if not key or not t.deduplication.time_window:
+                raise ImporterError(
+                    result.path, [(f"{path}.deduplication", "enabled without id_field and time_window", "")]
+                )
+            src.dedup = (key, t.deduplication.time_window, f"{path}.deduplication")
+        sources.append(src)
+    first = sources[0]
+    if cfg.filter and cfg.filter.enabled and cfg.filter.expression:
+        # Before GlassFlow 3.0 a filter named the events to DROP (docs: transformations/filter).
+        first.filters.append((cfg.filter.expression, "filter", False))
+    st = cfg.stateless_transformation
+    if st and st.enabled and st.config and st.config.transform:
+        target = next((s for s in sources if s.sid == st.source_id), first)
+        for j, out in enumerate(st.config.transform):
+            target.stateless[out.output_name] = (out, f"stateless_transformation.config.transform[{j}]")
+    join = None
+    if cfg.join is not None and cfg.join.enabled:
+        by_side = {s.orientation: s for s in cfg.join.sources or []}
+        if set(by_side) != {"left", "right"} or len(cfg.join.sources or []) != 2:
+            raise ImporterError(result.path, [("join.sources", "needs one left and one right source", "")])
+        idx = {s.orientation: i for i, s in enumerate(cfg.join.sources or [])}
+        left, right = (
+            JoinSide(by_side[o].source_id, by_side[o].join_key, by_side[o].time_window, f"join.sources[{idx[o]}]")
+            for o in ("left", "right")
+        )
+        join = Join(left, right, None)
+    sink = cfg.sink
+    if sink.table_mapping:
+        columns = [
+            Column(m.field_name, m.column_name, m.column_type, m.source_id, f"sink.table_mapping[{i}]")
+            for i, m in enumerate(sink.table_mapping)
+        ]
+    elif sink.mapping:
+        columns = [
+            Column(m.name, m.column_name, m.column_type, None, f"sink.mapping[{i}]") for i, m in enumerate(sink.mapping)
+        ]
+    else:
+        columns = [
+            Column(f.name, f.column_name, f.column_type, f.source_id, f"schema.fields[{i}]")
+            for i, f in enumerate(schema_fields)
+            if f.column_name and f.column_type
+        ]
+    if sink.provider:
+        result.drop("sink.provider", "a label for GlassFlow's UI; it changes nothing Riverhouse does")
+    if cfg.metadata and cfg.metadata.tags:
+        result.drop("metadata.tags", "Riverhouse specs have no tags (Dagster owners are people or teams)")
+    if cfg.pipeline_resources:
+        result.drop("pipeline_resources", "Kubernetes sizing of GlassFlow's components: Riverhouse scales with Spark")
+    connection = sink.connection_params
+    if connection is None and sink.host:
+        connection = gf.SinkConnection(
+            host=sink.host,
+            port=sink.port,
+            http_port=sink.http_port,
+            database=sink.database,
+            secure=sink.secure,
+            skip_certificate_verification=sink.skip_certificate_verification,
+        )
+    return Pipeline("v2", cfg.pipeline_id, cfg.name, sources, join, columns, sink, connection)
+
+
+def _source_extras(
+    fmt: str | None, registry: Any, version: str | None, schema: Any, path: str, result: ImportResult
+) -> None:
+    if fmt and fmt.lower() != "json":
+        result.drop(f"{path}.format", f"{fmt}: Riverhouse sources read JSON messages only")
+    if registry is not None:
+        result.drop(f"{path}.schema_registry", "Riverhouse reads plain JSON with the fields declared in the spec")
+    if version:
+        result.drop(f"{path}.schema_version", "belongs to schema_registry, which is not carried over")
+    if schema:
+        result.drop(f"{path}.schema", "an Avro/Protobuf schema: Riverhouse sources read JSON messages only")

@@ -1,0 +1,392 @@
+"""`riverhouse import glassflow|kaflowsql` on configs in the two projects' documented formats."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from riverhouse.cli import app
+from riverhouse.platform.importers.expr import translate_expr
+from riverhouse.platform.importers.glassflow import import_glassflow
+from riverhouse.platform.importers.kaflowsql import import_kaflowsql
+from riverhouse.platform.importers.report import ImporterError, ImportResult, parse_go_duration, spec_window
+from riverhouse.platform.spec import load_spec
+
+pytestmark = pytest.mark.unit
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "migrate"
+
+
+def written(result: ImportResult, tmp_path: Path) -> Any:
+    """The spec file as a user gets it, loaded the way `riverhouse validate` loads it."""
+    path = tmp_path / "spec.yaml"
+    path.write_text(result.to_yaml())
+    return load_spec(path)
+
+
+def settings_of(result: ImportResult) -> set[str]:
+    return {u.setting for u in result.unmapped}
+
+
+def config_file(tmp_path: Path, config: dict[str, Any], name: str = "pipeline.json") -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps(config))
+    return path
+
+
+# ---------------------------------------------------------------------------- GlassFlow v3
+def test_v3_dedup_config_maps_every_setting(tmp_path: Path) -> None:
+    result = import_glassflow(FIXTURES / "glassflow_v3_dedup.json")
+    assert result.unmapped == []
+    spec = written(result, tmp_path)
+    assert spec.name == "users_dedup"
+    users = spec.sources["users"]
+    assert users.topic == "users"
+    assert {f.name: f.type for f in users.fields} == {
+        "event_id": "string",
+        "user_id": "string",
+        "created_at": "timestamp",  # a string field loaded into a DateTime column
+        "name": "string",
+        "email": "string",
+    }
+    assert users.key == ["event_id"] and users.dedup is not None
+    assert users.dedup.key == ["event_id"] and users.dedup.window == timedelta(hours=1)
+    assert users.event_time.field is None  # windows on arrival (Kafka timestamp), as GlassFlow's
+    assert spec.kafka.bootstrap_servers == "kafka:9092" and spec.kafka.starting_offsets == "earliest"
+    assert spec.kafka.config == {}
+    assert (spec.sink.table, spec.sink.order_by, spec.sink.batch_size) == ("users_dedup", ["event_id"], 1000)
+    assert spec.sink.database is None  # "default": the DSN's database
+    assert spec.orchestration.trigger_interval == timedelta(seconds=1)  # max_delay_time
+    assert "mysecret" not in result.to_yaml()
+    assert any(
+        "RIVERHOUSE_CLICKHOUSE_DSN=http://<username>:<password>@my.clickhouse.server:8123" in n for n in result.notes
+    )
+
+
+def test_v3_join_with_filter_becomes_a_left_join_query(tmp_path: Path) -> None:
+    result = import_glassflow(FIXTURES / "glassflow_v3_join.json")
+    assert result.unmapped == []
+    spec = written(result, tmp_path)
+    assert spec.join is None and spec.query is not None
+    assert " ".join(spec.query.split()) == (
+        "SELECT orders.order_id AS order_id, orders.amount AS amount, orders.timestamp AS created_at, "
+        "users.user_id AS user_id, users.email AS email FROM orders "
+        "LEFT JOIN users ON orders.customer_id = users.user_id WHERE (orders.amount > 0)"
+    )
+    assert spec.state.ttl == timedelta(hours=1) and spec.state.sources == {}
+    assert spec.sources["orders"].key == ["order_id"] and spec.sources["users"].key == ["user_id"]
+    assert {f.name: f.type for f in spec.sources["orders"].fields} == {
+        "order_id": "string",
+        "customer_id": "string",
+        "amount": "double",  # float + Float64 column
+        "timestamp": "timestamp",  # datetime
+    }
+    assert spec.sink.order_by == ["order_id"]
+    assert spec.plan.output_names == ["order_id", "amount", "created_at", "user_id", "email"]
+    assert any("LEFT join" in n for n in result.notes)
+
+
+def test_v3_unsupported_settings_are_named_with_reasons(tmp_path: Path) -> None:
+    config = json.loads((FIXTURES / "glassflow_v3_dedup.json").read_text())
+    config["sources"].append({"type": "otlp.logs", "source_id": "logs"})
+    config["sources"][0]["schema_fields"].append({"name": "payload.device", "type": "string"})
+    config["sources"][0]["schema_fields"].append({"name": "labels", "type": "map"})
+    config["sink"]["mapping"] += [
+        {"name": "payload.device", "column_name": "device", "column_type": "String"},
+        {"name": "labels", "column_name": "labels", "column_type": "Map(String, String)"},
+    ]
+    config["transforms"] += [
+        {"type": "filter", "source_id": "users", "config": {"expression": "name != ''"}},
+        {"type": "dedup", "source_id": "logs", "config": {"key": "id", "time_window": "1h"}},
+    ]
+    config["metadata"] = {"tags": ["prod"]}
+    config["resources"] = {"sink": {"replicas": 2}}
+    result = import_glassflow(config_file(tmp_path, config))
+    assert settings_of(result) == {
+        "sources[1]",  # OTLP
+        "sources[0].schema_fields[5]",  # nested field
+        "sources[0].schema_fields[6]",  # map
+        "sink.mapping[5]",  # ... so their columns cannot be loaded
+        "sink.mapping[6]",
+        "transforms[2]",  # targets the OTLP source
+        "metadata.tags",
+        "resources",
+    }
+    reasons = {u.setting: u.reason for u in result.unmapped}
+    assert "Kafka topics only" in reasons["sources[1]"]
+    assert "scalars" in reasons["sources[0].schema_fields[6]"]
+    spec = written(result, tmp_path)  # still a valid spec: a SELECT over the one source, for the filter
+    assert spec.query is not None and spec.query.rstrip().endswith("WHERE (users.name <> '')")
+    assert spec.plan.output_names == ["event_id", "user_id", "created_at", "name", "email"]
+
+
+def test_v3_stateless_transform_in_a_join_becomes_a_projection(tmp_path: Path) -> None:
+    config = json.loads((FIXTURES / "glassflow_v3_join.json").read_text())
+    config["transforms"].append(
+        {
+            "type": "stateless",
+            "source_id": "orders",
+            "config": {
+                "transforms": [
+                    {"expression": "amount * 100", "output_name": "amount_cents", "output_type": "int"},
+                    {"expression": "upper(customer_id)", "output_name": "customer", "output_type": "string"},
+                ]
+            },
+        }
+    )
+    config["join"]["output_fields"] += [
+        {"source_id": "orders", "name": "amount_cents"},
+        {"source_id": "orders", "name": "customer"},
+    ]
+    config["sink"]["mapping"] += [
+        {"name": "amount_cents", "column_name": "amount_cents", "column_type": "Int64"},
+        {"name": "customer", "column_name": "customer", "column_type": "String"},
+    ]
+    result = import_glassflow(config_file(tmp_path, config))
+    assert settings_of(result) == {"transforms[3].config.transforms[1]"}  # a function call: not guessed
+    spec = written(result, tmp_path)
+    assert "CAST((orders.amount * 100) AS BIGINT) AS amount_cents" in spec.query
+    assert "customer" not in spec.plan.output_names
+
+
+# ---------------------------------------------------------------------------- GlassFlow v2
+def test_v2_join_config_maps_like_its_v3_form_and_never_copies_credentials(tmp_path: Path) -> None:
+    v2 = import_glassflow(FIXTURES / "glassflow_v2_join.json")
+    v3 = import_glassflow(FIXTURES / "glassflow_v3_join.json")
+    assert v2.spec["sources"] == v3.spec["sources"]
+    assert settings_of(v2) == {
+        "source.provider",
+        "source.topics[0].replicas",
+        "pipeline_resources",
+        "join.sources[1].time_window",  # 30m on the right, 1h on the left: one window in Riverhouse
+    }
+    assert any(n.startswith("schema.fields[6]: 'tags' (array) is not used") for n in v2.notes)
+    spec = written(v2, tmp_path)
+    assert spec.join is not None and spec.join.type == "left"
+    assert (spec.join.left, spec.join.right, spec.join.window) == ("orders", "users", timedelta(hours=1))
+    assert (spec.join.on.left, spec.join.on.right) == (["customer_id"], ["user_id"])
+    assert spec.join.select == {
+        "order_id": "orders.order_id",
+        "amount": "orders.amount",
+        "created_at": "orders.timestamp",
+        "user_id": "users.user_id",
+        "email": "users.email",
+    }
+    assert spec.kafka.bootstrap_servers == "broker-0.example.com:9092,broker-1.example.com:9092"
+    assert spec.kafka.config == {
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "SCRAM-SHA-256",
+        "sasl.username": "${env:RIVERHOUSE_SECRET_KAFKA_USERNAME}",
+        "sasl.password": "${env:RIVERHOUSE_SECRET_KAFKA_PASSWORD}",
+        "ssl.ca.pem": "${env:RIVERHOUSE_SECRET_KAFKA_CA_PEM}",
+    }
+    text = v2.to_yaml()
+    for secret in ("do-not-copy-me", "pipeline-user", "c2VjcmV0", "LS0tLS1CRUdJTi0tLS0t", "loader"):
+        assert secret not in text
+    assert (spec.sink.database, spec.sink.batch_size) == ("analytics", 5000)
+    assert spec.orchestration.trigger_interval == timedelta(seconds=30)
+    assert any("https://<username>:<password>@clickhouse.example.com:8443/analytics" in n for n in v2.notes)
+
+
+def test_v2_older_layout_with_table_mapping(tmp_path: Path) -> None:
+    result = import_glassflow(FIXTURES / "glassflow_v2_table_mapping.json")
+    assert settings_of(result) == {
+        "source.topics[0].schema.fields[3]",  # device.os: nested
+        "sink.table_mapping[3]",  # its column, os
+    }
+    spec = written(result, tmp_path)
+    # The filter and the renamed column need a SELECT over the one source; v2 filters named rows to DROP.
+    assert " ".join((spec.query or "").split()) == (
+        "SELECT user_logins.session_id AS session_id, user_logins.user_id AS user_id, "
+        "user_logins.login_count AS login_count, user_logins.timestamp AS login_at "
+        "FROM user_logins WHERE NOT (user_logins.login_count = 0)"
+    )
+    assert spec.sink.order_by == ["session_id"]
+    source = spec.sources["user_logins"]  # "user-logins" is not an identifier; the topic keeps its name
+    assert source.topic == "user-logins"
+    assert {f.name: f.type for f in source.fields} == {
+        "session_id": "string",
+        "user_id": "string",
+        "login_count": "int",  # GlassFlow int into an Int32 column
+        "timestamp": "timestamp",
+    }
+    assert source.dedup is not None and source.dedup.window == timedelta(hours=12)
+    assert spec.kafka.bootstrap_servers == "kafka.internal:9093"  # "http://" dropped
+    assert spec.kafka.starting_offsets == "latest"
+
+
+def test_v2_filter_was_a_drop_condition(tmp_path: Path) -> None:
+    config = json.loads((FIXTURES / "glassflow_v2_join.json").read_text())
+    config["filter"] = {"enabled": True, "expression": "amount <= 0 or customer_id == 'test'"}
+    spec = written(import_glassflow(config_file(tmp_path, config)), tmp_path)
+    assert spec.query is not None
+    assert "WHERE NOT (orders.amount <= 0 OR orders.customer_id = 'test')" in " ".join(spec.query.split())
+
+
+def test_strict_models_name_unknown_settings(tmp_path: Path) -> None:
+    config = json.loads((FIXTURES / "glassflow_v3_dedup.json").read_text())
+    config["sources"][0]["topik"] = "users"
+    config["sink"]["mapping"][0]["colum_type"] = "String"
+    with pytest.raises(ImporterError) as err:
+        import_glassflow(config_file(tmp_path, config))
+    where = [p[0] for p in err.value.problems]
+    assert "sources[0].topik" in where and "sink.mapping[0].colum_type" in where
+    with pytest.raises(ImporterError, match="unsupported GlassFlow config version 'v1'"):
+        import_glassflow(config_file(tmp_path, {"version": "v1", "pipeline_id": "x"}))
+    (tmp_path / "broken.json").write_text("{not json")
+    with pytest.raises(ImporterError, match="not valid JSON"):
+        import_glassflow(tmp_path / "broken.json")
+
+
+def test_yaml_configs_and_windows_beyond_seven_days(tmp_path: Path) -> None:
+    config = json.loads((FIXTURES / "glassflow_v3_dedup.json").read_text())
+    config["transforms"][0]["config"]["time_window"] = "169h"
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(config))
+    result = import_glassflow(path)
+    assert settings_of(result) == {"transforms[0].time_window"}
+    assert written(result, tmp_path).sources["users"].dedup is None
+
+
+# ---------------------------------------------------------------------------- shared rules
+def test_go_durations() -> None:
+    assert parse_go_duration("1h30m", "w") == timedelta(minutes=90)
+    assert parse_go_duration("168h", "w") == timedelta(days=7)
+    assert parse_go_duration("250ms", "w") == timedelta(milliseconds=250)
+    for bad in ("1d", "h", "", "10", "1h 30m"):
+        with pytest.raises(ValueError):
+            parse_go_duration(bad, "w")
+    result = ImportResult({}, "x", "x")
+    assert spec_window("1500ms", "w", result) == "2s" and result.notes  # rounded, and said so
+
+
+def test_expr_subset_translation() -> None:
+    fields = {"age", "status", "amount"}
+    assert translate_expr("age > 18 and status == 'active'", "s", fields) == "s.age > 18 AND s.status = 'active'"
+    assert translate_expr("!(amount != 0) || age >= 65", "s", fields) == "NOT (s.amount <> 0) OR s.age >= 65"
+    assert translate_expr("(amount + 1) * 2 % 3", "s", fields) == "(s.amount + 1) * 2 % 3"
+    for untranslatable in ("len(status) > 2", "user.age > 1", "status in ['a']", "unknown > 1", "age > 1 ?? 2"):
+        assert translate_expr(untranslatable, "s", fields) is None
+
+
+# ---------------------------------------------------------------------------- KaflowSQL
+def test_kaflowsql_pipeline_maps_query_state_dimensions_and_emission(tmp_path: Path) -> None:
+    result = import_kaflowsql(FIXTURES / "kaflowsql_transactions.yaml")
+    assert result.unmapped == []
+    spec = written(result, tmp_path)
+    assert spec.name == "transaction_enrichment"
+    assert set(spec.sources) == {"transactions", "users", "merchants"}
+    assert {f.name: f.type for f in spec.sources["transactions"].fields} == {
+        "transaction_id": "string",
+        "user_id": "string",
+        "amount": "double",  # from output.schema (Avro double)
+        "merchant_id": "string",
+    }
+    assert {f.name: f.type for f in spec.sources["users"].fields} == {
+        "email": "string",
+        "risk_score": "int",  # ["null", "int"]
+        "user_id": "string",
+    }
+    assert spec.sources["transactions"].key == ["transaction_id"]  # output.key
+    assert spec.sources["users"].key == ["user_id"] and spec.sources["merchants"].key == ["merchant_id"]
+    assert spec.state.ttl == timedelta(hours=1) and spec.state.sources == {"users": timedelta(hours=2)}
+    assert spec.dimensions == ["merchants"] and spec.require == ["email", "merchant_name"]
+    assert (spec.sink.table, spec.sink.order_by) == ("enriched_transactions", ["transaction_id"])
+    plan = spec.plan
+    assert plan.output_names[-1] == "amount_band" and plan.where is not None
+    assert [(s.source, s.kind, s.window) for s in plan.steps] == [
+        ("users", "left", timedelta(hours=2)),
+        ("merchants", "left", None),  # a dimension: latest row per key, no window
+    ]
+
+
+def test_kaflowsql_unmappable_settings_and_dotted_topics(tmp_path: Path) -> None:
+    result = import_kaflowsql(FIXTURES / "kaflowsql_immediate.yaml")
+    assert settings_of(result) == {"emission.type", "state.events.overrides.unknown_topic"}
+    spec = written(result, tmp_path)
+    assert spec.name == "device_telemetry"
+    assert spec.sources["device_readings"].topic == "device.readings"
+    assert "FROM device_readings AS d" in spec.query
+    assert spec.state.ttl == timedelta(minutes=5) and spec.dimensions == ["device_config"]
+
+
+def test_kaflowsql_window_and_default_ttl(tmp_path: Path) -> None:
+    base = (FIXTURES / "kaflowsql_transactions.yaml").read_text()
+    only_window = base.replace("    default_ttl: 1h\n", "").replace("window: 1h", "window: 30m")
+    result = import_kaflowsql(config_file_text(tmp_path, only_window))
+    assert written(result, tmp_path).state.ttl == timedelta(minutes=30)
+    both = base.replace("window: 1h", "window: 3h")
+    result = import_kaflowsql(config_file_text(tmp_path, both))
+    assert settings_of(result) == {"window"}  # KaflowSQL's engine reads default_ttl, not window
+    assert written(result, tmp_path).state.ttl == timedelta(hours=1)
+
+
+def test_kaflowsql_queries_riverhouse_cannot_run_are_refused_clearly(tmp_path: Path) -> None:
+    base = (FIXTURES / "kaflowsql_transactions.yaml").read_text()
+    grouped = base.replace("  WHERE t.amount > 0\n", "  WHERE t.amount > 0\n  GROUP BY t.user_id\n")
+    with pytest.raises(ImporterError, match="GROUP BY"):
+        import_kaflowsql(config_file_text(tmp_path, grouped))
+    with pytest.raises(ImporterError, match="outptu"):
+        import_kaflowsql(config_file_text(tmp_path, base.replace("output:", "outptu:")))
+
+
+def config_file_text(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(text)
+    return path
+
+
+# ---------------------------------------------------------------------------- CLI
+def test_cli_writes_validates_and_is_strict(tmp_path: Path) -> None:
+    runner = CliRunner()
+    out = tmp_path / "users.yaml"
+    ok = runner.invoke(app, ["import", "glassflow", str(FIXTURES / "glassflow_v3_dedup.json"), "-o", str(out)])
+    assert ok.exit_code == 0, ok.output
+    assert runner.invoke(app, ["validate", str(out)]).exit_code == 0
+    again = runner.invoke(app, ["import", "glassflow", str(FIXTURES / "glassflow_v3_dedup.json"), "-o", str(out)])
+    assert again.exit_code == 1 and "--force" in again.output
+
+    strict_out = tmp_path / "strict.yaml"
+    strict = runner.invoke(
+        app, ["import", "glassflow", str(FIXTURES / "glassflow_v2_join.json"), "-o", str(strict_out), "--strict"]
+    )
+    assert strict.exit_code == 1 and not strict_out.exists()
+    assert "join.sources[1].time_window" in strict.output  # named, with rich markup escaped
+    lenient = runner.invoke(app, ["import", "kaflowsql", str(FIXTURES / "kaflowsql_transactions.yaml"), "--strict"])
+    assert lenient.exit_code == 0 and lenient.output.count("query: |") == 1  # spec on stdout
+    bad = runner.invoke(app, ["import", "glassflow", str(tmp_path / "missing.json")])
+    assert bad.exit_code == 1 and "cannot read file" in bad.output and "Traceback" not in bad.output
+
+
+def test_kafka_security_settings(tmp_path: Path) -> None:
+    config = json.loads((FIXTURES / "glassflow_v2_join.json").read_text())
+    params = config["source"]["connection_params"]
+    params.update(
+        protocol="SASL_SSL",
+        mechanism="GSSAPI",
+        kerberos_service_name="kafka",
+        kerberos_keytab="/etc/keytabs/app.keytab",
+        kerberos_realm="EXAMPLE.COM",
+        skip_tls_verification=True,
+        client_cert="-----BEGIN CERTIFICATE-----",
+        client_key="-----BEGIN PRIVATE KEY-----",
+    )
+    result = import_glassflow(config_file(tmp_path, config))
+    config_out = written(result, tmp_path).kafka.config
+    assert config_out["sasl.mechanism"] == "GSSAPI" and config_out["sasl.kerberos.service.name"] == "kafka"
+    assert config_out["sasl.kerberos.keytab"] == "${env:RIVERHOUSE_SECRET_KAFKA_KERBEROS_KEYTAB_PATH}"
+    assert config_out["ssl.key.pem"] == "${env:RIVERHOUSE_SECRET_KAFKA_CLIENT_KEY_PEM}"
+    assert config_out["enable.ssl.certificate.verification"] is False
+    assert "source.connection_params.kerberos_realm" in settings_of(result)
+    assert "PRIVATE KEY" not in result.to_yaml() and "/etc/keytabs" not in result.to_yaml()
+
+    params.update(protocol="SSL", mechanism="PLAIN")  # a mechanism without SASL authenticates nothing
+    result = import_glassflow(config_file(tmp_path, config))
+    assert "source.connection_params.mechanism" in settings_of(result)
+    assert "sasl.mechanism" not in written(result, tmp_path).kafka.config
