@@ -149,7 +149,10 @@ def _server_properties(state_dir: Path, ports: dict[str, int], secure: bool) -> 
         "share.coordinator.state.topic.replication.factor": "1",
         "share.coordinator.state.topic.min.isr": "1",
         "group.initial.rebalance.delay.ms": "0",
-        "log.retention.hours": "168",
+        # Kept until deleted, up to 1 GiB per partition: records keep their producer's timestamps,
+        # so time-based retention would delete replayed history (event times days old) at once.
+        "log.retention.ms": "-1",
+        "log.retention.bytes": str(1 << 30),
         "log.segment.bytes": str(256 * 1024 * 1024),
         "message.max.bytes": str(16 * 1024 * 1024),
     }
