@@ -157,10 +157,7 @@ def watermarks(config: dict[str, Any], topics: list[str]) -> dict[str, dict[int,
                 out[topic] = {}
                 continue
             try:
-                out[topic] = {
-                    p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=METADATA_TIMEOUT_S)
-                    for p in sorted(info.partitions)
-                }
+                out[topic] = {p: _watermark(consumer, TopicPartition(topic, p)) for p in sorted(info.partitions)}
             except KafkaException as exc:  # the broker went away between the two calls
                 consumer.poll(0.2)
                 raise KafkaSourceError(
@@ -170,6 +167,20 @@ def watermarks(config: dict[str, Any], topics: list[str]) -> dict[str, dict[int,
         return out
     finally:
         consumer.close()
+
+
+def _watermark(consumer: Any, partition: Any) -> tuple[int, int]:
+    """(low, high) of one partition, retrying what Kafka says is transient (a leader being elected)."""
+    from confluent_kafka import KafkaException
+
+    deadline = time.monotonic() + METADATA_TIMEOUT_S
+    while True:
+        try:
+            return consumer.get_watermark_offsets(partition, timeout=METADATA_TIMEOUT_S)
+        except KafkaException as exc:
+            if not exc.args[0].retriable() or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def _best_reason(reasons: list[str]) -> str:

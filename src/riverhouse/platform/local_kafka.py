@@ -93,6 +93,8 @@ def _free_port() -> int:
 
 def _port_free(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # As the broker binds: connections of its previous run in TIME_WAIT do not hold the port.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:
@@ -269,10 +271,20 @@ def _wait_until_ready(state: LocalKafkaState, proc: subprocess.Popen[bytes], tim
                 f"the Kafka broker exited with code {proc.returncode} while starting:\n{_log_tail(state)}"
             )
         try:
-            if admin.list_topics(timeout=1).brokers:
-                return
+            metadata = admin.list_topics(timeout=1)
         except Exception:  # not listening yet
             time.sleep(0.2)
+            continue
+        # After a restart, existing partitions answer only once they have a leader again.
+        leaderless = [
+            (name, p.id)
+            for name, t in metadata.topics.items()
+            for p in t.partitions.values()
+            if p.leader < 0 or p.error
+        ]
+        if metadata.brokers and not leaderless:
+            return
+        time.sleep(0.2)
     raise LocalKafkaError(f"the Kafka broker did not answer within {timeout_s:.0f}s:\n{_log_tail(state)}")
 
 
