@@ -336,6 +336,7 @@ def _guarded(action: Any) -> Any:
     """Run `action`, turning the errors a user can hit into one clear message and exit 1."""
     from riverhouse.platform.clickhouse import ClickHouseLoadError
     from riverhouse.platform.kafka_source import KafkaSourceError
+    from riverhouse.platform.metrics import MetricsError
     from riverhouse.platform.pipeline import PipelineError
 
     try:
@@ -345,6 +346,7 @@ def _guarded(action: Any) -> Any:
         ClickHouseLoadError,
         KafkaSourceError,
         JavaMissingError,
+        MetricsError,
         SpecError,
         local_kafka.LocalKafkaError,
     ) as exc:
