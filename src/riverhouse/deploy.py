@@ -78,7 +78,15 @@ def _env(name: str) -> dict[str, str]:
 def dagster_config(options: DeployOptions) -> dict[str, Any]:
     """The instance configuration (the content of dagster.yaml)."""
     return {
-        "storage": {"postgres": {"postgres_db": {key: _env(var) for key, var in POSTGRES_ENV.items()}}},
+        "storage": {
+            "postgres": {
+                "postgres_db": {
+                    **{key: _env(var) for key, var in POSTGRES_ENV.items()},
+                    # SQLAlchemy 2.1 maps a bare postgresql:// to psycopg 3; the driver installed is psycopg2.
+                    "scheme": "postgresql+psycopg2",
+                }
+            }
+        },
         # One run per pipeline at a time: a sensor run, a scheduled run and a manual run of the
         # same pipeline queue instead of failing on the pipeline's lock.
         "run_coordinator": {

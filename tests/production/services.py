@@ -165,13 +165,15 @@ class Postgres:
         self.pid = int((data / "postmaster.pid").read_text().split()[0])
         import psycopg2
 
-        with psycopg2.connect(
+        conn = psycopg2.connect(
             host="127.0.0.1", port=self.port, user=self.user, password=PG_PASSWORD, dbname="postgres"
-        ) as conn:
-            conn.autocommit = True
+        )
+        try:
+            conn.autocommit = True  # CREATE DATABASE cannot run in a transaction
             with conn.cursor() as cursor:
                 cursor.execute(f'CREATE DATABASE "{self.database}"')
-        conn.close()
+        finally:
+            conn.close()
         return self
 
     def env(self) -> dict[str, str]:

@@ -52,7 +52,7 @@ def test_cli_writes_an_instance_dagster_loads_with_postgres_storage(tmp_path: Pa
     assert (ref.storage_data.module_name, ref.storage_data.class_name) == ("dagster_postgres", "DagsterPostgresStorage")
     resolved = process_config(DagsterPostgresStorage.config_type(), ref.storage_data.config_dict)
     assert resolved.success, resolved.errors
-    assert pg_url_from_config(resolved.value) == "postgresql://dagster:s3cret@db.example:6543/dagster_prod"
+    assert pg_url_from_config(resolved.value) == "postgresql+psycopg2://dagster:s3cret@db.example:6543/dagster_prod"
 
     coordinator = ref.run_coordinator
     assert type(coordinator).__name__ == "QueuedRunCoordinator"
