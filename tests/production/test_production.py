@@ -267,6 +267,8 @@ def test_daemon_sensor_run_lands_unique_events_and_survives_a_kill(stack: Stack)
     failure_seen_s = time.monotonic() - killed_at
 
     # 3. Restart the daemon; the stream keeps flowing. The next sensor run finishes the rest.
+    # (New events are needed: the lag sensor's run key is the topics' end offsets, which the
+    # killed run already used, and Dagster never launches a run key twice.)
     stack.restart_daemon()
     third_ids = produce_orders(stack, seed=303, count=500)
     recovery = wait_for_run(stack, {first.run_id, victim.run_id})
