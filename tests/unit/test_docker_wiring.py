@@ -31,6 +31,7 @@ DAGSTER = ("riverhouse-code", "dagster-webserver", "dagster-daemon")
 # Variables the code reads that a production deployment leaves unset, and why.
 NOT_FOR_PRODUCTION = {
     "RIVERHOUSE_KAFKA_STATE": "the local development broker's folder; compose runs a real Kafka",
+    "RIVERHOUSE_KAFKA_HEAP": "the local development broker's heap",
     "RIVERHOUSE_CRASH_AT": "fault injection for the crash tests",
     "RIVERHOUSE_CRASH_ON": "fault injection for the crash tests",
     "RIVERHOUSE_FAST_PATH": "local-mode only switch; a cluster never takes the fast path",
@@ -41,8 +42,20 @@ NOT_FOR_PRODUCTION = {
 }
 
 
+def image_env() -> dict[str, str]:
+    """ENV of the Riverhouse image's last stage: every container of the image starts with it."""
+    text = (DOCKER / "Dockerfile").read_text().replace("\\\n", " ")
+    last_stage = text[text.rindex("\nFROM ") :]
+    out: dict[str, str] = {}
+    for line in last_stage.splitlines():
+        if line.startswith("ENV "):
+            out.update(dict(re.findall(r"([A-Z_]+)=(\S+)", line)))
+    return out
+
+
 def env(service: str) -> dict[str, str]:
-    return {k: str(v) for k, v in (SERVICES[service].get("environment") or {}).items()}
+    inherited = image_env() if SERVICES[service].get("image", "").startswith("riverhouse:") else {}
+    return {**inherited, **{k: str(v) for k, v in (SERVICES[service].get("environment") or {}).items()}}
 
 
 def variables_read_by_the_code() -> set[str]:
@@ -68,6 +81,7 @@ def test_every_variable_the_code_reads_is_set_where_pipelines_run_or_excused() -
         missing = needed - set(env(service)) - excused
         assert not missing, f"{service} lacks {sorted(missing)}"
     set_anywhere = {name for s in SERVICES for name in env(s) if name.startswith("RIVERHOUSE_")}
+    assert image_env()["RIVERHOUSE_JARS"] == "/opt/riverhouse/jvm/lib"  # where the image copies the jars
     referenced_by_dagster_files = set(required_env(DeployOptions()))
     unknown = set_anywhere - read - referenced_by_dagster_files
     assert not unknown, f"compose sets variables nothing reads (typos?): {sorted(unknown)}"
@@ -158,7 +172,15 @@ def test_images_are_pinned_and_the_riverhouse_image_matches_the_package() -> Non
             image = line.split()[1]
             assert ":" in image and not image.endswith(":latest"), line
     dockerfile = (DOCKER / "Dockerfile").read_text()
-    assert "mvn -B -q -f jvm/pom.xml" in dockerfile and "openjdk-17" in dockerfile
+    assert "openjdk-17" in dockerfile
+    # The jars come from the same Maven step as `make jars`, pruned the same way.
+    makefile = (REPO / "Makefile").read_text()
+    maven = re.search(r"\$\(MVN\) (-B.*?)-DoutputDirectory", makefile, re.S)
+    assert maven, "the Makefile's Maven step moved: update this test"
+    flags = {f for f in maven.group(1).replace("\\", " ").split() if not f.startswith("$")}
+    assert {"-f", "jvm/pom.xml", "dependency:copy-dependencies"} <= flags
+    assert flags <= set(dockerfile.replace("\\", " ").split()), sorted(flags)
+    assert "-m riverhouse.platform.jars prune" in makefile and "-m riverhouse.platform.jars prune" in dockerfile
 
 
 def test_the_deployment_page_lists_every_setting_compose_sets() -> None:
