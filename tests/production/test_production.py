@@ -237,6 +237,10 @@ def test_daemon_sensor_run_lands_unique_events_and_survives_a_kill(stack: Stack)
     assert done.tags["riverhouse/pipeline"] == PIPELINE
     ids = clickhouse_order_ids(stack)
     assert len(ids) == len(set(ids)) and set(ids) == first_ids
+    # The run's Spark work ran in executors on both workers, not in the driver.
+    for worker in ("worker-1", "worker-2"):
+        logs = list((stack.folder / worker).glob("app-*/*/stderr"))
+        assert any("Running task" in log.read_text(errors="replace") for log in logs), f"no task ran on {worker}"
 
     # 2. A backlog of many batches; SIGKILL the daemon and the run worker while it is ingesting.
     second_ids = produce_orders(stack, seed=202, count=15000)
