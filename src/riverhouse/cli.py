@@ -594,12 +594,13 @@ def prepare_dagster_home(path: Path) -> Path:
     config = path / "dagster.yaml"
     generated = "# written by riverhouse ui; delete this line to keep your own edits\n"
     if not config.exists() or config.read_text().startswith(generated):
-        config.write_text(
-            generated + "telemetry:\n  enabled: false\n"
-            "concurrency:\n  pools:\n    default_limit: 1\n"
-            "  runs:\n    tag_concurrency_limits:\n      - key: riverhouse/pipeline\n"
-            "        value:\n          applyLimitPerUniqueValue: true\n        limit: 1\n"
-        )
+        import yaml
+
+        from riverhouse.deploy import DeployOptions, dagster_config
+
+        # The same run and pool limits as production (riverhouse deploy-config), on `dagster dev`'s storage.
+        local = {"telemetry": {"enabled": False}, "concurrency": dagster_config(DeployOptions())["concurrency"]}
+        config.write_text(generated + yaml.safe_dump(local, sort_keys=False))
     return path
 
 

@@ -117,3 +117,15 @@ def test_bad_options_are_refused_with_the_option_named(tmp_path: Path, args: lis
     assert message in result.output
     assert "Traceback" not in result.output
     assert not (tmp_path / "d" / "dagster.yaml").exists()
+
+
+def test_the_local_ui_instance_has_the_production_run_and_pool_limits(tmp_path: Path) -> None:
+    from riverhouse.cli import prepare_dagster_home
+
+    home = prepare_dagster_home(tmp_path / "ui")
+    ref = InstanceRef.from_dir(str(home))  # loads as `dagster dev` loads it (SQLite storage)
+    assert (
+        ref.settings["concurrency"]
+        == yaml.safe_load((write_deploy_config(tmp_path / "prod", DeployOptions())[0]).read_text())["concurrency"]
+    )
+    assert ref.settings["telemetry"] == {"enabled": False}
