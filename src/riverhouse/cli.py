@@ -336,6 +336,7 @@ def _guarded(action: Any) -> Any:
     """Run `action`, turning the errors a user can hit into one clear message and exit 1."""
     from riverhouse.platform.clickhouse import ClickHouseLoadError
     from riverhouse.platform.kafka_source import KafkaSourceError
+    from riverhouse.platform.metrics import MetricsError
     from riverhouse.platform.pipeline import PipelineError
 
     try:
@@ -345,6 +346,7 @@ def _guarded(action: Any) -> Any:
         ClickHouseLoadError,
         KafkaSourceError,
         JavaMissingError,
+        MetricsError,
         SpecError,
         local_kafka.LocalKafkaError,
     ) as exc:
@@ -547,6 +549,44 @@ def ui(
     os.execve(dagster, [dagster, "dev", "-h", "127.0.0.1", "-p", str(port), "-m", "riverhouse.definitions"], env)
 
 
+# ---------------------------------------------------------------------------- deploy-config
+@app.command("deploy-config")
+def deploy_config(
+    out_dir: Annotated[Path, typer.Option("--out", help="Folder to write into (the DAGSTER_HOME of the deployment)")],
+    max_concurrent_runs: Annotated[int, typer.Option(help="Runs in progress at once, all pipelines")] = 4,
+    runs_per_pipeline: Annotated[int, typer.Option(help="Runs of one pipeline at a time")] = 1,
+    clickhouse_slots: Annotated[
+        int, typer.Option(help="ClickHouse loads at once (the clickhouse pool); 1 for embedded chDB")
+    ] = 1,
+    workspace: Annotated[
+        str,
+        typer.Option(help="grpc: load the code server at $RIVERHOUSE_CODE_SERVER_HOST/PORT; module: load in-process"),
+    ] = "grpc",
+) -> None:
+    """Write dagster.yaml (PostgreSQL storage, run queue, ClickHouse pool) and workspace.yaml for production."""
+    from riverhouse.deploy import DeployConfigError, DeployOptions, required_env, write_deploy_config
+
+    options = DeployOptions(
+        max_concurrent_runs=max_concurrent_runs,
+        runs_per_pipeline=runs_per_pipeline,
+        clickhouse_slots=clickhouse_slots,
+        workspace=workspace,
+    )
+    try:
+        paths = write_deploy_config(out_dir, options)
+    except DeployConfigError as exc:
+        _fail(str(exc))
+    except OSError as exc:
+        _fail(f"cannot write into {out_dir}: {exc.strerror or exc}")
+    for path in paths:
+        out.print(f"wrote {path}", highlight=False)
+    out.print(
+        f"set DAGSTER_HOME={out_dir.resolve()} and {', '.join(required_env(options))} for the daemon, "
+        "the webserver and the code server (docs/deployment.md)",
+        highlight=False,
+    )
+
+
 def prepare_dagster_home(path: Path) -> Path:
     """A DAGSTER_HOME with telemetry off, one ClickHouse step at a time (chDB is single-process)
     and one run per pipeline at a time (sensor, schedule and manual runs queue up)."""
@@ -554,12 +594,13 @@ def prepare_dagster_home(path: Path) -> Path:
     config = path / "dagster.yaml"
     generated = "# written by riverhouse ui; delete this line to keep your own edits\n"
     if not config.exists() or config.read_text().startswith(generated):
-        config.write_text(
-            generated + "telemetry:\n  enabled: false\n"
-            "concurrency:\n  pools:\n    default_limit: 1\n"
-            "  runs:\n    tag_concurrency_limits:\n      - key: riverhouse/pipeline\n"
-            "        value:\n          applyLimitPerUniqueValue: true\n        limit: 1\n"
-        )
+        import yaml
+
+        from riverhouse.deploy import DeployOptions, dagster_config
+
+        # The same run and pool limits as production (riverhouse deploy-config), on `dagster dev`'s storage.
+        local = {"telemetry": {"enabled": False}, "concurrency": dagster_config(DeployOptions())["concurrency"]}
+        config.write_text(generated + yaml.safe_dump(local, sort_keys=False))
     return path
 
 

@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import write_deltalake
 
-from riverhouse.platform import local_kafka
+from riverhouse.platform import local_kafka, metrics
 from riverhouse.platform.arrow_validate import clear_spool, rules_for, spool_folder, take_spooled
 from riverhouse.platform.dedup import (
     compact_at_files,
@@ -414,7 +414,7 @@ def prepare_stream(
     layout = TableLayout(settings.warehouse, spec.name)
     ckpt = checkpoint_dir(settings, spec.name, source)
     app_id = stream_app_id(ckpt, spec.name, source)
-    writer = BatchWriter(spec, source, layout, app_id, on_batch)
+    writer = BatchWriter(spec, source, layout, app_id, metrics.observed(spec.name, on_batch))
     writer.ensure_tables()
     options = source_options(
         bootstrap,
@@ -466,13 +466,16 @@ def ingest_sources(
         for stream in streams:
             locks.enter_context(pipeline_lock(stream.checkpoint, spec.name, wait_s=lock_wait_s, log=log))
         started = time.monotonic()
-        queries = start_queries(spark, streams, {"availableNow": True})
         try:
-            _await_all(streams, queries)
-        except BaseException:
-            _stop_all(list(zip(streams, queries, strict=True)))
-            raise
-        return [stream_result(stream, query, started) for stream, query in zip(streams, queries, strict=True)]
+            queries = start_queries(spark, streams, {"availableNow": True})
+            try:
+                _await_all(streams, queries)
+            except BaseException:
+                _stop_all(list(zip(streams, queries, strict=True)))
+                raise
+            return [stream_result(stream, query, started) for stream, query in zip(streams, queries, strict=True)]
+        finally:
+            metrics.push(spec, settings)  # a triggered run is too short to scrape (metrics.py)
 
 
 def start_queries(spark: Any, streams: list[SourceStream], trigger: dict[str, Any]) -> list[Any]:

@@ -9,7 +9,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from typing import Any
 
+from riverhouse.platform import metrics
 from riverhouse.platform.clickhouse import (
+    ClickHouseLoadError,
     LoadResult,
     load_new_versions,
     open_client,
@@ -100,10 +102,19 @@ def load_sink(
     spec: PipelineSpec, settings: Settings, log: Callable[[str], None] | None = None, client: Any = None
 ) -> Any:
     """Load new Delta versions into ClickHouse, one loader per pipeline at a time."""
-    with sink_lock(settings, spec.name, log):
-        return load_new_versions(
-            spec, settings.clickhouse_dsn, sink_table_path(spec, settings.warehouse), log=log, client=client
-        )
+    began = time.monotonic()
+    try:
+        with sink_lock(settings, spec.name, log):
+            result = load_new_versions(
+                spec, settings.clickhouse_dsn, sink_table_path(spec, settings.warehouse), log=log, client=client
+            )
+    except ClickHouseLoadError:
+        metrics.observe_load_error(spec.name)
+        metrics.push(spec, settings)
+        raise
+    metrics.observe_load(spec.name, result.rows_loaded, time.monotonic() - began, result.last_loaded_version)
+    metrics.push(spec, settings)
+    return result
 
 
 class SinkLoader:
@@ -213,6 +224,7 @@ def run_continuous(
     """
     started = time.monotonic()
     resolve_bootstrap(spec, settings)
+    endpoint = metrics.ContinuousMetrics.from_env(spec, settings)  # a bad setting fails before Spark starts
     spark = spark or get_spark(settings.spark_master, conf=settings.spark_conf)
     interval = spec.orchestration.trigger_interval
     totals = {"read": 0, "quarantined": 0, "duplicates_dropped": 0, "inserted": 0, "replayed": 0, "batches": 0}
@@ -261,6 +273,8 @@ def run_continuous(
             locks.enter_context(pipeline_lock(stream.checkpoint, spec.name))
         if loader is not None:
             locks.callback(loader.close)  # before the locks are released
+        endpoint.start(log)
+        locks.callback(endpoint.stop)
         queries = start_queries(spark, streams, trigger)
         log(
             f"continuous: pipeline {spec.name} running ({len(queries)} queries, trigger every "
