@@ -70,6 +70,38 @@ def test_lag_sensor_requests_runs_by_lag_and_by_delay(spark: Any, kafka: str, to
     assert isinstance(result, dg.SkipReason) and "no new records" in result.skip_message
 
 
+def test_lag_sensor_retries_the_offsets_of_a_failed_run(kafka: str, topic: str, settings: Settings) -> None:
+    """A failed run (say, its worker was killed) is requested again under a new key, though nothing new arrived."""
+    spec = with_sensor(orders_spec(topic, name="retried"), min_lag=1)
+    sensor = lag_sensor(spec)
+    produce(kafka, topic, [order(f"o{i}", "2026-01-01T00:00:00Z") for i in range(3)])
+    instance = dg.DagsterInstance.ephemeral()
+
+    def tick(cursor: str | None) -> tuple[Any, str | None]:
+        resources = resources_from_settings(settings)
+        with dg.build_sensor_context(cursor=cursor, resources=resources, instance=instance) as context:
+            return sensor(context), context.cursor
+
+    first, cursor = tick(None)
+    assert isinstance(first, dg.RunRequest) and "#retry" not in first.run_key
+
+    @dg.op
+    def killed() -> None:
+        raise RuntimeError("the run worker was killed")
+
+    @dg.job
+    def stand_in() -> None:
+        killed()
+
+    # A run that carries the requested key and failed, as the daemon records one.
+    stand_in.execute_in_process(instance=instance, tags={"dagster/run_key": first.run_key}, raise_on_error=False)
+    retry, cursor = tick(cursor)
+    assert isinstance(retry, dg.RunRequest) and retry.run_key == first.run_key + "#retry1"
+    # The retry itself still running or done: the same key again, never a third run of these offsets.
+    again, _ = tick(cursor)
+    assert again.run_key == retry.run_key
+
+
 def test_lag_sensor_reports_unreachable_kafka(settings: Settings, topic: str) -> None:
     spec = orders_spec(topic, name="sensed_down")
     down = settings.with_(kafka_bootstrap="127.0.0.1:9")  # nothing listens on the discard port

@@ -57,6 +57,25 @@ def _run_key(spec: PipelineSpec, end_offsets: dict[str, dict[str, int]]) -> str:
     return f"{spec.name}@" + ",".join(parts)
 
 
+def _retries_after_failure(context: dg.SensorEvaluationContext, cursor: dict[str, Any], base_key: str) -> int:
+    """How many times to have retried the run for these end offsets.
+
+    Dagster launches a run key once. When the run for these offsets failed (a killed run
+    worker, a broker outage), nothing new may arrive to change the offsets, so the retry
+    gets a key of its own: `<key>#retry<n>`. Replaying it is safe: runs are exactly once.
+    """
+    retries = int(cursor.get("retries") or 0)
+    if cursor.get("base_run_key") != base_key:
+        return 0
+    last = cursor.get("last_run_key")
+    if context.instance is None or not last:
+        return retries
+    runs = context.instance.get_runs(filters=dg.RunsFilter(tags={"dagster/run_key": last}), limit=1)
+    if runs and runs[0].status in (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED):
+        return retries + 1
+    return retries
+
+
 def lag_sensor(spec: PipelineSpec) -> dg.SensorDefinition:
     cfg = spec.orchestration.sensor
     min_lag, max_delay = cfg.min_lag, cfg.max_delay.total_seconds()
@@ -102,13 +121,17 @@ def lag_sensor(spec: PipelineSpec) -> dg.SensorDefinition:
                 f"{waiting:,} records waiting (below min_lag {min_lag:,}) for {age:.0f}s (below max_delay "
                 f"{max_delay:.0f}s)"
             )
-        run_key = _run_key(spec, lag.end_offsets)
+        base_key = _run_key(spec, lag.end_offsets)
+        retries = _retries_after_failure(context, cursor, base_key)
+        run_key = base_key if retries == 0 else f"{base_key}#retry{retries}"
         context.update_cursor(
             json.dumps(
                 {
                     "pending_since": None,
                     "lag": waiting,
                     "last_run_key": run_key,
+                    "base_run_key": base_key,
+                    "retries": retries,
                     "requested_end_offsets": lag.end_offsets,
                 }
             )
