@@ -262,7 +262,7 @@ def create_table_sql(spec: PipelineSpec, schema: pa.Schema | None = None) -> str
     )
 
 
-def _ledger(spec: PipelineSpec) -> str:
+def ledger_table(spec: PipelineSpec) -> str:
     return (quote(spec.sink.database) + "." if spec.sink.database else "") + quote(LEDGER_TABLE)
 
 
@@ -277,7 +277,7 @@ def ensure_schema(client: Any, spec: PipelineSpec, schema: pa.Schema | None = No
     if spec.sink.database:
         client.command(f"CREATE DATABASE IF NOT EXISTS {quote(spec.sink.database)}")
     client.command(
-        f"CREATE TABLE IF NOT EXISTS {_ledger(spec)} (pipeline String, target String, table_id String, "
+        f"CREATE TABLE IF NOT EXISTS {ledger_table(spec)} (pipeline String, target String, table_id String, "
         "delta_version UInt64, rows UInt64, chunks UInt32, loaded_at DateTime64(3, 'UTC') DEFAULT now64(3)) "
         "ENGINE = MergeTree ORDER BY (pipeline, target, table_id, delta_version)"
     )
@@ -347,13 +347,13 @@ class LoadResult:
 
 def last_loaded_version(client: Any, spec: PipelineSpec, table_id: str) -> int | None:
     rows = client.query(
-        f"SELECT max(delta_version), count() FROM {_ledger(spec)} "
+        f"SELECT max(delta_version), count() FROM {ledger_table(spec)} "
         "WHERE pipeline = %(p)s AND target = %(t)s AND table_id = %(id)s",
         parameters={"p": spec.name, "t": spec.sink.table, "id": table_id},
     ).result_rows
     if not rows or rows[0][1] == 0:
         other = client.query(
-            f"SELECT count() FROM {_ledger(spec)} WHERE pipeline = %(p)s AND target = %(t)s AND table_id != %(id)s",
+            f"SELECT count() FROM {ledger_table(spec)} WHERE pipeline = %(p)s AND target = %(t)s AND table_id != %(id)s",
             parameters={"p": spec.name, "t": spec.sink.table, "id": table_id},
         ).result_rows[0][0]
         if other:
@@ -455,7 +455,7 @@ def load_new_versions(
             crash_point("before_ledger_write")
             with_retries(
                 lambda v=version, n=rows.num_rows, c=chunks: client.insert(
-                    _ledger(spec),
+                    ledger_table(spec),
                     [[spec.name, spec.sink.table, table_id, v, n, c]],
                     column_names=["pipeline", "target", "table_id", "delta_version", "rows", "chunks"],
                 ),
