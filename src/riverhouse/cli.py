@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -56,7 +57,8 @@ def _settings(home: Path | None) -> Settings:
 
 
 def _fail(message: str, code: int = 1) -> None:
-    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    # Messages quote user input (spec values, paths): escaped, or a '[/x]' in it breaks rich's markup.
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
     raise typer.Exit(code)
 
 
@@ -76,18 +78,18 @@ def validate(files: Annotated[list[Path], typer.Argument(help="Pipeline spec fil
             errors.append(exc)
     accepted, clashes = check_together(loaded)
     for exc in errors + clashes:
-        err.print(f"[bold red]{exc.source}[/]: {len(exc.problems)} problem(s)", highlight=False)
+        err.print(f"[bold red]{escape(exc.source)}[/]: {len(exc.problems)} problem(s)", highlight=False)
         for where, message, hint in exc.problems:
-            line = f"  [yellow]{where or '<root>'}[/]: {message}"
+            line = f"  [yellow]{escape(where or '<root>')}[/]: {escape(message)}"
             if hint:
-                line += f"\n    [dim]hint: {hint}[/]"
+                line += f"\n    [dim]hint: {escape(hint)}[/]"
             err.print(line, highlight=False)
     fitting = {id(spec) for spec in accepted}
     for path, spec in loaded:
         if id(spec) not in fitting:
             continue
         out.print(
-            f"[green]ok[/] {path}: pipeline [bold]{spec.name}[/], sources {', '.join(spec.sources)}, "
+            f"[green]ok[/] {escape(path)}: pipeline [bold]{spec.name}[/], sources {', '.join(spec.sources)}, "
             f"sink {spec.sink.table}",
             highlight=False,
         )
@@ -271,8 +273,8 @@ def _load_or_fail(path: Path) -> Any:
     try:
         return load_spec(path)
     except SpecError as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False)
-        err.print(f"[dim]run `riverhouse validate {path}` for hints[/]")
+        err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
+        err.print(f"[dim]run `riverhouse validate {escape(str(path))}` for hints[/]")
         raise typer.Exit(1) from None
 
 
@@ -499,14 +501,14 @@ def reset(
         _fail(str(exc))
     err.print(f"reset pipeline [bold]{spec.name}[/] (its data is read again from Kafka on the next run):")
     for line in plan.describe():
-        err.print(f"  {line}", highlight=False)
+        err.print(f"  {line}", highlight=False, markup=False)
     if not yes:
         if not sys.stdin.isatty():
             _fail("not confirmed: pass --yes to reset without a question")
         if not typer.confirm("Reset?", default=False, err=True):
             _fail("not reset")
     try:
-        _guarded(lambda: reset_pipeline(spec, settings, log=lambda m: err.print(m, highlight=False)))
+        _guarded(lambda: reset_pipeline(spec, settings, log=lambda m: err.print(m, highlight=False, markup=False)))
     except ResetError as exc:
         _fail(str(exc))
     out.print(f"pipeline {spec.name} reset", highlight=False)
