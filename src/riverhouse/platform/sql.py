@@ -42,7 +42,7 @@ ALLOWED_CONSTRUCTS = _classes(
     *("Literal", "Null", "Boolean", "Paren", "Neg", "Not", "And", "Or"),
     *("EQ", "NEQ", "GT", "GTE", "LT", "LTE", "NullSafeEQ", "NullSafeNEQ", "Is", "In", "Between", "Like", "ILike"),
     *("Add", "Sub", "Mul", "Div", "Mod", "IntDiv", "DPipe", "Case", "If", "Cast", "TryCast", "DataType"),
-    *("DataTypeParam", "Interval", "RegexpLike"),
+    *("DataTypeParam", "Interval", "RegexpLike", "AtTimeZone", "FromTimeZone"),
 )
 # Functions, as sqlglot models them: string, number, date/time, null handling, hashes.
 # No aggregates, window functions, generators, or anything that reaches outside the row.
@@ -55,7 +55,7 @@ ALLOWED_FUNCTIONS = _classes(
     *("DateDiff", "TimeToStr", "StrToTime", "StrToDate", "TimeStrToTime", "StrToUnix", "UnixToStr", "UnixToTime"),
     *("AddMonths", "LastDay", "WeekOfYear", "ToChar", "Hex", "Unhex", "Nvl2", "ToBase64", "Contains", "EndsWith"),
     *("StartsWith", "IsNan", "Nanvl", "Repeat", "Translate", "SafeAdd", "SafeDivide", "SafeMultiply"),
-    *("SafeSubtract", "UnixMillis", "UnixSeconds", "FromTimeZone", "AtTimeZone"),
+    *("SafeSubtract", "UnixMillis", "UnixSeconds"),
 )
 # Spark functions sqlglot does not model (parsed as anonymous calls), by name.
 ALLOWED_SPARK_FUNCTIONS = frozenset(
