@@ -38,6 +38,9 @@ STAGING_PREFIX = f"{RESERVED_TABLE_PREFIX}staging__"
 # Connecting: a wrong host or port should fail within seconds, saying so, not retry for a minute.
 CONNECT_TIMEOUT_S = 5
 CONNECT_ATTEMPTS = 3
+# The embedded engine is another story: a path another process holds is released when that
+# process's load ends, so waiting (with backoff, ~1 minute in all) is the right answer there.
+CHDB_CONNECT_ATTEMPTS = 8
 # Name resolution failures do not heal by retrying: the host in the DSN is wrong.
 PERMANENT_CONNECT_HINTS = ("NameResolutionError", "Name or service not known", "nodename nor servname", "getaddrinfo")
 logger = logging.getLogger("riverhouse.clickhouse")
@@ -161,7 +164,7 @@ def _scrubbed(exc: BaseException, dsn: str) -> str:
 
 
 @contextmanager
-def open_client(dsn: str, attempts: int = CONNECT_ATTEMPTS, log: Callable[[str], None] | None = None) -> Iterator[Any]:
+def open_client(dsn: str, attempts: int | None = None, log: Callable[[str], None] | None = None) -> Iterator[Any]:
     """A clickhouse-connect client for `chdb:///path` or `http(s)://user:pass@host:port/db`.
 
     A host that does not resolve fails at once; one that does not answer is retried a few
@@ -170,11 +173,14 @@ def open_client(dsn: str, attempts: int = CONNECT_ATTEMPTS, log: Callable[[str],
     import clickhouse_connect
 
     check_dsn(dsn)
-    if dsn.startswith("chdb://"):
+    embedded = dsn.startswith("chdb://")
+    if embedded:
         Path(dsn[len("chdb://") :]).mkdir(parents=True, exist_ok=True)
+    if attempts is None:
+        attempts = CHDB_CONNECT_ATTEMPTS if embedded else CONNECT_ATTEMPTS
 
     def connect() -> Any:
-        if dsn.startswith("chdb://"):
+        if embedded:
             return clickhouse_connect.get_client(dsn=dsn)
         try:
             return clickhouse_connect.get_client(dsn=dsn, connect_timeout=CONNECT_TIMEOUT_S)
