@@ -214,6 +214,16 @@ def test_fields_named_like_system_columns_are_refused(field: str) -> None:
     assert "reserved for Riverhouse's own columns" in refused(data)
 
 
+def test_fields_differing_only_in_case_are_refused() -> None:
+    data = base()
+    data["sources"]["orders"]["fields"]["Amount"] = "int"
+    assert "differ only in case" in refused(data)
+
+
+def test_aliases_must_be_identifiers() -> None:
+    assert "alias" in refused(query_spec("SELECT `o\n`.order_id FROM orders `o\n`"))
+
+
 def test_output_columns_named_like_system_columns_are_refused() -> None:
     assert "reserved" in refused(query_spec("SELECT o.order_id, o.amount AS _matched FROM orders o"))
     join = {

@@ -209,6 +209,11 @@ class SourceSpec(StrictModel):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"field(s) declared twice: {', '.join(dupes)}")
+        # Spark resolves column names case-insensitively: `Amount` and `amount` would be one column.
+        folded = [n.lower() for n in names]
+        clashes = sorted({n for n in names if folded.count(n.lower()) > 1})
+        if clashes:
+            raise ValueError(f"field names that differ only in case: {', '.join(clashes)}")
         known = set(names)
         for k in self.key:
             if k not in known:

@@ -25,7 +25,7 @@ from datetime import timedelta
 import sqlglot
 from sqlglot import exp
 
-from riverhouse.platform.spec import check_column_name
+from riverhouse.platform.spec import IDENTIFIER_RE, check_column_name
 
 FLAT_SEP = "__"
 
@@ -167,6 +167,8 @@ def compile_query(
         if not isinstance(table.this, exp.Identifier):
             raise QueryError(f"query: {where} must name a source, got `{table.sql(dialect='spark')[:80]}`")
         source = table.name
+        if table.alias and not IDENTIFIER_RE.fullmatch(table.alias):
+            raise QueryError(f"query: {where}: alias {table.alias!r} is not a safe identifier")
         if source not in fields:
             raise QueryError(f"query: {where} names unknown source {source!r} (sources: {', '.join(fields)})")
         alias = table.alias_or_name
