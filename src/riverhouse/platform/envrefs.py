@@ -5,7 +5,9 @@ own credentials (the ClickHouse DSN, storage keys...). A spec may therefore read
 variables whose name starts with the operator's prefix (RIVERHOUSE_SPEC_ENV_PREFIX,
 default RIVERHOUSE_SECRET_): `${env:RIVERHOUSE_CLICKHOUSE_DSN}` is refused, both when
 the spec is validated and when the value is resolved (defence in depth: the Kafka source
-resolves them again in Spark's planner and worker processes).
+resolves them again in Spark's planner and worker processes). And only credential
+settings (`accepts_env_ref`) may hold a reference, so a secret is not sent as, say, a
+`client.id` to whatever broker the spec names.
 
 Its own small module: the Kafka source resolves them in Spark's planner and worker
 processes, and importing the spec model there (pydantic, YAML, sqlglot) cost each
@@ -24,6 +26,19 @@ ENV_REF_RE = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
 ANY_REF_RE = re.compile(r"\$\{env:[^}]*\}?")
 PREFIX_VARIABLE = "RIVERHOUSE_SPEC_ENV_PREFIX"
 DEFAULT_PREFIX = "RIVERHOUSE_SECRET_"
+SECRET_HINTS = ("password", "secret", "token", "key", "credential", "jaas", "oauthbearer.config", "passphrase")
+# Credential settings that are not secret themselves but may come from the environment.
+ENV_REF_IDENTITY_KEYS = {"sasl.username", "sasl.oauthbearer.client.id"}
+
+
+def is_secret_key(key: str) -> bool:
+    lowered = key.lower()
+    return any(h in lowered for h in SECRET_HINTS) and not lowered.endswith(".location")
+
+
+def accepts_env_ref(key: str) -> bool:
+    """May this kafka.config setting take its value from `${env:NAME}`? Credentials only."""
+    return is_secret_key(key) or key in ENV_REF_IDENTITY_KEYS
 
 
 def allowed_prefix() -> str:

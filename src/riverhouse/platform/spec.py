@@ -25,7 +25,7 @@ from pydantic import (
     model_validator,
 )
 
-from riverhouse.platform.envrefs import env_ref_problems, resolve_env_refs
+from riverhouse.platform.envrefs import accepts_env_ref, env_ref_problems, is_secret_key, resolve_env_refs
 
 # Every pattern is used with `fullmatch`: `re.match` with `$` accepts a trailing newline,
 # which then reached DDL, paths and Dagster names.
@@ -491,21 +491,6 @@ class PipelineSpec(StrictModel):
     @property
     def sink_source(self) -> SourceSpec:
         return self.sources[self.sink_source_name]
-
-
-SECRET_HINTS = ("password", "secret", "token", "key", "credential", "jaas", "oauthbearer.config", "passphrase")
-# Credential settings that are not secret themselves but may come from the environment.
-ENV_REF_IDENTITY_KEYS = {"sasl.username", "sasl.oauthbearer.client.id"}
-
-
-def is_secret_key(key: str) -> bool:
-    lowered = key.lower()
-    return any(h in lowered for h in SECRET_HINTS) and not lowered.endswith(".location")
-
-
-def accepts_env_ref(key: str) -> bool:
-    """May this kafka.config setting take its value from `${env:NAME}`? Credentials only."""
-    return is_secret_key(key) or key in ENV_REF_IDENTITY_KEYS
 
 
 def _hint_for(error: dict[str, Any]) -> str:
