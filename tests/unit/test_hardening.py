@@ -289,7 +289,7 @@ def test_unresolvable_clickhouse_host_fails_at_once_without_the_password() -> No
         open_client("http://alice:s3cret@nonexistent-host.invalid:8123/db"),
     ):
         pass
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 10  # no retries: was ~60 s of silent retries (loaded CI: margin)
     assert "nonexistent-host.invalid" in str(info.value) and "s3cret" not in str(info.value)
 
 
@@ -306,7 +306,7 @@ def test_unreachable_clickhouse_says_it_retries_and_gives_up_in_seconds() -> Non
         open_client(f"http://alice:s3cret@127.0.0.1:{port}/db", log=said.append),
     ):
         pass
-    assert time.monotonic() - started < 20
+    assert time.monotonic() - started < 30  # 3 tries, 1.5 s of backoff (loaded CI: margin); was ~60 s
     assert said and all("retry" in line and "s3cret" not in line for line in said)
     assert "s3cret" not in str(info.value) and "127.0.0.1" in str(info.value)
 
