@@ -68,6 +68,7 @@ def reset_pipeline(spec: PipelineSpec, settings: Settings, log: Callable[[str], 
         pipeline_root = Path(settings.checkpoints) / spec.name
         for name in ("gold.lock", "sink.lock"):
             locks.enter_context(pipeline_lock(pipeline_root, spec.name, name=name))
+        plan = plan_reset(spec, settings)  # again: taking the locks may have created the checkpoint folders
         with open_client(settings.clickhouse_dsn, log=log) as client:
             with_retries(
                 lambda: client.command(f"DROP TABLE IF EXISTS {plan.clickhouse_table}"),
