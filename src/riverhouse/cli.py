@@ -14,13 +14,14 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from riverhouse.platform import local_kafka
-from riverhouse.platform.settings import Settings, redact_dsn
+from riverhouse.platform.settings import Settings, SettingsError, redact_dsn
 from riverhouse.platform.spark import JavaMissingError
-from riverhouse.platform.spec import SpecError, load_spec
+from riverhouse.platform.spec import SpecError, check_together, load_spec
 
 app = typer.Typer(
     help="Riverhouse: Kafka -> deduplicated Delta tables -> ClickHouse, exactly once.",
@@ -50,37 +51,51 @@ DEMO_JOIN_SPEC = Path("pipelines/orders_enriched.yaml")
 
 
 def _settings(home: Path | None) -> Settings:
-    return Settings.from_env(home)
+    try:
+        return Settings.from_env(home)
+    except SettingsError as exc:
+        _fail(str(exc))
+        raise AssertionError("unreachable") from None
 
 
 def _fail(message: str, code: int = 1) -> None:
-    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    # Messages quote user input (spec values, paths): escaped, or a '[/x]' in it breaks rich's markup.
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
     raise typer.Exit(code)
 
 
 # ---------------------------------------------------------------------------- validate
 @app.command()
 def validate(files: Annotated[list[Path], typer.Argument(help="Pipeline spec files (YAML)")]) -> None:
-    """Check pipeline specs; print every problem with its field path and a hint."""
-    failed = False
+    """Check pipeline specs; print every problem with its field path and a hint.
+
+    Specs checked together must also fit together: distinct names and distinct sink tables.
+    """
+    loaded = []
+    errors = []
     for path in files:
         try:
-            spec = load_spec(path)
+            loaded.append((str(path), load_spec(path)))
         except SpecError as exc:
-            failed = True
-            err.print(f"[bold red]{exc.source}[/]: {len(exc.problems)} problem(s)", highlight=False)
-            for where, message, hint in exc.problems:
-                line = f"  [yellow]{where or '<root>'}[/]: {message}"
-                if hint:
-                    line += f"\n    [dim]hint: {hint}[/]"
-                err.print(line, highlight=False)
+            errors.append(exc)
+    accepted, clashes = check_together(loaded)
+    for exc in errors + clashes:
+        err.print(f"[bold red]{escape(exc.source)}[/]: {len(exc.problems)} problem(s)", highlight=False)
+        for where, message, hint in exc.problems:
+            line = f"  [yellow]{escape(where or '<root>')}[/]: {escape(message)}"
+            if hint:
+                line += f"\n    [dim]hint: {escape(hint)}[/]"
+            err.print(line, highlight=False)
+    fitting = {id(spec) for spec in accepted}
+    for path, spec in loaded:
+        if id(spec) not in fitting:
             continue
         out.print(
-            f"[green]ok[/] {path}: pipeline [bold]{spec.name}[/], sources {', '.join(spec.sources)}, "
+            f"[green]ok[/] {escape(path)}: pipeline [bold]{spec.name}[/], sources {', '.join(spec.sources)}, "
             f"sink {spec.sink.table}",
             highlight=False,
         )
-    if failed:
+    if errors or clashes:
         raise typer.Exit(1)
 
 
@@ -327,8 +342,8 @@ def _load_or_fail(path: Path) -> Any:
     try:
         return load_spec(path)
     except SpecError as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False)
-        err.print(f"[dim]run `riverhouse validate {path}` for hints[/]")
+        err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
+        err.print(f"[dim]run `riverhouse validate {escape(str(path))}` for hints[/]")
         raise typer.Exit(1) from None
 
 
@@ -519,6 +534,48 @@ def demo(
         ok = ok and summary["unmatched_left"] == summary["expected_unmatched"]
     if not ok:
         _fail("the demo's ClickHouse tables do not match the generator's expected rows")
+
+
+# ---------------------------------------------------------------------------- reset
+@app.command()
+def reset(
+    pipeline: Annotated[str, typer.Argument(help="Pipeline spec file, or a pipeline name in --pipelines")],
+    yes: Annotated[bool, typer.Option("--yes", help="Do not ask for confirmation")] = False,
+    pipelines: Annotated[
+        Path | None, typer.Option(help="Folder of pipeline specs (default: $RIVERHOUSE_PIPELINES or ./pipelines)")
+    ] = None,
+    home: HomeOption = None,
+) -> None:
+    """Delete one pipeline's Delta tables, checkpoints, ClickHouse table and ledger rows; it restarts from Kafka."""
+    from riverhouse.platform.reset import ResetError, plan_reset, reset_pipeline
+    from riverhouse.platform.spec import load_spec_folder
+
+    settings = _settings(home)
+    if Path(pipeline).is_file():
+        spec = _load_or_fail(Path(pipeline))
+    else:
+        folder = pipelines or Path(os.environ.get("RIVERHOUSE_PIPELINES", "pipelines"))
+        found = [s for s in load_spec_folder(folder)[0] if s.name == pipeline]
+        if not found:
+            _fail(f"no spec file {pipeline!r}, and no valid spec named {pipeline!r} in {folder}")
+        spec = found[0]
+    try:
+        plan = plan_reset(spec, settings)
+    except ResetError as exc:
+        _fail(str(exc))
+    err.print(f"reset pipeline [bold]{spec.name}[/] (its data is read again from Kafka on the next run):")
+    for line in plan.describe():
+        err.print(f"  {line}", highlight=False, markup=False)
+    if not yes:
+        if not sys.stdin.isatty():
+            _fail("not confirmed: pass --yes to reset without a question")
+        if not typer.confirm("Reset?", default=False, err=True):
+            _fail("not reset")
+    try:
+        _guarded(lambda: reset_pipeline(spec, settings, log=lambda m: err.print(m, highlight=False, markup=False)))
+    except ResetError as exc:
+        _fail(str(exc))
+    out.print(f"pipeline {spec.name} reset", highlight=False)
 
 
 # ---------------------------------------------------------------------------- ui

@@ -112,13 +112,13 @@ def test_several_problems_are_all_reported() -> None:
 
 def test_env_refs_resolve_and_secrets_are_redacted(monkeypatch: pytest.MonkeyPatch) -> None:
     data = base()
-    data["kafka"]["config"] = {"sasl.username": "svc", "sasl.password": "${env:RH_TEST_SECRET}"}
+    data["kafka"]["config"] = {"sasl.username": "svc", "sasl.password": "${env:RIVERHOUSE_SECRET_RH_TEST}"}
     spec = parse_spec(data)
-    monkeypatch.setenv("RH_TEST_SECRET", "s3cret")
+    monkeypatch.setenv("RIVERHOUSE_SECRET_RH_TEST", "s3cret")
     assert spec.kafka.resolved_config()["sasl.password"] == "s3cret"
     assert spec.kafka.redacted_config()["sasl.password"] == "***"
-    monkeypatch.delenv("RH_TEST_SECRET")
-    with pytest.raises(SpecError, match="RH_TEST_SECRET is not set"):
+    monkeypatch.delenv("RIVERHOUSE_SECRET_RH_TEST")
+    with pytest.raises(SpecError, match="RIVERHOUSE_SECRET_RH_TEST is not set"):
         spec.kafka.resolved_config()
 
 

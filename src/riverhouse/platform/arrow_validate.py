@@ -17,7 +17,11 @@ one whose result is known to equal Spark's:
   requires); any other form (week dates, Spark's many others) goes to the JVM, which
   also names what is wrong with it;
 - dates as `yyyy-MM-dd`;
-- the event time present (or the Kafka timestamp standing in for it, as the spec says).
+- the event time present (or the Kafka timestamp standing in for it, as the spec says);
+- double values finite, unless the field allows NaN/Infinity (Arrow's reader accepts the
+  non-JSON literals `NaN` and `Infinity`, which `parse_records` quarantines by default).
+  A JSON object or array in a string field never gets here: Arrow's reader refuses the
+  block, so Spark's parse judges it.
 
 Everything else (a rejected record, a form not listed, a block Arrow could not parse)
 goes to Spark exactly as before, so every quarantine reason still comes from
@@ -32,7 +36,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +67,7 @@ class Rules:
     required: list[str]
     event_time_field: str | None
     event_time_quarantine: bool
+    non_finite_ok: list[str] = field(default_factory=list)  # float/double fields that accept NaN/Infinity
 
     def encode(self) -> str:
         return json.dumps(asdict(self))
@@ -75,6 +80,7 @@ class Rules:
             [str(n) for n in raw["required"]],
             raw["event_time_field"],
             bool(raw["event_time_quarantine"]),
+            [str(n) for n in raw.get("non_finite_ok", [])],
         )
 
 
@@ -83,7 +89,13 @@ def rules_for(src: Any) -> Rules | None:
     fields = [(f.name, f.type) for f in src.fields]
     if not all(t in FINAL_TYPES for _, t in fields):
         return None
-    return Rules(fields, list(src.required_fields), src.event_time.field, src.event_time.fallback == "quarantine")
+    return Rules(
+        fields,
+        list(src.required_fields),
+        src.event_time.field,
+        src.event_time.fallback == "quarantine",
+        [f.name for f in src.fields if f.allow_non_finite],
+    )
 
 
 def output_schema(fields: list[tuple[str, str]]) -> pa.Schema:
@@ -180,6 +192,9 @@ class FastPath:
             elif typ == "date":
                 raw, field_ok = _date(raw)
                 ok = pc.and_(ok, field_ok)
+            elif typ in ("float", "double") and name not in self.rules.non_finite_ok:
+                # NaN/Infinity go to Spark, which quarantines them with the reason.
+                ok = pc.and_(ok, pc.or_(pc.is_null(raw), _mask(pc.is_finite(raw))))
             typed[name] = raw
         for name in self.rules.required:
             ok = pc.and_(ok, pc.is_valid(typed[name]))

@@ -40,6 +40,7 @@ from riverhouse.platform.clickhouse import (
     qualified_table,
     quote,
     sink_table_path,
+    staging_table_name,
     with_retries,
 )
 from riverhouse.platform.parse import parse_records
@@ -390,7 +391,7 @@ def replace_clickhouse_window(
             )
         else:
             columns, date_col, order = [f.name for f in spec.sink_source.fields], "_event_date", KAFKA_IDENTITY
-        staging = quote(f"{spec.sink.table}__rh_backfill")
+        staging = quote(staging_table_name(spec.sink.table))
         database = (quote(spec.sink.database) + ".") if spec.sink.database else ""
         staging_table = f"{database}{staging}"
         with open_client(settings.clickhouse_dsn) as client:

@@ -14,6 +14,7 @@ opened late and closed early (`open_client` is a context manager).
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -28,10 +29,21 @@ import pyarrow.compute as pc
 
 from riverhouse.platform.faults import crash_point
 from riverhouse.platform.settings import redact_dsn
-from riverhouse.platform.spec import PipelineSpec
+from riverhouse.platform.spec import RESERVED_TABLE_PREFIX, PipelineSpec
 from riverhouse.platform.tables import open_table, read_inserts
 
-LEDGER_TABLE = "riverhouse_ledger"
+# Riverhouse's own tables carry the reserved prefix, which no sink table may use (spec.py).
+LEDGER_TABLE = f"{RESERVED_TABLE_PREFIX}ledger"
+STAGING_PREFIX = f"{RESERVED_TABLE_PREFIX}staging__"
+# Connecting: a wrong host or port should fail within seconds, saying so, not retry for a minute.
+CONNECT_TIMEOUT_S = 5
+CONNECT_ATTEMPTS = 3
+# The embedded engine is another story: a path another process holds is released when that
+# process's load ends, so waiting (with backoff, ~1 minute in all) is the right answer there.
+CHDB_CONNECT_ATTEMPTS = 8
+# Name resolution failures do not heal by retrying: the host in the DSN is wrong.
+PERMANENT_CONNECT_HINTS = ("NameResolutionError", "Name or service not known", "nodename nor servname", "getaddrinfo")
+logger = logging.getLogger("riverhouse.clickhouse")
 DEDUP_WINDOW_BLOCKS = 10_000
 PARTITION_COLUMN = "_event_date"  # ClickHouse partition key: a backfill swaps whole days
 REBUILD_KEY = "riverhouse.rebuild"  # commit metadata of backfill versions
@@ -62,8 +74,15 @@ def quote(identifier: str) -> str:
     return "`" + identifier.replace("`", "``") + "`"
 
 
+def staging_table_name(table: str) -> str:
+    """The backfill's staging table for `table`: reserved prefix, so it can never be a sink table."""
+    return f"{STAGING_PREFIX}{table}"
+
+
 def is_transient(exc: BaseException) -> bool:
     text = str(exc)
+    if any(hint in text for hint in PERMANENT_CONNECT_HINTS):
+        return False
     if (
         "EmbeddedServer" in text
         or "already in use" in text.lower()
@@ -85,7 +104,11 @@ def with_retries(
     base_delay_s: float = 0.5,
     log: Callable[[str], None] | None = None,
 ) -> Any:
-    """Run `action`, retrying transient errors with exponential backoff; permanent ones raise at once."""
+    """Run `action`, retrying transient errors with exponential backoff; permanent ones raise at once.
+
+    Every retry is reported (to `log`, else the `riverhouse.clickhouse` logger) so a wait is never silent.
+    """
+    log = log or logger.warning
     for attempt in range(1, attempts + 1):
         try:
             return action()
@@ -96,8 +119,7 @@ def with_retries(
                 kind = "transient error persisted" if is_transient(exc) else "failed"
                 raise ClickHouseLoadError(f"{what} {kind}: {_first_line(exc)}") from exc
             delay = base_delay_s * 2 ** (attempt - 1)
-            if log:
-                log(f"{what}: transient error ({_first_line(exc)}), retry {attempt}/{attempts - 1} in {delay:.1f}s")
+            log(f"{what}: transient error ({_first_line(exc)}), retry {attempt}/{attempts - 1} in {delay:.1f}s")
             time.sleep(delay)
     raise AssertionError("unreachable")
 
@@ -107,22 +129,70 @@ def _first_line(exc: BaseException) -> str:
     return (text[0] if text else type(exc).__name__)[:400]
 
 
-@contextmanager
-def open_client(dsn: str, attempts: int = 8) -> Iterator[Any]:
-    """A clickhouse-connect client for `chdb:///path` or `http(s)://user:pass@host:port/db`."""
-    import clickhouse_connect
+def check_dsn(dsn: str) -> None:
+    """Refuse a DSN clickhouse-connect would misread, naming the problem (never the password)."""
+    from urllib.parse import urlsplit
 
     if dsn.startswith("chdb://"):
-        Path(dsn[len("chdb://") :]).mkdir(parents=True, exist_ok=True)
-    elif not dsn.startswith(("http://", "https://", "clickhouse://", "clickhouses://")):
+        return
+    if not dsn.startswith(("http://", "https://", "clickhouse://", "clickhouses://")):
         raise ClickHouseLoadError(
             f"unsupported ClickHouse DSN {redact_dsn(dsn)!r}: use chdb:///path or http(s)://user:pass@host:port/db"
         )
+    try:
+        parts = urlsplit(dsn)
+        _ = parts.port  # raises ValueError on a non-numeric or out-of-range port
+    except ValueError as exc:
+        raise ClickHouseLoadError(
+            f"ClickHouse DSN {redact_dsn(dsn)!r} is malformed ({str(exc).split(':')[0]}): "
+            "write http(s)://user:password@host:port/database with a numeric port"
+        ) from None
+    if not parts.hostname:
+        raise ClickHouseLoadError(f"ClickHouse DSN {redact_dsn(dsn)!r} names no host")
+
+
+def _scrubbed(exc: BaseException, dsn: str) -> str:
+    """The error's text without the DSN's password, should a driver ever echo it."""
+    from urllib.parse import urlsplit
+
+    text = str(exc)
+    try:
+        password = urlsplit(dsn).password
+    except ValueError:
+        password = None
+    return text.replace(password, "***") if password else text
+
+
+@contextmanager
+def open_client(dsn: str, attempts: int | None = None, log: Callable[[str], None] | None = None) -> Iterator[Any]:
+    """A clickhouse-connect client for `chdb:///path` or `http(s)://user:pass@host:port/db`.
+
+    A host that does not resolve fails at once; one that does not answer is retried a few
+    times (each retry reported) with a short connect timeout, so a wrong DSN fails in seconds.
+    """
+    import clickhouse_connect
+
+    check_dsn(dsn)
+    embedded = dsn.startswith("chdb://")
+    if embedded:
+        Path(dsn[len("chdb://") :]).mkdir(parents=True, exist_ok=True)
+    if attempts is None:
+        attempts = CHDB_CONNECT_ATTEMPTS if embedded else CONNECT_ATTEMPTS
 
     def connect() -> Any:
-        return clickhouse_connect.get_client(dsn=dsn)
+        if embedded:
+            return clickhouse_connect.get_client(dsn=dsn)
+        try:
+            return clickhouse_connect.get_client(dsn=dsn, connect_timeout=CONNECT_TIMEOUT_S)
+        except Exception as exc:
+            # Re-raised with the password scrubbed; the type is kept so retry decisions hold.
+            try:
+                scrubbed = type(exc)(_scrubbed(exc, dsn))
+            except Exception:
+                scrubbed = ConnectionError(_scrubbed(exc, dsn))
+            raise scrubbed from None
 
-    client = with_retries(connect, f"connecting to ClickHouse at {redact_dsn(dsn)}", attempts=attempts)
+    client = with_retries(connect, f"connecting to ClickHouse at {redact_dsn(dsn)}", attempts=attempts, log=log)
     try:
         yield client
     finally:
@@ -198,7 +268,7 @@ def create_table_sql(spec: PipelineSpec, schema: pa.Schema | None = None) -> str
     )
 
 
-def _ledger(spec: PipelineSpec) -> str:
+def ledger_table(spec: PipelineSpec) -> str:
     return (quote(spec.sink.database) + "." if spec.sink.database else "") + quote(LEDGER_TABLE)
 
 
@@ -213,7 +283,7 @@ def ensure_schema(client: Any, spec: PipelineSpec, schema: pa.Schema | None = No
     if spec.sink.database:
         client.command(f"CREATE DATABASE IF NOT EXISTS {quote(spec.sink.database)}")
     client.command(
-        f"CREATE TABLE IF NOT EXISTS {_ledger(spec)} (pipeline String, target String, table_id String, "
+        f"CREATE TABLE IF NOT EXISTS {ledger_table(spec)} (pipeline String, target String, table_id String, "
         "delta_version UInt64, rows UInt64, chunks UInt32, loaded_at DateTime64(3, 'UTC') DEFAULT now64(3)) "
         "ENGINE = MergeTree ORDER BY (pipeline, target, table_id, delta_version)"
     )
@@ -283,20 +353,21 @@ class LoadResult:
 
 def last_loaded_version(client: Any, spec: PipelineSpec, table_id: str) -> int | None:
     rows = client.query(
-        f"SELECT max(delta_version), count() FROM {_ledger(spec)} "
+        f"SELECT max(delta_version), count() FROM {ledger_table(spec)} "
         "WHERE pipeline = %(p)s AND target = %(t)s AND table_id = %(id)s",
         parameters={"p": spec.name, "t": spec.sink.table, "id": table_id},
     ).result_rows
     if not rows or rows[0][1] == 0:
         other = client.query(
-            f"SELECT count() FROM {_ledger(spec)} WHERE pipeline = %(p)s AND target = %(t)s AND table_id != %(id)s",
+            f"SELECT count() FROM {ledger_table(spec)} WHERE pipeline = %(p)s AND target = %(t)s AND table_id != %(id)s",
             parameters={"p": spec.name, "t": spec.sink.table, "id": table_id},
         ).result_rows[0][0]
         if other:
             raise ClickHouseLoadError(
                 f"ClickHouse table {qualified_table(spec)} was loaded from another Delta table than "
-                f"the current silver table (it was re-created). Loading would mix both: drop the ClickHouse "
-                f"table and its rows in {LEDGER_TABLE}, or run `riverhouse reset {spec.name}`."
+                f"the current silver table (it was re-created). Loading would mix both: reset the pipeline "
+                f"with `riverhouse reset {spec.name}` (drops the ClickHouse table and its {LEDGER_TABLE} rows, "
+                "then reloads everything from Kafka)."
             )
         return None
     return int(rows[0][0])
@@ -371,7 +442,7 @@ def load_new_versions(
         columns = [*(f.name for f in spec.sink_source.fields), "_event_date"]
         order = ["_topic", "_partition", "_offset"]
         schema = None
-    with nullcontext(client) if client is not None else open_client(dsn) as client:
+    with nullcontext(client) if client is not None else open_client(dsn, log=log) as client:
         with_retries(lambda: ensure_schema(client, spec, schema), "preparing the ClickHouse tables", log=log)
         last = with_retries(lambda: last_loaded_version(client, spec, table_id), "reading the ledger", log=log)
         result.last_loaded_version = last
@@ -390,7 +461,7 @@ def load_new_versions(
             crash_point("before_ledger_write")
             with_retries(
                 lambda v=version, n=rows.num_rows, c=chunks: client.insert(
-                    _ledger(spec),
+                    ledger_table(spec),
                     [[spec.name, spec.sink.table, table_id, v, n, c]],
                     column_names=["pipeline", "target", "table_id", "delta_version", "rows", "chunks"],
                 ),

@@ -76,6 +76,12 @@ def _first_reason(candidates: list[tuple[Column, Column | str]]) -> Column:
     return expr
 
 
+def _json_token_is_container(text: Column, name: str) -> Column:
+    """Is the record's top-level `name` a JSON object or array (not a string)?"""
+    kind = F.schema_of_variant(F.try_variant_get(F.try_parse_json(text), f"$.{name}", "variant"))
+    return kind.startswith("OBJECT") | kind.startswith("ARRAY")
+
+
 def _snippet(col: Column) -> Column:
     return F.substring(col, 1, 60)
 
@@ -116,6 +122,30 @@ def parse_records(batch: DataFrame, src: SourceSpec) -> DataFrame:
         if f.type in ("timestamp", "date")
     ]
     missing = [(typed[name].isNull(), f"missing required field '{name}'") for name in src.required_fields]
+    # Values the declared type admits in Spark but the spec does not mean: NaN/Infinity (not
+    # JSON; Jackson reads them, and 1e999 overflows to Infinity) would turn a ClickHouse sum()
+    # into NaN; an object or array in a string field would be stored as its JSON text.
+    non_finite = [
+        (
+            F.isnan(parsed[f.name]) | (F.abs(parsed[f.name]) == F.lit(float("inf"))),
+            f"field '{f.name}' is not a finite number (NaN or Infinity); "
+            "set allow_non_finite: true on the field to accept such values",
+        )
+        for f in src.fields
+        if f.type in ("float", "double") and not f.allow_non_finite
+    ]
+    json_in_string = [
+        (
+            # Cheap test first (CASE stops at it for ordinary strings); the variant parse then
+            # tells a JSON object/array from a string that merely starts with '{' or '['.
+            (parsed[f.name].startswith("{") | parsed[f.name].startswith("["))
+            & F.coalesce(_json_token_is_container(F.col("_text"), f.name), F.lit(False)),
+            f"field '{f.name}' should be string, got a JSON object or array; "
+            "set allow_json_text: true on the field to keep its JSON text",
+        )
+        for f in src.fields
+        if f.type == "string" and not f.allow_json_text
+    ]
 
     et = src.event_time
     if et.field is None:
@@ -153,6 +183,8 @@ def parse_records(batch: DataFrame, src: SourceSpec) -> DataFrame:
             *[(parsed[CORRUPT].isNotNull() & c, r) for c, r in wrong_type],
             (parsed[CORRUPT].isNotNull(), F.concat(F.lit("not a JSON object: "), _snippet(F.col("_text")))),
             *unconvertible,
+            *non_finite,
+            *json_in_string,
             *missing,
             *event_time_checks,
             (event_time.isNull(), "no event time: the field is missing and the Kafka record has no timestamp"),

@@ -22,6 +22,8 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.driver.memory": "2g",
+    # Spec SQL runs in these sessions: no `SELECT ... FROM text.`/path`` reads of the driver's files.
+    "spark.sql.runSQLOnFiles": "false",
 }
 
 

@@ -25,13 +25,21 @@ from pydantic import (
     model_validator,
 )
 
-from riverhouse.platform.envrefs import resolve_env_refs
+from riverhouse.platform.envrefs import accepts_env_ref, env_ref_problems, is_secret_key, resolve_env_refs
 
-IDENTIFIER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
-TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
-WINDOW_RE = re.compile(r"^\s*(\d+)\s*(s|m|h|d|w)\s*$")
-OWNER_RE = re.compile(r"^(team:[A-Za-z0-9_.-]+|[^@\s]+@[^@\s]+\.[^@\s]+)$")
-LIBRDKAFKA_KEY_RE = re.compile(r"^[a-z][a-z0-9._]*$")
+# Every pattern is used with `fullmatch`: `re.match` with `$` accepts a trailing newline,
+# which then reached DDL, paths and Dagster names.
+IDENTIFIER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+TOPIC_RE = re.compile(r"[A-Za-z0-9._-]{1,249}")
+WINDOW_RE = re.compile(r"\s*(\d+)\s*(s|m|h|d|w)\s*")
+OWNER_RE = re.compile(r"(team:[A-Za-z0-9_.-]+|[^@\s]+@[^@\s]+\.[^@\s]+)")
+LIBRDKAFKA_KEY_RE = re.compile(r"[a-z][a-z0-9._]*")
+# Riverhouse's own columns (_topic, _event_date, _status, _left_*...) start with '_', so a
+# field or output column may not: it would duplicate or shadow one of them.
+SYSTEM_COLUMN_PREFIX = "_"
+# Riverhouse's own ClickHouse tables (ledger, backfill staging) start with this prefix, so
+# no sink table may: a backfill drops and re-creates its staging table.
+RESERVED_TABLE_PREFIX = "riverhouse_"
 MAX_WINDOW = timedelta(days=7)
 WINDOW_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 
@@ -62,7 +70,7 @@ class SpecError(Exception):
 
 
 def check_identifier(value: str, what: str = "identifier") -> str:
-    if not isinstance(value, str) or not IDENTIFIER_RE.match(value):
+    if not isinstance(value, str) or not IDENTIFIER_RE.fullmatch(value):
         raise ValueError(
             f"{what} {value!r} is not a safe SQL identifier: use letters, digits and '_', "
             "starting with a letter or '_', at most 63 characters"
@@ -75,7 +83,7 @@ def parse_window(value: Any) -> timedelta:
     if isinstance(value, timedelta):
         window = value
     else:
-        match = WINDOW_RE.match(str(value))
+        match = WINDOW_RE.fullmatch(str(value))
         if not match:
             raise ValueError(f"window {value!r} is not a duration: write a number and a unit, e.g. 30s, 15m, 1h, 7d")
         window = timedelta(**{WINDOW_UNITS[match.group(2)]: int(match.group(1))})
@@ -95,7 +103,29 @@ def format_window(window: timedelta) -> str:
     return f"{seconds}s"
 
 
+def check_column_name(value: str, what: str = "field") -> str:
+    check_identifier(value, what)
+    if value.startswith(SYSTEM_COLUMN_PREFIX):
+        raise ValueError(
+            f"{what} {value!r} starts with '{SYSTEM_COLUMN_PREFIX}', which is reserved for Riverhouse's own "
+            "columns (_topic, _offset, _event_date, ...): rename it"
+        )
+    return value
+
+
+def check_sink_table(value: str) -> str:
+    check_identifier(value, "sink table")
+    if value.lower().startswith(RESERVED_TABLE_PREFIX):
+        raise ValueError(
+            f"sink table {value!r} starts with {RESERVED_TABLE_PREFIX!r}, which is reserved for Riverhouse's own "
+            "ClickHouse tables (ledger, backfill staging): choose another name"
+        )
+    return value
+
+
 Identifier = Annotated[str, BeforeValidator(check_identifier)]
+ColumnName = Annotated[str, BeforeValidator(check_column_name)]
+SinkTable = Annotated[str, BeforeValidator(check_sink_table)]
 Window = Annotated[timedelta, BeforeValidator(parse_window), PlainSerializer(format_window, return_type=str)]
 
 
@@ -104,15 +134,26 @@ class StrictModel(BaseModel):
 
 
 class FieldSpec(StrictModel):
-    name: Identifier
+    name: ColumnName
     type: FieldType
     required: bool = False
     # Expected range (inclusive), checked by the Great Expectations suite before ClickHouse.
     min: float | None = None
     max: float | None = None
+    # Opt-ins for values that are not what the type says, quarantined by default:
+    # NaN/Infinity (not JSON, but Python's json.dumps writes them) in a float/double field,
+    # and a JSON object or array in a string field (kept as its JSON text when allowed).
+    allow_non_finite: bool = False
+    allow_json_text: bool = False
 
     @model_validator(mode="after")
     def _range_fits_type(self) -> FieldSpec:
+        if self.allow_non_finite and self.type not in ("float", "double"):
+            raise ValueError(
+                f"field {self.name!r}: allow_non_finite applies to float and double fields, not {self.type}"
+            )
+        if self.allow_json_text and self.type != "string":
+            raise ValueError(f"field {self.name!r}: allow_json_text applies to string fields, not {self.type}")
         if (self.min is not None or self.max is not None) and self.type not in NUMERIC_TYPES:
             raise ValueError(f"field {self.name!r}: min/max apply to numeric fields, not {self.type}")
         if self.min is not None and self.max is not None and self.min > self.max:
@@ -158,7 +199,7 @@ class SourceSpec(StrictModel):
     @field_validator("topic")
     @classmethod
     def _topic_is_legal(cls, value: str) -> str:
-        if not TOPIC_RE.match(value) or value in {".", ".."}:
+        if not TOPIC_RE.fullmatch(value) or value in {".", ".."}:
             raise ValueError(f"topic {value!r} is not a legal Kafka topic name (letters, digits, '.', '_', '-')")
         return value
 
@@ -168,6 +209,11 @@ class SourceSpec(StrictModel):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"field(s) declared twice: {', '.join(dupes)}")
+        # Spark resolves column names case-insensitively: `Amount` and `amount` would be one column.
+        folded = [n.lower() for n in names]
+        clashes = sorted({n for n in names if folded.count(n.lower()) > 1})
+        if clashes:
+            raise ValueError(f"field names that differ only in case: {', '.join(clashes)}")
         known = set(names)
         for k in self.key:
             if k not in known:
@@ -218,12 +264,22 @@ class KafkaSpec(StrictModel):
     @classmethod
     def _config_keys(cls, value: dict[str, Any]) -> dict[str, Any]:
         for key in value:
-            if not LIBRDKAFKA_KEY_RE.match(key):
+            if not isinstance(key, str) or not LIBRDKAFKA_KEY_RE.fullmatch(key):
                 raise ValueError(f"{key!r} is not a librdkafka setting name (e.g. sasl.mechanism)")
             if key in RESERVED_KAFKA_KEYS:
                 raise ValueError(
                     f"{key!r} is managed by Riverhouse (offsets live in Spark's checkpoint); "
                     "set bootstrap servers with kafka.bootstrap_servers"
+                )
+        for key, item in value.items():
+            problems = env_ref_problems(item)
+            if problems:
+                raise ValueError(f"kafka.config.{key}: " + "; ".join(problems))
+            if isinstance(item, str) and "${env:" in item and not accepts_env_ref(key):
+                raise ValueError(
+                    f"kafka.config.{key}: ${{env:...}} is allowed only in credential settings "
+                    "(passwords, secrets, keys, JAAS/OAuth configs, sasl.username), where the value goes to the "
+                    "broker's authentication and nowhere else"
                 )
         return value
 
@@ -237,7 +293,7 @@ class KafkaSpec(StrictModel):
 
 class SinkSpec(StrictModel):
     source: Identifier | None = None
-    table: Identifier
+    table: SinkTable
     database: Identifier | None = None
     order_by: list[Identifier] = Field(min_length=1)
     batch_size: int = Field(default=100_000, gt=0, le=10_000_000)
@@ -268,7 +324,7 @@ class TemporalJoinSpec(StrictModel):
     on: Annotated[JoinOnSpec, BeforeValidator(_join_on)]
     window: Window
     # output column -> "source.field"
-    select: dict[Identifier, str] = Field(min_length=1)
+    select: dict[ColumnName, str] = Field(min_length=1)
     require: list[Identifier] = Field(default_factory=list)
 
     @model_validator(mode="before")
@@ -337,7 +393,7 @@ class PipelineSpec(StrictModel):
     @classmethod
     def _owners_are_dagster_owners(cls, value: list[str]) -> list[str]:
         for owner in value:
-            if not OWNER_RE.match(owner):
+            if not isinstance(owner, str) or not OWNER_RE.fullmatch(owner):
                 raise ValueError(f"owner {owner!r} must be an email address or team:<name>")
         return value
 
@@ -440,14 +496,6 @@ class PipelineSpec(StrictModel):
         return self.sources[self.sink_source_name]
 
 
-SECRET_HINTS = ("password", "secret", "token", "key", "credential", "jaas")
-
-
-def is_secret_key(key: str) -> bool:
-    lowered = key.lower()
-    return any(h in lowered for h in SECRET_HINTS) and not lowered.endswith(".location")
-
-
 def _hint_for(error: dict[str, Any]) -> str:
     kind = error.get("type", "")
     if kind == "extra_forbidden":
@@ -503,11 +551,60 @@ def load_spec(path: str | Path) -> PipelineSpec:
     return parse_spec(data, str(path))
 
 
+def sink_identity(spec: PipelineSpec) -> tuple[str, str]:
+    """(database, table) of the ClickHouse table the spec loads ('' = the DSN's database)."""
+    return (spec.sink.database or "", spec.sink.table)
+
+
+def check_together(loaded: list[tuple[str, PipelineSpec]]) -> tuple[list[PipelineSpec], list[SpecError]]:
+    """Specs that may be loaded side by side, in order; a later one that clashes with an earlier one is refused.
+
+    Two pipelines with one name would share tables and Dagster assets; two pipelines loading one
+    ClickHouse table would double its rows (their deduplication tokens differ).
+    """
+    names: dict[str, str] = {}
+    sinks: dict[tuple[str, str], str] = {}
+    accepted: list[PipelineSpec] = []
+    errors: list[SpecError] = []
+    for source, spec in loaded:
+        problems = []
+        if spec.name in names:
+            problems.append(("name", f"pipeline name {spec.name!r} is already used by {names[spec.name]}", ""))
+        sink = sink_identity(spec)
+        if sink in sinks:
+            where = f"{sink[0]}.{sink[1]}" if sink[0] else sink[1]
+            problems.append(
+                (
+                    "sink.table",
+                    f"ClickHouse table {where!r} is already loaded by {sinks[sink]}",
+                    "each pipeline loads its own table; two loaders of one table would double its rows",
+                )
+            )
+        if problems:
+            errors.append(SpecError(source, problems))
+            continue
+        names[spec.name] = source
+        sinks[sink] = source
+        accepted.append(spec)
+    return accepted, errors
+
+
+def load_spec_folder(folder: str | Path) -> tuple[list[PipelineSpec], list[SpecError]]:
+    """Every spec of the folder that loads, and one error per file that does not (or clashes)."""
+    loaded: list[tuple[str, PipelineSpec]] = []
+    errors: list[SpecError] = []
+    for path in sorted(Path(folder).glob("*.y*ml")):
+        try:
+            loaded.append((str(path), load_spec(path)))
+        except SpecError as exc:
+            errors.append(exc)
+    accepted, clashes = check_together(loaded)
+    return accepted, errors + clashes
+
+
 def load_specs(folder: str | Path) -> list[PipelineSpec]:
-    folder = Path(folder)
-    specs = [load_spec(p) for p in sorted(folder.glob("*.y*ml"))]
-    names = [s.name for s in specs]
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        raise SpecError(str(folder), [("name", f"pipeline name(s) used twice: {', '.join(dupes)}", "")])
+    """Every spec of the folder; the first problem raises."""
+    specs, errors = load_spec_folder(folder)
+    if errors:
+        raise errors[0]
     return specs

@@ -8,6 +8,13 @@ cannot answer (aggregation, DISTINCT, ORDER BY, ...).
 
 Column references are rewritten from `alias.column` to the flat name
 `alias__column` that the Spark executor uses.
+
+Spec SQL is untrusted: every node of the parsed query must be in an allow-list of
+constructs (ALLOWED_CONSTRUCTS) and every function in an allow-list of functions
+(ALLOWED_FUNCTIONS, ALLOWED_SPARK_FUNCTIONS). Spark itself cannot be told to refuse
+`reflect`/`java_method` (Spark 4.2 has no such setting), so this check is what keeps a
+spec from calling Java; Riverhouse's sessions also turn off SQL on files
+(settings.RESTRICTED_SPARK_CONF).
 """
 
 from __future__ import annotations
@@ -18,7 +25,48 @@ from datetime import timedelta
 import sqlglot
 from sqlglot import exp
 
+from riverhouse.platform.spec import IDENTIFIER_RE, check_column_name
+
 FLAT_SEP = "__"
+
+
+def _classes(*names: str) -> frozenset[type[exp.Expression]]:
+    """sqlglot expression classes by name (a name this sqlglot version lacks is skipped)."""
+    return frozenset(getattr(exp, n) for n in names if isinstance(getattr(exp, n, None), type))
+
+
+# Constructs a query may use: one SELECT with FROM/JOIN/WHERE over named sources, and
+# expressions (operators, comparisons, CASE/IF, casts, literals, intervals).
+ALLOWED_CONSTRUCTS = _classes(
+    *("Select", "From", "Join", "Table", "TableAlias", "Identifier", "Column", "Alias", "Where"),
+    *("Literal", "Null", "Boolean", "Paren", "Neg", "Not", "And", "Or"),
+    *("EQ", "NEQ", "GT", "GTE", "LT", "LTE", "NullSafeEQ", "NullSafeNEQ", "Is", "In", "Between", "Like", "ILike"),
+    *("Add", "Sub", "Mul", "Div", "Mod", "IntDiv", "DPipe", "Case", "If", "Cast", "TryCast", "DataType"),
+    *("DataTypeParam", "Interval", "RegexpLike", "AtTimeZone", "FromTimeZone"),
+)
+# Functions, as sqlglot models them: string, number, date/time, null handling, hashes.
+# No aggregates, window functions, generators, or anything that reaches outside the row.
+ALLOWED_FUNCTIONS = _classes(
+    *("Upper", "Lower", "Length", "Substring", "Trim", "Concat", "ConcatWs", "Initcap", "Pad", "Left", "Right"),
+    *("Reverse", "Replace", "RegexpReplace", "RegexpExtract", "StrPosition", "SplitPart", "MD5", "SHA", "SHA2"),
+    *("Abs", "Round", "Floor", "Ceil", "Sqrt", "Pow", "Ln", "Log", "Exp", "Sign", "Greatest", "Least"),
+    *("Coalesce", "Nullif", "Year", "Month", "Day", "DayOfMonth", "DayOfWeek", "DayOfYear", "Quarter", "Hour"),
+    *("Minute", "Second", "TimestampTrunc", "DateTrunc", "TsOrDsToDate", "TsOrDsAdd", "DateAdd", "DateSub"),
+    *("DateDiff", "TimeToStr", "StrToTime", "StrToDate", "TimeStrToTime", "StrToUnix", "UnixToStr", "UnixToTime"),
+    *("AddMonths", "LastDay", "WeekOfYear", "ToChar", "Hex", "Unhex", "Nvl2", "ToBase64", "Contains", "EndsWith"),
+    *("StartsWith", "IsNan", "Nanvl", "Repeat", "Translate", "SafeAdd", "SafeDivide", "SafeMultiply"),
+    *("SafeSubtract", "UnixMillis", "UnixSeconds"),
+)
+# Spark functions sqlglot does not model (parsed as anonymous calls), by name.
+ALLOWED_SPARK_FUNCTIONS = frozenset(
+    {
+        *("nvl2", "ltrim", "rtrim", "btrim", "translate", "char_length", "character_length", "octet_length"),
+        *("try_add", "try_subtract", "try_multiply", "try_divide", "isnan", "nanvl", "bround", "pmod"),
+        *("make_date", "timestamp_millis", "timestamp_seconds", "unix_millis", "unix_seconds", "to_utc_timestamp"),
+        *("from_utc_timestamp", "date_part", "dayofweek", "weekday", "left", "right", "lpad", "rpad", "startswith"),
+        *("endswith", "contains", "instr", "locate", "repeat", "format_number", "sha1", "crc32", "base64"),
+    }
+)
 
 
 class QueryError(ValueError):
@@ -70,6 +118,7 @@ def flat(alias: str, column: str) -> str:
 
 
 UNSUPPORTED = [
+    (exp.Exists, "subqueries (EXISTS)"),
     (exp.Group, "GROUP BY (aggregating a stream needs a window; not supported)"),
     (exp.Having, "HAVING"),
     (exp.Order, "ORDER BY (a stream has no order; ClickHouse orders by sink.order_by)"),
@@ -102,6 +151,7 @@ def compile_query(
         node = select.find(node_type)
         if node is not None:
             raise QueryError(f"query: unsupported clause: {label}, in `{node.sql(dialect='spark')[:80]}`")
+    check_allowed(select)
 
     from_clause = select.args.get("from_") or select.args.get("from")
     if from_clause is None or not isinstance(from_clause.this, exp.Table):
@@ -109,7 +159,16 @@ def compile_query(
     aliases: dict[str, str] = {}
 
     def add_table(table: exp.Table, where: str) -> str:
+        if table.args.get("db") is not None or table.args.get("catalog") is not None:
+            raise QueryError(
+                f"query: {where} `{table.sql(dialect='spark')}`: name a source without a qualifier "
+                f"(sources: {', '.join(fields)})"
+            )
+        if not isinstance(table.this, exp.Identifier):
+            raise QueryError(f"query: {where} must name a source, got `{table.sql(dialect='spark')[:80]}`")
         source = table.name
+        if table.alias and not IDENTIFIER_RE.fullmatch(table.alias):
+            raise QueryError(f"query: {where}: alias {table.alias!r} is not a safe identifier")
         if source not in fields:
             raise QueryError(f"query: {where} names unknown source {source!r} (sources: {', '.join(fields)})")
         alias = table.alias_or_name
@@ -124,6 +183,8 @@ def compile_query(
         raise QueryError(f"query: FROM {driving!r} is a dimension; the FROM source must be a stream")
 
     def resolve(column: exp.Column, clause: str, allowed: set[str] | None = None) -> tuple[str, str]:
+        if column.args.get("db") is not None or column.args.get("catalog") is not None:
+            raise QueryError(f"query: {clause}: write <alias>.<column>, got `{column.sql()}`")
         name = column.name
         if column.table:
             alias = column.table
@@ -193,8 +254,10 @@ def compile_query(
             name, body = item.name, item
         else:
             raise QueryError(f"query: SELECT `{item.sql()}` needs a name: add AS <name>")
-        if not name or not name.replace("_", "a").isalnum() or name[0].isdigit():
-            raise QueryError(f"query: output column {name!r} is not a safe identifier")
+        try:
+            check_column_name(name, "output column")
+        except ValueError as exc:
+            raise QueryError(f"query: {exc}") from None
         projections.append((name, rewrite(body, f"SELECT {name}")))
     names = [n for n, _ in projections]
     dupes = sorted({n for n in names if names.count(n) > 1})
@@ -209,6 +272,35 @@ def compile_query(
     if unused:
         raise QueryError(f"dimensions: {', '.join(sorted(unused))} not used in the query")
     return JoinPlan(driving, driving_alias, tuple(steps), tuple(projections), where_sql, tuple(require))
+
+
+def check_allowed(select: exp.Select) -> None:
+    """Refuse any construct or function outside the allow-lists, naming it."""
+    for node in select.walk():
+        if isinstance(node, exp.Select) and node is not select:
+            raise QueryError(f"query: unsupported clause: subqueries, in `{node.sql(dialect='spark')[:80]}`")
+        if isinstance(node, exp.Var) and node.arg_key == "unit":
+            continue  # a unit keyword: INTERVAL 1 HOUR, date_trunc('hour', ...)
+        if isinstance(node, exp.Anonymous):
+            name = str(node.name).lower()
+            if name not in ALLOWED_SPARK_FUNCTIONS:
+                raise QueryError(
+                    f"query: function {name}() is not allowed (spec SQL may use the string, number, date and "
+                    "null functions listed in docs/pipeline-spec.md#what-a-query-may-use)"
+                )
+            continue
+        if isinstance(node, exp.Func) and type(node) not in ALLOWED_CONSTRUCTS:
+            if type(node) not in ALLOWED_FUNCTIONS:
+                raise QueryError(
+                    f"query: function {node.sql_name().lower()}() is not allowed (spec SQL may use the string, "
+                    "number, date and null functions listed in docs/pipeline-spec.md#what-a-query-may-use)"
+                )
+            continue
+        if type(node) not in ALLOWED_CONSTRUCTS:
+            raise QueryError(
+                f"query: `{node.sql(dialect='spark')[:80]}` ({type(node).__name__}) is not allowed in spec SQL: "
+                "use columns, literals, operators, CASE, casts and the functions in docs/pipeline-spec.md"
+            )
 
 
 def temporal_join_query(

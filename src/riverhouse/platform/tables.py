@@ -127,7 +127,7 @@ def ensure_table(path: str, schema: pa.Schema, partition_by: list[str], cdf: boo
         if missing:
             raise RuntimeError(
                 f"Delta table {path} exists but lacks column(s) {', '.join(missing)}: it was written "
-                "by another spec. Point the pipeline at a new warehouse or reset it (riverhouse reset)."
+                "by another spec. Reset the pipeline (`riverhouse reset <pipeline>`) or point it at a new warehouse."
             )
         return table
     if not path.startswith(("s3://", "s3a://", "gs://", "az://", "abfss://")):

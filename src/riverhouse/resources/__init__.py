@@ -1,18 +1,20 @@
 """Dagster resources: where Spark runs, which Kafka, which warehouse, which ClickHouse.
 
 Each is a `dg.ConfigurableResource`; `definitions.py` builds them once from the
-environment (see `riverhouse.platform.settings`). Secrets (a ClickHouse DSN with
-a password) should be passed as `dg.EnvVar` so they never appear in the UI.
+environment (see `riverhouse.platform.settings`). The ClickHouse DSN, which may hold a
+password, is passed as `dg.EnvVar("RIVERHOUSE_CLICKHOUSE_DSN")`: the repository snapshot
+(the UI's Resources page) then shows the variable's name, never its value.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
 
-from riverhouse.platform.settings import Settings
+from riverhouse.platform.settings import Settings, redact_dsn
 from riverhouse.platform.spark import get_spark
 
 
@@ -61,6 +63,25 @@ def settings_from(
     )
 
 
+DSN_VARIABLE = "RIVERHOUSE_CLICKHOUSE_DSN"
+
+
+def clickhouse_dsn_config(dsn: str) -> str | dg.EnvVar:
+    """The DSN as resource config: a reference to the environment when it comes from there.
+
+    A DSN with a secret that does not come from the environment is refused: as a literal it
+    would be stored in the repository snapshot and shown in the UI.
+    """
+    if os.environ.get(DSN_VARIABLE) == dsn:
+        return dg.EnvVar(DSN_VARIABLE)
+    if redact_dsn(dsn) != dsn:
+        raise ValueError(
+            f"the ClickHouse DSN {redact_dsn(dsn)} holds a secret: set it in {DSN_VARIABLE} so Dagster shows "
+            "the variable's name instead of the password"
+        )
+    return dsn
+
+
 def resources_from_settings(settings: Settings) -> dict[str, dg.ConfigurableResource]:
     return {
         "spark": SparkResource(master=settings.spark_master, conf=dict(settings.spark_conf)),
@@ -68,5 +89,5 @@ def resources_from_settings(settings: Settings) -> dict[str, dg.ConfigurableReso
             bootstrap_servers=settings.kafka_bootstrap or "", local_state_dir=str(settings.kafka_state_dir)
         ),
         "warehouse": WarehouseResource(root=str(settings.warehouse), checkpoints=str(settings.checkpoints)),
-        "clickhouse": ClickHouseResource(dsn=settings.clickhouse_dsn),
+        "clickhouse": ClickHouseResource(dsn=clickhouse_dsn_config(settings.clickhouse_dsn)),
     }

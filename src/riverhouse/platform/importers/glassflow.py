@@ -8,6 +8,8 @@ equivalent is recorded with its path and the reason.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 from pathlib import Path
 from typing import Any
@@ -147,12 +149,12 @@ def kafka_block(p: Pipeline, result: ImportResult) -> dict[str, Any]:
             config["sasl.password"] = secret_ref("KAFKA_PASSWORD")
     elif mechanism and mechanism != "NO_AUTH" and not conn.skip_auth:
         result.drop(f"{where}.mechanism", f"{mechanism} without a SASL protocol ({protocol}) authenticates nothing")
+    # Certificates are public: they go into the spec as PEM text (v2 carries them base64-encoded).
+    # Only the client's private key is a secret, and stays in the environment.
     if conn.root_ca:
-        # A CA is not secret, but it is a long PEM (base64 in v2): the variable keeps the spec readable.
-        config["ssl.ca.pem"] = secret_ref("KAFKA_CA_PEM")
-        result.note(f"{where}.root_ca: set RIVERHOUSE_SECRET_KAFKA_CA_PEM to the PEM text (decode it first if base64)")
+        config["ssl.ca.pem"] = _pem_text(conn.root_ca)
     if conn.client_cert:
-        config["ssl.certificate.pem"] = secret_ref("KAFKA_CLIENT_CERT_PEM")
+        config["ssl.certificate.pem"] = _pem_text(conn.client_cert)
     if conn.client_key:
         config["ssl.key.pem"] = secret_ref("KAFKA_CLIENT_KEY_PEM")
     if conn.skip_tls_verification:
@@ -434,3 +436,15 @@ def sink_settings(p: Pipeline, spec: dict[str, Any], result: ImportResult) -> No
         )
         if conn.skip_certificate_verification:
             result.drop(f"{where}.skip_certificate_verification", "Riverhouse always verifies ClickHouse's certificate")
+
+
+def _pem_text(value: str) -> str:
+    """A certificate as PEM text, decoding GlassFlow v2's base64 form when that is what it is."""
+    text = value.strip()
+    if text.startswith("-----BEGIN"):
+        return text
+    try:
+        decoded = base64.b64decode(text, validate=True).decode()
+    except (binascii.Error, UnicodeDecodeError):
+        return text
+    return decoded.strip() if decoded.lstrip().startswith("-----BEGIN") else text

@@ -142,7 +142,7 @@ def spec_window(value: Any, where: str, result: ImportResult) -> str | None:
 
 def identifier(name: str, what: str, result: ImportResult) -> str:
     """A foreign name as a spec identifier ('user-events' -> 'user_events'), noting any change."""
-    if IDENTIFIER_RE.match(name):
+    if IDENTIFIER_RE.fullmatch(name):
         return name
     cleaned = re.sub(r"[^A-Za-z0-9_]", "_", name)
     if not cleaned or cleaned[0].isdigit():
