@@ -32,15 +32,18 @@ mvn-check:
 
 # The jars of each jvm/pom.xml profile in a folder of its own (the broker's kafka-clients 4.x
 # must not meet the connector's 3.9.x); Spark's folder then loses what pyspark/jars ships.
-$(JARS_STAMP): jvm/pom.xml $(STAMP) | mvn-check
+# Fetched into a new folder and swapped in whole: a running session never sees half of them.
+# Only jvm/pom.xml triggers a new fetch (it moves with pyspark's pin in pyproject.toml).
+$(JARS_STAMP): jvm/pom.xml | $(STAMP) mvn-check
 	@echo "==> fetching the pinned JVM jars from Maven Central into $(JARS)/ (first run takes a minute)"
-	@rm -rf $(JARS)
+	@rm -rf $(JARS).new
 	@for profile in spark broker; do \
 	  $(MVN) -B -q -Dstyle.color=never -f jvm/pom.xml -P $$profile dependency:copy-dependencies -DincludeScope=runtime \
-	    -DoutputDirectory=$(CURDIR)/$(JARS)/$$profile || { echo "Maven could not fetch the $$profile jars (see above)"; exit 1; }; \
+	    -DoutputDirectory=$(CURDIR)/$(JARS).new/$$profile || { echo "Maven could not fetch the $$profile jars (see above)"; exit 1; }; \
 	done
-	@$(BIN)/python -m riverhouse.platform.jars prune $(JARS)/spark
-	@touch $(JARS_STAMP)
+	@$(BIN)/python -m riverhouse.platform.jars prune $(JARS).new/spark
+	@touch $(JARS).new/.installed
+	@rm -rf $(JARS).old && { [ ! -e $(JARS) ] || mv $(JARS) $(JARS).old; } && mv $(JARS).new $(JARS) && rm -rf $(JARS).old
 
 jars: $(JARS_STAMP) ## the JVM jars only
 
@@ -77,4 +80,4 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check src tests
 
 clean:
-	rm -rf .riverhouse test-output .pytest_cache $(JARS)
+	rm -rf .riverhouse test-output .pytest_cache $(JARS) $(JARS).new $(JARS).old
