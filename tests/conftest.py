@@ -54,28 +54,33 @@ def settings(tmp_path: Path, kafka: str) -> Settings:
 def orders_spec(
     topic: str, name: str = "orders_test", window: str = "1h", max_offsets: int = 200_000, **sink: Any
 ) -> PipelineSpec:
-    return parse_spec(
-        {
-            "name": name,
-            "kafka": {"bootstrap_servers": "local", "max_offsets_per_trigger": max_offsets},
-            "sources": {
-                "orders": {
-                    "topic": topic,
-                    "fields": {
-                        "order_id": "string",
-                        "user_id": "string",
-                        "amount": "int",
-                        "price": "double",
-                        "created_at": "timestamp",
-                    },
-                    "key": ["order_id"],
-                    "event_time": {"field": "created_at"},
-                    "dedup": {"key": ["order_id"], "window": window},
-                }
-            },
-            "sink": {"table": f"{name}_orders", "order_by": ["order_id"], "batch_size": sink.get("batch_size", 1000)},
-        }
-    )
+    return parse_spec(orders_spec_data(topic, name, window, max_offsets, **sink))
+
+
+def orders_spec_data(
+    topic: str, name: str = "orders_test", window: str = "1h", max_offsets: int = 200_000, **sink: Any
+) -> dict[str, Any]:
+    """The test orders pipeline as spec YAML would hold it."""
+    return {
+        "name": name,
+        "kafka": {"bootstrap_servers": "local", "max_offsets_per_trigger": max_offsets},
+        "sources": {
+            "orders": {
+                "topic": topic,
+                "fields": {
+                    "order_id": "string",
+                    "user_id": "string",
+                    "amount": "int",
+                    "price": "double",
+                    "created_at": "timestamp",
+                },
+                "key": ["order_id"],
+                "event_time": {"field": "created_at"},
+                "dedup": {"key": ["order_id"], "window": window},
+            }
+        },
+        "sink": {"table": f"{name}_orders", "order_by": ["order_id"], "batch_size": sink.get("batch_size", 1000)},
+    }
 
 
 def produce(

@@ -32,7 +32,7 @@ import yaml
 from riverhouse.platform.clickhouse import open_client, qualified_table
 from riverhouse.platform.generator import GeneratorConfig, orders
 from riverhouse.platform.spec import parse_spec
-from tests.conftest import produce, riverhouse_cmd
+from tests.conftest import orders_spec_data, produce, riverhouse_cmd
 from tests.production.services import (
     Postgres,
     Service,
@@ -72,27 +72,9 @@ class Stack:
 
 
 def _spec_dict(topic: str) -> dict[str, Any]:
-    return {
-        "name": PIPELINE,
-        "kafka": {"bootstrap_servers": "local", "max_offsets_per_trigger": 1500},
-        "sources": {
-            "orders": {
-                "topic": topic,
-                "fields": {
-                    "order_id": "string",
-                    "user_id": "string",
-                    "amount": "int",
-                    "price": "double",
-                    "created_at": "timestamp",
-                },
-                "key": ["order_id"],
-                "event_time": {"field": "created_at"},
-                "dedup": {"key": ["order_id"], "window": "1h"},
-            }
-        },
-        "sink": {"table": f"{PIPELINE}_orders", "order_by": ["order_id"], "batch_size": 5000},
-        "orchestration": {"sensor": {"enabled": True, "min_lag": 1, "interval": "1s", "max_delay": "1s"}},
-    }
+    data = orders_spec_data(topic, name=PIPELINE, max_offsets=1500, batch_size=5000)
+    data["orchestration"] = {"sensor": {"enabled": True, "min_lag": 1, "interval": "1s", "max_delay": "1s"}}
+    return data
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from riverhouse.platform.clickhouse import CLICKHOUSE_TYPES
 from riverhouse.platform.importers import glassflow_models as gf
 from riverhouse.platform.importers.expr import translate_expr
 from riverhouse.platform.importers.glassflow_read import (
@@ -53,17 +54,6 @@ SCALAR_TYPES = {
     "float": "double",
     "float64": "double",
     "float32": "float",
-}
-# What Riverhouse creates in ClickHouse for each spec type (docs/pipeline-spec.md, Types).
-CLICKHOUSE_TYPES = {
-    "string": "String",
-    "int": "Int32",
-    "long": "Int64",
-    "float": "Float32",
-    "double": "Float64",
-    "boolean": "Bool",
-    "timestamp": "DateTime64(6, 'UTC')",
-    "date": "Date32",
 }
 NUMERIC_COLUMNS = {"Int8": "int", "Int16": "int", "Int32": "int", "UInt8": "int", "UInt16": "int"}
 NUMERIC_COLUMNS |= {"Int64": "long", "UInt32": "long", "UInt64": "long", "Float32": "float", "Float64": "double"}
