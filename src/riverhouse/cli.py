@@ -591,7 +591,9 @@ def ui(
         state = local_kafka.start(settings.kafka_state_dir)
     except local_kafka.LocalKafkaError as exc:
         _fail(str(exc))
-    dagster_home = prepare_dagster_home(settings.home / "dagster")
+    from riverhouse.deploy import local_dagster_home
+
+    dagster_home = local_dagster_home(settings.home / "dagster")
     env = {
         **os.environ,
         "DAGSTER_HOME": str(dagster_home),
@@ -642,23 +644,6 @@ def deploy_config(
         "the webserver and the code server (docs/deployment.md)",
         highlight=False,
     )
-
-
-def prepare_dagster_home(path: Path) -> Path:
-    """A DAGSTER_HOME with telemetry off, one ClickHouse step at a time (chDB is single-process)
-    and one run per pipeline at a time (sensor, schedule and manual runs queue up)."""
-    path.mkdir(parents=True, exist_ok=True)
-    config = path / "dagster.yaml"
-    generated = "# written by riverhouse ui; delete this line to keep your own edits\n"
-    if not config.exists() or config.read_text().startswith(generated):
-        import yaml
-
-        from riverhouse.deploy import DeployOptions, dagster_config
-
-        # The same run and pool limits as production (riverhouse deploy-config), on `dagster dev`'s storage.
-        local = {"telemetry": {"enabled": False}, "concurrency": dagster_config(DeployOptions())["concurrency"]}
-        config.write_text(generated + yaml.safe_dump(local, sort_keys=False))
-    return path
 
 
 # ---------------------------------------------------------------------------- import

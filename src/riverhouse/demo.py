@@ -2,7 +2,8 @@
 
 Resets its own state folder, starts a fresh local Kafka, generates orders with
 duplicates and malformed records, materializes the pipeline's assets and checks
-with `dg.materialize`, and compares ClickHouse with the generator's own count.
+with `dg.materialize` on the Dagster instance under the demo's home (what
+`riverhouse ui --home` shows), and compares ClickHouse with the generator's own count.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import dagster as dg
 
 from riverhouse.assets import build_pipeline_assets
 from riverhouse.assets.pipelines import MODE_TAG, live_partition_key
+from riverhouse.deploy import local_dagster_home
 from riverhouse.platform import local_kafka
 from riverhouse.platform.clickhouse import (
     open_client,
@@ -54,8 +56,13 @@ def materialize_pipeline(
     log_level: str = "WARNING",
     drain: bool = False,
     partition_key: str | None = None,
+    instance: dg.DagsterInstance | None = None,
 ) -> dg.ExecuteInProcessResult:
-    """A stream run of every asset (`partition_key`: a rebuild run of that partition instead)."""
+    """A stream run of every asset (`partition_key`: a rebuild run of that partition instead).
+
+    `instance`: where the run, its materializations and check results are recorded (an
+    ephemeral instance when None).
+    """
     assets, checks = build_pipeline_assets(spec)
     run_config: dict[str, Any] = {"loggers": {"console": {"config": {"log_level": log_level}}}}
     if spec.is_join and drain:
@@ -68,6 +75,7 @@ def materialize_pipeline(
         partition_key=partition_key or live_partition_key(spec),
         tags={MODE_TAG: "rebuild" if partition_key else "stream"},
         raise_on_error=False,
+        instance=instance,
     )
 
 
@@ -134,6 +142,9 @@ def run_demo(
     settings = Settings.from_env(home).with_(kafka_bootstrap=None)
     state = local_kafka.start(settings.kafka_state_dir)
     log(f"local Kafka started at {state.bootstrap}")
+    # The runs go to the Dagster instance `riverhouse ui --home <home>` opens, so the UI shows
+    # the demo's runs, materializations, check results and plots.
+    instance = dg.DagsterInstance.from_config(str(local_dagster_home(settings.home / "dagster")))
     try:
         cfg = GeneratorConfig(
             count=count, duplicate_rate=duplicate_rate, malformed=malformed, users=max(10, count // 10)
@@ -161,7 +172,7 @@ def run_demo(
             )
         log("materializing the dedup pipeline's assets through Dagster (Spark start-up takes a few seconds)...")
         pipeline_started = time.monotonic()
-        result = materialize_pipeline(spec, settings)
+        result = materialize_pipeline(spec, settings, instance=instance)
         pipeline_seconds = time.monotonic() - pipeline_started
         _require_success(result, spec.name)
         meta = materialization_metadata(result)
@@ -180,7 +191,7 @@ def run_demo(
         }
         if join_spec is not None and user_stats is not None:
             log(f"materializing the join pipeline {join_spec.name} (windows drained: the input is complete)...")
-            join_result = materialize_pipeline(join_spec, settings, drain=True)
+            join_result = materialize_pipeline(join_spec, settings, drain=True, instance=instance)
             _require_success(join_result, join_spec.name)
             checks.update({f"{join_spec.name}: {k}": v for k, v in check_results(join_result).items()})
             window = join_spec.plan.steps[0].window
@@ -199,4 +210,5 @@ def run_demo(
             "records_per_second": summary["read"] / max(pipeline_seconds, 1e-6),
         }
     finally:
+        instance.dispose()
         local_kafka.stop(settings.kafka_state_dir)

@@ -155,3 +155,19 @@ def required_env(options: DeployOptions) -> list[str]:
     if options.workspace == "grpc":
         names += list(CODE_SERVER_ENV.values())
     return names
+
+
+def local_dagster_home(path: Path) -> Path:
+    """The DAGSTER_HOME of `riverhouse ui` and `riverhouse demo` under a Riverhouse home.
+
+    Telemetry off, and the same run and pool limits as production (`dagster_config`): one
+    ClickHouse step at a time (chDB is single-process), one run per pipeline at a time
+    (sensor, schedule and manual runs queue up); storage is `dagster dev`'s SQLite there.
+    """
+    path.mkdir(parents=True, exist_ok=True)
+    config = path / "dagster.yaml"
+    generated = "# written by riverhouse; delete this line to keep your own edits\n"
+    if not config.exists() or config.read_text().startswith(("# written by riverhouse", generated)):
+        local = {"telemetry": {"enabled": False}, "concurrency": dagster_config(DeployOptions())["concurrency"]}
+        config.write_text(generated + yaml.safe_dump(local, sort_keys=False))
+    return path

@@ -104,6 +104,16 @@ def test_demo_json_matches_the_generator_and_repeats(tmp_path: Path) -> None:
     assert summary["unmatched_left"] == summary["expected_unmatched"] > 0
     assert summary["joined_rows"] + summary["unmatched_left"] == summary["expected_unique"]
     assert runs[1] == runs[0]  # each demo run resets its own state
+    # What `riverhouse ui --home <home>/demo` opens: the demo's runs and materializations, not an empty instance.
+    import dagster as dg
+
+    instance = dg.DagsterInstance.from_config(str(tmp_path / "home" / "demo" / "dagster"))
+    try:
+        assert [r.status for r in instance.get_runs()] == [dg.DagsterRunStatus.SUCCESS] * 2  # dedup + join
+        for key in (["clickhouse", "orders_dedup", "orders"], ["gold", "orders_enriched", "orders_enriched"]):
+            assert instance.get_latest_materialization_event(dg.AssetKey(key)) is not None, key
+    finally:
+        instance.dispose()
     assert local_kafka.status(tmp_path / "home" / "demo" / "kafka") is None  # demo cleans up its Kafka
 
 

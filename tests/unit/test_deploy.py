@@ -120,9 +120,9 @@ def test_bad_options_are_refused_with_the_option_named(tmp_path: Path, args: lis
 
 
 def test_the_local_ui_instance_has_the_production_run_and_pool_limits(tmp_path: Path) -> None:
-    from riverhouse.cli import prepare_dagster_home
+    from riverhouse.deploy import local_dagster_home
 
-    home = prepare_dagster_home(tmp_path / "ui")
+    home = local_dagster_home(tmp_path / "ui")
     ref = InstanceRef.from_dir(str(home))  # loads as `dagster dev` loads it (SQLite storage)
     assert (
         ref.settings["concurrency"]
