@@ -252,16 +252,21 @@ def committed_offsets(spark_checkpoint: Path) -> Offsets | None:
 
 
 def check_data_loss(config: dict[str, Any], topics: list[str], spark_checkpoint: Path, fail: bool) -> list[str]:
-    """Before a run: what Kafka lost of what the checkpoint says comes next; raises unless `fail` is False.
+    """Before a run: can Kafka be reached, and what did it lose of what the checkpoint says comes next?
+
+    Raises (KafkaSourceError) when Kafka cannot be reached, and for lost records unless `fail` is False.
 
     Spark's connector also notices (failOnDataLoss), but its message names offsets, not
     causes; this one says which records are gone and why, and what to do. With `fail`
     False the connector skips them and this prints how many (on stderr).
     """
+    # Always asked, even before a first batch: an unreachable broker, a wrong password or an
+    # untrusted certificate is named here in one line, within METADATA_TIMEOUT_S, rather
+    # than by a Java client's trace minutes later.
+    marks = watermarks(config, topics)
     start = committed_offsets(spark_checkpoint)
     if not start:
         return []
-    marks = watermarks(config, topics)
     low = {t: {str(p): lo for p, (lo, _) in parts.items()} for t, parts in marks.items()}
     high = {t: {str(p): hi for p, (_, hi) in parts.items()} for t, parts in marks.items()}
     lost = lost_offsets({t: parts for t, parts in start.items() if t in topics}, low, high)

@@ -568,7 +568,9 @@ def stream_result(spark: Any, stream: SourceStream, query: Any, started: float) 
 
 
 # What Spark's Kafka connector raises when the broker cannot be reached or stops answering.
-_KAFKA_UNREACHABLE = re.compile(r"TimeoutException|Timed out waiting|Cannot fetch record|DisconnectException")
+_KAFKA_UNREACHABLE = re.compile(
+    r"TimeoutException|Timed out waiting|Cannot fetch record|DisconnectException|AuthenticationException"
+)
 _PYTHON_ERROR_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?(?P<name>[A-Za-z_]\w*(?:Error|Exception)): (?P<message>.+)$")
 
 
