@@ -816,7 +816,7 @@ class Bench:
 
         The local Kafka keeps ~5 MB per partition, far less than a million events, so the
         events are generated straight into the dedup stage (the same in-batch dedup and
-        window-bounded insert-if-absent the stream uses, batch by batch, 10% duplicates).
+        window-bounded insert-only MERGE the stream uses, in Spark, batch by batch, 10% duplicates).
         It runs in a process of its own, so its peak RSS (the kernel's high-water mark) is
         the dedup stage's alone, not the bench's idle Spark JVM's ups and downs.
         """
