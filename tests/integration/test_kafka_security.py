@@ -206,7 +206,7 @@ def test_the_password_is_redacted_from_plans_progress_and_the_environment(
         shown = {
             "analyzed plan": jvm.PythonSQLUtils.explainString(stream._jdf.queryExecution(), "extended"),
             "query plan": query._jsq.explainInternal(True),
-            "progress": json.dumps(query.recentProgress),
+            "progress": str(query.recentProgress),
             "environment": str(spark.sparkContext.getConf().getAll()) + str(spark.conf.getAll),
         }
     finally:
