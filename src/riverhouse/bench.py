@@ -1020,9 +1020,7 @@ def _freshness_profile(batches: list[BatchMetrics], loads: list[float]) -> dict[
         "stage_s": {name: spread([b.stage_seconds.get(name, 0.0) for b in batches]) for name in stages},
         "loads": len(loads),
         "load_s": spread(loads),
-        "per_batch": [
-            [b.read, round(b.seconds, 3), round(b.stage_seconds.get("read_parse", 0.0), 3)] for b in batches
-        ],
+        "per_batch": [[b.read, round(b.seconds, 3), round(b.stage_seconds.get("read_parse", 0.0), 3)] for b in batches],
     }
 
 

@@ -177,13 +177,13 @@ def test_one_security_section_maps_to_the_java_client_and_librdkafka(
         "protocol": "SASL_SSL",
         "mechanism": "SCRAM-SHA-512",
         "username": "svc",
-        "password": "${env:RH_TEST_SECRET}",
+        "password": "${env:RIVERHOUSE_SECRET_TEST}",
         "ca": "/etc/ca.pem",
         "certificate": str(tmp_path / "client.pem"),
         "key": str(tmp_path / "client.key"),
     }
     spec = parse_spec(data)
-    monkeypatch.setenv("RH_TEST_SECRET", 'pa"ss')
+    monkeypatch.setenv("RIVERHOUSE_SECRET_TEST", 'pa"ss')
     assert librdkafka_security(spec.kafka.security) == {
         "security.protocol": "SASL_SSL",
         "sasl.mechanism": "SCRAM-SHA-512",
