@@ -133,7 +133,7 @@ def local_fast_path(spark: Any) -> bool:
     """Run the local-mode numpy join (joins.py, until the gold issue moves joins into Spark)?
 
     Only with a `local[...]` master, where the driver and the workers share a disk and the
-    driver's memory is the whole machine's anyway; RIVERHOUSE_FAST_PATH=0 turns them off.
+    driver's memory is the whole machine's anyway; RIVERHOUSE_FAST_PATH=0 turns it off.
     """
     if os.environ.get("RIVERHOUSE_FAST_PATH", "1") == "0":
         return False
