@@ -169,7 +169,12 @@ def ensure_delta_table(spark: Any, path: str, schema: pa.Schema, partition_by: l
                 "by another spec. Point the pipeline at a new warehouse or reset it (riverhouse reset)."
             )
         return
-    builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(spark_schema(schema))
+    # Delta's builder names the table `delta.`<path>``, which Riverhouse sessions refuse
+    # (spark.sql.runSQLOnFiles=false keeps spec SQL from reading files). Only this create
+    # runs in a session of its own that allows it; no spec SQL ever runs there.
+    creator = spark.newSession()
+    creator.conf.set("spark.sql.runSQLOnFiles", "true")
+    builder = DeltaTable.createIfNotExists(creator).location(path).addColumns(spark_schema(schema))
     builder = builder.partitionedBy(*partition_by)
     if cdf:
         builder = builder.property("delta.enableChangeDataFeed", "true")
