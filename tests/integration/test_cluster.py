@@ -178,7 +178,8 @@ def tasks_by_job(events_dir: Path) -> dict[str, frozenset[str]]:
     """From Spark's event log: each job's description (Delta names its MERGE and writes) -> executors of its tasks."""
     stage_job: dict[int, str] = {}
     executors: dict[str, set[str]] = {}
-    for log in events_dir.iterdir():
+    # Spark 4 writes a rolling event log: a folder per application holding the event files.
+    for log in sorted(p for p in events_dir.rglob("events_*") if p.is_file()):
         for line in log.read_text().splitlines():
             event = json.loads(line)
             if event["Event"] == "SparkListenerJobStart":
