@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from riverhouse.cli_support import HomeOption, err, fail, out, settings_for
 from riverhouse.platform import local_kafka
-from riverhouse.platform.settings import Settings, SettingsError, redact_dsn
+from riverhouse.platform.settings import Settings, redact_dsn
 from riverhouse.platform.spark import JavaMissingError
 from riverhouse.platform.spec import SpecError, check_together, load_spec
 
@@ -29,39 +29,8 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-kafka_app = typer.Typer(
-    help="The local Kafka: a single-node Apache Kafka broker (KRaft) for development and demos.",
-    no_args_is_help=True,
-)
-app.add_typer(kafka_app, name="kafka")
-
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
-
-HomeOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--home",
-        help="State folder (warehouse, checkpoints, ClickHouse, local Kafka). "
-        "Default: $RIVERHOUSE_HOME or ./.riverhouse",
-    ),
-]
 DEMO_SPEC = Path("pipelines/orders_dedup.yaml")
 DEMO_JOIN_SPEC = Path("pipelines/orders_enriched.yaml")
-
-
-def _settings(home: Path | None) -> Settings:
-    try:
-        return Settings.from_env(home)
-    except SettingsError as exc:
-        _fail(str(exc))
-        raise AssertionError("unreachable") from None
-
-
-def _fail(message: str, code: int = 1) -> None:
-    # Messages quote user input (spec values, paths): escaped, or a '[/x]' in it breaks rich's markup.
-    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
-    raise typer.Exit(code)
 
 
 # ---------------------------------------------------------------------------- validate
@@ -99,73 +68,6 @@ def validate(files: Annotated[list[Path], typer.Argument(help="Pipeline spec fil
         raise typer.Exit(1)
 
 
-# ---------------------------------------------------------------------------- kafka
-@kafka_app.command("start")
-def kafka_start(
-    secure: Annotated[
-        bool,
-        typer.Option(
-            "--secure",
-            help="Also open a SASL_SSL listener (SCRAM-SHA-512) and an SSL listener requiring client "
-            "certificates, with a throwaway CA under <home>/kafka/secure",
-        ),
-    ] = False,
-    heap: Annotated[str, typer.Option(help="The broker JVM's maximum heap (-Xmx)")] = local_kafka.DEFAULT_HEAP,
-    home: HomeOption = None,
-) -> None:
-    """Start the local Apache Kafka broker (KRaft, one node) in the background; data in <home>/kafka."""
-    settings = _settings(home)
-    was_running = local_kafka.status(settings.kafka_state_dir)
-    started = time.monotonic()
-    if not was_running:
-        err.print("starting the local Kafka broker (Apache Kafka, KRaft)...", highlight=False)
-    try:
-        state = local_kafka.start(settings.kafka_state_dir, secure=secure, heap=heap)
-    except (local_kafka.LocalKafkaError, JavaMissingError) as exc:
-        _fail(str(exc))
-    verb = "already running" if was_running else f"started in {time.monotonic() - started:.1f}s"
-    out.print(f"local Kafka {verb}: bootstrap [bold]{state.bootstrap}[/] (pid {state.pid})", highlight=False)
-    _print_listeners(state, settings)
-
-
-def _print_listeners(state: local_kafka.LocalKafkaState, settings: Settings) -> None:
-    out.print(f"[dim]data and logs in {settings.kafka_state_dir}[/]", highlight=False)
-    if state.secure:
-        secure = settings.kafka_state_dir / "secure"
-        out.print(
-            f"  SASL_SSL {state.listeners['SASL_SSL']}  (SCRAM-SHA-512, user and password in "
-            f"{secure / 'credentials.json'}, CA {secure / 'ca.pem'})\n"
-            f"  SSL      {state.listeners['SSL']}  (client certificate required: {secure / 'client.pem'}, "
-            f"key {secure / 'client.key'})",
-            highlight=False,
-        )
-
-
-@kafka_app.command("stop")
-def kafka_stop(home: HomeOption = None) -> None:
-    """Stop the local Kafka broker (topics and offsets stay on disk for the next start)."""
-    settings = _settings(home)
-    if local_kafka.stop(settings.kafka_state_dir):
-        out.print("local Kafka stopped")
-    else:
-        out.print("local Kafka was not running")
-
-
-@kafka_app.command("status")
-def kafka_status(home: HomeOption = None) -> None:
-    """Print whether the local Kafka runs, and its addresses. Exit 1 when it does not."""
-    settings = _settings(home)
-    state = local_kafka.status(settings.kafka_state_dir)
-    if state is None:
-        out.print("local Kafka is not running (start it with `riverhouse kafka start`)")
-        raise typer.Exit(1)
-    out.print(
-        f"local Kafka running: bootstrap {state.bootstrap} (pid {state.pid}, up {time.time() - state.started_at:.0f}s)",
-        highlight=False,
-    )
-    _print_listeners(state, settings)
-
-
 def _bootstrap(settings: Settings, bootstrap: str | None) -> str:
     if bootstrap:
         return bootstrap
@@ -173,7 +75,7 @@ def _bootstrap(settings: Settings, bootstrap: str | None) -> str:
         return settings.kafka_bootstrap
     state = local_kafka.status(settings.kafka_state_dir)
     if state is None:
-        _fail("the local Kafka is not running: start it with `riverhouse kafka start`, or pass --bootstrap")
+        fail("the local Kafka is not running: start it with `riverhouse kafka start`, or pass --bootstrap")
     assert state is not None
     return state.bootstrap
 
@@ -248,14 +150,14 @@ def generate(
     from riverhouse.platform.generator import GENERATORS, GeneratorConfig
 
     if kind not in GENERATORS:
-        _fail(f"--kind must be one of {', '.join(GENERATORS)}, got {kind!r}")
+        fail(f"--kind must be one of {', '.join(GENERATORS)}, got {kind!r}")
     try:
         cfg = GeneratorConfig(
             count=count, duplicate_rate=duplicate_rate, out_of_order=out_of_order, malformed=malformed, seed=seed
         )
     except ValueError as exc:
-        _fail(str(exc))
-    settings = _settings(home)
+        fail(str(exc))
+    settings = settings_for(home)
     client_config: dict[str, Any] = {}
     if spec_file is not None:
         spec = _load_or_fail(spec_file)
@@ -270,7 +172,7 @@ def generate(
     except typer.Exit:
         raise
     except Exception as exc:
-        _fail(f"producing to {topic!r} failed: {exc}")
+        fail(f"producing to {topic!r} failed: {exc}")
     stats["seconds"] = round(time.monotonic() - started, 3)
     if as_json:
         print(json.dumps(stats))
@@ -309,14 +211,14 @@ def run(
     """Run a pipeline: everything now in Kafka -> Delta (bronze/silver/gold) -> ClickHouse, once or --continuous."""
     from riverhouse.platform.runner import run_continuous, run_once
 
-    settings = _settings(home)
+    settings = settings_for(home)
     spec = _load_or_fail(spec_file)
     log = (lambda m: None) if as_json else (lambda m: err.print(m, highlight=False))
     if continuous:
         # A long-running process always reports progress (on stderr; --json keeps stdout for the summary).
         log = lambda m: err.print(m, highlight=False)  # noqa: E731
         if drain:
-            _fail("--drain closes every join window, which a continuous run must not do; run without it")
+            fail("--drain closes every join window, which a continuous run must not do; run without it")
         stop = threading.Event()
 
         def request_stop(signum: int, frame: Any) -> None:
@@ -365,9 +267,9 @@ def _guarded(action: Any) -> Any:
         SpecError,
         local_kafka.LocalKafkaError,
     ) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     except KeyboardInterrupt:
-        _fail("interrupted", 130)
+        fail("interrupted", 130)
 
 
 def _print_summary(title: str, summary: dict[str, Any]) -> None:
@@ -415,20 +317,20 @@ def bench(
     chosen = SCENARIOS if scenarios.strip() == "all" else tuple(x.strip() for x in scenarios.split(",") if x.strip())
     unknown = [x for x in chosen if x not in SCENARIOS]
     if unknown:
-        _fail(f"unknown scenario(s) {', '.join(unknown)}; choose from {', '.join(SCENARIOS)}")
+        fail(f"unknown scenario(s) {', '.join(unknown)}; choose from {', '.join(SCENARIOS)}")
     try:
         keys = tuple(int(k) for k in state_keys.split(",") if k.strip())
     except ValueError:
-        _fail(f"--state-keys takes whole numbers separated by commas (e.g. 1000000,10000000), got {state_keys!r}")
+        fail(f"--state-keys takes whole numbers separated by commas (e.g. 1000000,10000000), got {state_keys!r}")
     if not keys or min(keys) < 1000:
-        _fail("--state-keys needs at least one count of 1,000 keys or more")
+        fail("--state-keys needs at least one count of 1,000 keys or more")
     scale_text = "" if final_scale.strip().lower() == "none" else final_scale
     try:
         scales = tuple(int(n) for n in scale_text.split(",") if n.strip())
     except ValueError:
-        _fail(f"--final-scale takes whole numbers separated by commas, or none, got {final_scale!r}")
+        fail(f"--final-scale takes whole numbers separated by commas, or none, got {final_scale!r}")
     if scales and min(scales) < 1000:
-        _fail("--final-scale needs counts of 1,000 orders or more")
+        fail("--final-scale needs counts of 1,000 orders or more")
     cfg = BenchConfig(
         events=events,
         duplicate_rate=duplicate_rate,
@@ -440,12 +342,12 @@ def bench(
         state_keys=keys,
         final_scale=scales,
         steady_runs=steady_runs,
-        home=_settings(home).home / "bench",
+        home=settings_for(home).home / "bench",
         results_dir=results,
         docs=docs,
     )
     if problems := cfg.problems():
-        _fail("; ".join(problems))
+        fail("; ".join(problems))
     result, path = _guarded(lambda: run_bench(cfg, log=lambda m: err.print(m, highlight=False)))
     table = Table(title="riverhouse bench", show_header=True, header_style="bold")
     for column in ("scenario", "events", "seconds", "events/s", "excl. start-up", "exact"):
@@ -489,7 +391,7 @@ def demo(
 
     spec = _load_or_fail(spec_file)
     join_spec = None if skip_join else _load_or_fail(join_spec_file)
-    base = _settings(home)
+    base = settings_for(home)
     log = (lambda m: None) if as_json else (lambda m: err.print(m, highlight=False))
     result = _guarded(
         lambda: run_demo(
@@ -533,7 +435,7 @@ def demo(
         ok = ok and summary["join_duplicate_keys"] == 0 and summary["joined_rows"] == summary["expected_joined"]
         ok = ok and summary["unmatched_left"] == summary["expected_unmatched"]
     if not ok:
-        _fail("the demo's ClickHouse tables do not match the generator's expected rows")
+        fail("the demo's ClickHouse tables do not match the generator's expected rows")
 
 
 # ---------------------------------------------------------------------------- reset
@@ -550,31 +452,31 @@ def reset(
     from riverhouse.platform.reset import ResetError, plan_reset, reset_pipeline
     from riverhouse.platform.spec import load_spec_folder
 
-    settings = _settings(home)
+    settings = settings_for(home)
     if Path(pipeline).is_file():
         spec = _load_or_fail(Path(pipeline))
     else:
         folder = pipelines or Path(os.environ.get("RIVERHOUSE_PIPELINES", "pipelines"))
         found = [s for s in load_spec_folder(folder)[0] if s.name == pipeline]
         if not found:
-            _fail(f"no spec file {pipeline!r}, and no valid spec named {pipeline!r} in {folder}")
+            fail(f"no spec file {pipeline!r}, and no valid spec named {pipeline!r} in {folder}")
         spec = found[0]
     try:
         plan = plan_reset(spec, settings)
     except ResetError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     err.print(f"reset pipeline [bold]{spec.name}[/] (its data is read again from Kafka on the next run):")
     for line in plan.describe():
         err.print(f"  {line}", highlight=False, markup=False)
     if not yes:
         if not sys.stdin.isatty():
-            _fail("not confirmed: pass --yes to reset without a question")
+            fail("not confirmed: pass --yes to reset without a question")
         if not typer.confirm("Reset?", default=False, err=True):
-            _fail("not reset")
+            fail("not reset")
     try:
         _guarded(lambda: reset_pipeline(spec, settings, log=lambda m: err.print(m, highlight=False, markup=False)))
     except ResetError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     out.print(f"pipeline {spec.name} reset", highlight=False)
 
 
@@ -586,11 +488,11 @@ def ui(
     home: HomeOption = None,
 ) -> None:
     """Start the local Kafka and the Dagster UI on 127.0.0.1 (Ctrl-C stops the UI)."""
-    settings = _settings(home)
+    settings = settings_for(home)
     try:
         state = local_kafka.start(settings.kafka_state_dir)
     except local_kafka.LocalKafkaError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     from riverhouse.deploy import local_dagster_home
 
     dagster_home = local_dagster_home(settings.home / "dagster")
@@ -602,119 +504,23 @@ def ui(
     }
     dagster = shutil.which("dagster", path=str(Path(sys.executable).parent)) or shutil.which("dagster")
     if not dagster:
-        _fail("the dagster command was not found in this environment; reinstall riverhouse")
+        fail("the dagster command was not found in this environment; reinstall riverhouse")
     err.print(f"local Kafka at {state.bootstrap}; ClickHouse {redact_dsn(settings.clickhouse_dsn)}", highlight=False)
     err.print(f"Dagster UI on http://127.0.0.1:{port} (Ctrl-C to stop)")
     os.execve(dagster, [dagster, "dev", "-h", "127.0.0.1", "-p", str(port), "-m", "riverhouse.definitions"], env)
 
 
-# ---------------------------------------------------------------------------- deploy-config
-@app.command("deploy-config")
-def deploy_config(
-    out_dir: Annotated[Path, typer.Option("--out", help="Folder to write into (the DAGSTER_HOME of the deployment)")],
-    max_concurrent_runs: Annotated[int, typer.Option(help="Runs in progress at once, all pipelines")] = 4,
-    runs_per_pipeline: Annotated[int, typer.Option(help="Runs of one pipeline at a time")] = 1,
-    clickhouse_slots: Annotated[
-        int, typer.Option(help="ClickHouse loads at once (the clickhouse pool); 1 for embedded chDB")
-    ] = 1,
-    workspace: Annotated[
-        str,
-        typer.Option(help="grpc: load the code server at $RIVERHOUSE_CODE_SERVER_HOST/PORT; module: load in-process"),
-    ] = "grpc",
-) -> None:
-    """Write dagster.yaml (PostgreSQL storage, run queue, ClickHouse pool) and workspace.yaml for production."""
-    from riverhouse.deploy import DeployConfigError, DeployOptions, required_env, write_deploy_config
-
-    options = DeployOptions(
-        max_concurrent_runs=max_concurrent_runs,
-        runs_per_pipeline=runs_per_pipeline,
-        clickhouse_slots=clickhouse_slots,
-        workspace=workspace,
-    )
-    try:
-        paths = write_deploy_config(out_dir, options)
-    except DeployConfigError as exc:
-        _fail(str(exc))
-    except OSError as exc:
-        _fail(f"cannot write into {out_dir}: {exc.strerror or exc}")
-    for path in paths:
-        out.print(f"wrote {path}", highlight=False)
-    out.print(
-        f"set DAGSTER_HOME={out_dir.resolve()} and {', '.join(required_env(options))} for the daemon, "
-        "the webserver and the code server (docs/deployment.md)",
-        highlight=False,
-    )
-
-
-# ---------------------------------------------------------------------------- import
-import_app = typer.Typer(help="Import other tools' pipeline configs as Riverhouse specs.", no_args_is_help=True)
-app.add_typer(import_app, name="import")
-ImportOutput = Annotated[
-    Path | None, typer.Option("-o", "--output", help="Spec file to write (default: print the spec on stdout)")
-]
-StrictOption = Annotated[
-    bool, typer.Option("--strict", help="Exit 1 and write nothing when any setting could not be carried over")
-]
-ForceOption = Annotated[bool, typer.Option("--force", help="Overwrite the output file if it exists")]
-
-
-@import_app.command("glassflow")
-def import_glassflow_cmd(
-    config: Annotated[Path, typer.Argument(help="GlassFlow pipeline config (JSON or YAML, v2 or v3)")],
-    output: ImportOutput = None,
-    strict: StrictOption = False,
-    force: ForceOption = False,
-) -> None:
-    """Write a spec from a GlassFlow pipeline config; print what could not be mapped, and why."""
-    from riverhouse.platform.importers.glassflow import import_glassflow
-
-    _import(lambda: import_glassflow(config), output, strict, force)
-
-
-@import_app.command("kaflowsql")
-def import_kaflowsql_cmd(
-    pipeline: Annotated[Path, typer.Argument(help="KaflowSQL pipeline (YAML)")],
-    output: ImportOutput = None,
-    strict: StrictOption = False,
-    force: ForceOption = False,
-) -> None:
-    """Write a SQL-pipeline spec from a KaflowSQL pipeline; print what could not be mapped, and why."""
-    from riverhouse.platform.importers.kaflowsql import import_kaflowsql
-
-    _import(lambda: import_kaflowsql(pipeline), output, strict, force)
-
-
-def _import(run_import: Any, output: Path | None, strict: bool, force: bool) -> None:
-    from rich.markup import escape
-
-    from riverhouse.platform.importers.report import ImporterError
-
-    if output is not None and output.exists() and not force:
-        _fail(f"{output} exists; pass --force to overwrite it")
-    try:
-        result = run_import()
-    except ImporterError as exc:
-        _fail(escape(str(exc)))
-    # Escaped: settings are written like `sources[0]` and `key [id]`, which rich would take for markup.
-    for note in result.notes:
-        err.print(f"[dim]note:[/] {escape(note)}", highlight=False)
-    for item in result.unmapped:
-        err.print(f"[yellow]not carried over:[/] {escape(item.setting)}: {escape(item.reason)}", highlight=False)
-    if strict and result.unmapped:
-        _fail(f"{len(result.unmapped)} setting(s) could not be carried over (--strict): nothing written")
-    if output is None:
-        print(result.to_yaml(), end="")
-    else:
-        output.write_text(result.to_yaml())
-        err.print(
-            f"[green]wrote[/] {escape(str(output))} from {result.origin} {escape(result.path)}: "
-            f"{len(result.unmapped)} setting(s) not carried over; check it with `riverhouse validate {output}`",
-            highlight=False,
-        )
-
-
 def main() -> None:
     app()
+
+
+# Sub-commands in modules of their own; registered last, they use the helpers above.
+from riverhouse.cli_kafka import kafka_app  # noqa: E402
+from riverhouse.cli_migrate import deploy_config, import_app  # noqa: E402
+
+app.add_typer(kafka_app, name="kafka")
+app.add_typer(import_app, name="import")
+app.command("deploy-config")(deploy_config)
 
 
 if __name__ == "__main__":
