@@ -312,7 +312,8 @@ def bench(
     home: HomeOption = None,
 ) -> None:
     """Benchmark every scenario in one run; write bench/results/*.json and docs/benchmarks.md."""
-    from riverhouse.bench import SCENARIOS, BenchConfig, run_bench, targets
+    from riverhouse.bench import SCENARIOS, BenchConfig, run_bench
+    from riverhouse.bench_report import targets
 
     chosen = SCENARIOS if scenarios.strip() == "all" else tuple(x.strip() for x in scenarios.split(",") if x.strip())
     unknown = [x for x in chosen if x not in SCENARIOS]

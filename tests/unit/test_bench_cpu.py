@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from riverhouse.bench import CpuMeter
+from riverhouse.bench_cpu import CpuMeter
 
 pytestmark = pytest.mark.unit
 

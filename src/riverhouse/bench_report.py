@@ -1,0 +1,436 @@
+"""The bench's results: the JSON files, the targets' verdicts and docs/benchmarks.md with its plot.
+
+Rendering only: `riverhouse.bench` measures, this module writes up what it measured.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from riverhouse.platform.spec import KafkaSpec
+
+# Processes of the bench's tree by what they do (bench.CpuMeter sorts them).
+CPU_ROLES = ("driver", "jvm", "spark_python", "kafka", "other")
+
+
+THROUGHPUT = (
+    "kafka_produce_limit",
+    "kafka_read_limit",
+    "clickhouse_insert_limit",
+    "baseline_consumer",
+    "riverhouse_dedup",
+    "riverhouse_dedup_join",
+)
+
+
+def write_results(result: dict[str, Any], results_dir: Path) -> Path:
+    """`<timestamp>.json` and `latest.json`; the run before (when there is one) is summarized in `previous`."""
+    results_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        before = json.loads((results_dir / "latest.json").read_text())
+        result["previous"] = {
+            "started_at": before.get("started_at"),
+            "calibration": before.get("machine", {}).get("calibration"),
+            "events_per_s": {
+                name: r.get("events_per_s_excluding_startup") or r.get("events_per_s")
+                for name, r in before.get("scenarios", {}).items()
+                if name in THROUGHPUT
+            },
+        }
+    except (OSError, ValueError, AttributeError):
+        pass
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    path = results_dir / f"{stamp}.json"
+    text = json.dumps(result, indent=2, default=str)
+    path.write_text(text)
+    (results_dir / "latest.json").write_text(text)
+    return path
+
+
+def targets(result: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
+    """(target, measured, verdict text, met?) for each target of the benchmark issue."""
+    s = result["scenarios"]
+
+    def get(name: str, key: str) -> float | None:
+        value = s.get(name, {}).get(key)
+        return float(value) if isinstance(value, int | float) else None
+
+    rows: list[tuple[str, str, str, bool | None]] = []
+    dedup = get("riverhouse_dedup", "events_per_s_excluding_startup")
+    base = get("baseline_consumer", "events_per_s")
+    join = get("riverhouse_dedup_join", "events_per_s_excluding_startup")
+    limit = min(
+        filter(None, [get("kafka_read_limit", "events_per_s"), get("clickhouse_insert_limit", "events_per_s")]),
+        default=None,
+    )
+    p95 = get("freshness", "p95_s")
+    speedup = get("query_vs_final", "speedup")
+    # The target is set at 10M keys: use the largest key count measured.
+    largest = max(
+        (n for n in s if n.startswith("dedup_state") and "keys" in s[n]),
+        key=lambda n: s[n]["keys"],
+        default="dedup_state",
+    )
+    per_key = get(largest, "bytes_per_key")
+
+    def row(name: str, value: float | None, goal: float, fmt: str, higher: bool = True) -> None:
+        if value is None:
+            rows.append((name, "not measured", "", None))
+            return
+        met = value >= goal if higher else value <= goal
+        ratio = value / goal if higher else goal / value if value else 0
+        rows.append((name, fmt.format(value), "met" if met else f"missed: {ratio:.0%} of the target", met))
+
+    row("riverhouse_dedup >= 100,000 events/s (steady state)", dedup, 100_000, "{:,.0f} events/s")
+    row("riverhouse_dedup >= 2x baseline_consumer", (dedup / base) if dedup and base else None, 2.0, "{:.2f}x")
+    row("riverhouse_dedup_join >= 50,000 events/s", join, 50_000, "{:,.0f} events/s")
+    row(
+        "end to end >= 50% of min(kafka_read_limit, clickhouse_insert_limit)",
+        (dedup / limit) if dedup and limit else None,
+        0.5,
+        "{:.0%}",
+    )
+    row("freshness p95 <= 3 s", p95, 3.0, "{:.2f} s", higher=False)
+    row("query_vs_final: clean >= 3x faster than FINAL", speedup, 3.0, "{:.1f}x")
+    keys = s.get(largest, {}).get("keys")
+    row(
+        f"dedup_state <= 100 bytes of RAM per key (at {keys or 0:,} keys)",
+        per_key,
+        100.0,
+        "{:,.0f} bytes/key",
+        higher=False,
+    )
+    return rows
+
+
+ANALYSIS = Path(__file__).resolve().parents[2] / "bench" / "analysis.md"
+
+
+def _plot(result: dict[str, Any], png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    s = result["scenarios"]
+    names = [n for n in THROUGHPUT if isinstance(s.get(n, {}).get("events_per_s"), int | float)]
+    fig, ax = plt.subplots(figsize=(9, 4))
+    values = [s[n]["events_per_s"] for n in names]
+    steady = [s[n].get("events_per_s_excluding_startup") or 0 for n in names]
+    positions = range(len(names))
+    ax.barh([p + 0.2 for p in positions], values, height=0.4, label="end to end (incl. start-up)")
+    ax.barh([p - 0.2 for p in positions], steady, height=0.4, label="excluding start-up")
+    ax.set_yticks(list(positions), names)
+    ax.set_xscale("log")
+    ax.set_xlabel("events per second (log scale)")
+    ax.set_title(f"Riverhouse benchmarks, {result['machine']['cores']} cores, {result['started_at'][:10]}")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+def _fmt(value: Any, spec: str = "{:,.0f}") -> str:
+    return spec.format(value) if isinstance(value, int | float) else ""
+
+
+def _scenario_lines(s: dict[str, Any]) -> list[str]:
+    lines = [
+        "| scenario | events | seconds | events/s | excl. start-up | exact | notes |",
+        "|---|---:|---:|---:|---:|:---:|---|",
+    ]
+    for name, r in s.items():
+        if "error" in r:
+            lines.append(f"| {name} | | | | | no | error: {r['error']} |")
+            continue
+        notes = []
+        if name == "freshness":
+            notes.append(
+                f"p50 {r['p50_s']:.2f} s, p95 {r['p95_s']:.2f} s, p99 {r['p99_s']:.2f} s at {r['rate']:,.0f} events/s"
+                if r.get("p95_s") is not None
+                else "no rows measured"
+            )
+            warm, profile = r.get("warmup_percentiles_s") or {}, r.get("profile") or {}
+            if warm:
+                notes.append(
+                    f"after {r['warmup_s']:g} s of warm-up traffic (its rows: p50 {warm['p50']:.2f} s, "
+                    f"p95 {warm['p95']:.2f} s)"
+                )
+            if profile.get("batch_s") and profile.get("load_s"):
+                notes.append(
+                    f"batches of {profile['records']['p50']:,.0f} records took {profile['batch_s']['p50']:.2f} s "
+                    f"(p95 {profile['batch_s']['p95']:.2f} s), {profile['between_batches_s']['p50']:.2f} s "
+                    f"between batches, loads {profile['load_s']['p50']:.2f} s"
+                )
+        if name.startswith("query_vs_final") and r.get("final_s") is not None:
+            notes.append(
+                f"FINAL {r['final_s'] * 1000:.1f} ms (exact: {r['final_exact']}), clean "
+                f"{r['clean_s'] * 1000:.1f} ms (exact: {r['clean_exact']}): {r['speedup']:.1f}x; "
+                f"{r.get('rmt_parts', '?')} unmerged parts"
+            )
+        if name.startswith("dedup_state"):
+            notes.append(
+                f"{r['keys']:,} keys: the dedup process peaked at {r['peak_rss_bytes'] / 2**20:,.0f} MiB "
+                f"RSS, {r['baseline_rss_bytes'] / 2**20:,.0f} MiB before the first key, so "
+                f"{r['bytes_per_key']:,.1f} bytes/key; silver {r['delta_bytes'] / 2**20:,.1f} MiB "
+                "(generated straight into the dedup stage)"
+            )
+            if r.get("marginal_bytes_per_key") is not None:
+                notes.append(
+                    f"{r['marginal_bytes_per_key']:,.1f} bytes of peak RSS per key added since the "
+                    f"{r['marginal_from_keys']:,}-key run"
+                )
+        if r.get("startup_s") is not None:
+            notes.append(f"start-up {r['startup_s']:.1f} s")
+        lines.append(
+            f"| {name} | {_fmt(r.get('events'))} | {_fmt(r.get('seconds'), '{:,.1f}')} | "
+            f"{_fmt(r.get('events_per_s'))} | {_fmt(r.get('events_per_s_excluding_startup'))} | "
+            f"{'yes' if r.get('exact') else 'no'} | {'; '.join(notes)} |"
+        )
+    return lines
+
+
+def _cpu_lines(s: dict[str, Any]) -> list[str]:
+    """CPU microseconds per event by process role: the baseline next to Riverhouse's warm runs."""
+    rows = []
+    for label, name, path, key in (
+        ("baseline_consumer", "baseline_consumer", (), "cpu"),
+        (
+            "riverhouse_dedup (median warm run, first batch to rows in ClickHouse)",
+            "riverhouse_dedup",
+            ("steady",),
+            "cpu",
+        ),
+        ("riverhouse_dedup_join (median warm run, whole run)", "riverhouse_dedup_join", ("steady",), "cpu_whole_run"),
+    ):
+        r = s.get(name, {})
+        for step in path:
+            r = r.get(step) or {}
+        cpu = r.get(key)
+        if cpu and r.get("events"):
+            rows.append((label, r["events"], cpu))
+    if not rows:
+        return []
+    lines = [
+        "",
+        "## Where the CPU goes",
+        "",
+        "CPU microseconds per event, by process (user + system time read from /proc every 0.1 s): "
+        "`driver` is the Python process (Delta writes with delta-rs, the dedup lookup, the embedded "
+        "ClickHouse engine), `jvm` is Spark's driver and executors (including its JIT and GC threads), "
+        "`spark_python` the Python workers that run the Kafka source, `kafka` the local broker. "
+        "`use of cores` is CPU time over wall time x cores.",
+        "",
+        f"| run | events | wall s | {' | '.join(CPU_ROLES)} | total | use of cores |",
+        "|---|---:|---:|" + "---:|" * (len(CPU_ROLES) + 2),
+    ]
+    for label, events, cpu in rows:
+        per_event = [cpu["by_role"].get(role, 0.0) * 1e6 / events for role in CPU_ROLES]
+        lines.append(
+            f"| {label} | {events:,} | {cpu['wall_s']:.2f} | "
+            + " | ".join(f"{v:.1f}" for v in per_event)
+            + f" | {cpu['total'] * 1e6 / events:.1f} | {cpu['utilization']:.0%} |"
+        )
+    return lines
+
+
+def _stage_lines(dedup: dict[str, Any]) -> list[str]:
+    stages = dict(dedup.get("stage_seconds") or {})
+    steady = dedup.get("steady") or {}
+    if not stages or not steady:
+        return []
+    overlapped = stages.pop("bronze_write", None)
+    wall = steady["steady_seconds"]
+    other = max(0.0, wall - sum(stages.values()))
+    lines = [
+        "",
+        "## Where the time goes (riverhouse_dedup, this run)",
+        "",
+        f"Start-up of the cold run: {dedup.get('spark_session_s') or 0:.1f} s for the Spark session and "
+        f"{dedup.get('query_startup_s') or 0:.1f} s to start the streaming query (the checkpoint, the "
+        "source's planning process, the first offsets); the JVM and the Python workers also warm up "
+        "during the first batch. The median warm run "
+        f"(of {', '.join(f'{x:.2f}' for x in dedup.get('steady_runs_seconds') or [wall])} s) of "
+        f"{steady.get('events', 0):,} events took {wall:.2f} s from its first batch to every row "
+        f"in ClickHouse, in {steady.get('batches')} batch(es) of up to "
+        f"{KafkaSpec.model_fields['max_offsets_per_trigger'].default:,} records:",
+        "",
+        "| stage | seconds | share |",
+        "|---|---:|---:|",
+    ]
+    for stage, seconds in sorted(stages.items(), key=lambda kv: -kv[1]):
+        lines.append(f"| {stage} | {seconds:.2f} | {seconds / wall:.0%} |")
+    lines.append(f"| between batches (offsets, commit log), not overlapped | {other:.2f} | {other / wall:.0%} |")
+    if overlapped is not None:
+        lines.append(f"| bronze_write (side by side with silver_dedup) | ({overlapped:.2f}) | |")
+    lines += [
+        "",
+        "`read_parse_collect` is the Spark stage: the Python data source reads Kafka in Python "
+        "workers and parses the JSON there with Arrow. In local mode the workers also validate the "
+        "records whose outcome is certain and write them to Arrow spool files that the driver maps "
+        "back (they never enter the JVM); the rest, every rejected record among them, goes through "
+        "Spark's parse and validation, which name what is wrong. `fast_path` in the batch metrics "
+        "counts the first kind. `clickhouse_load` starts on its own thread (its connection already "
+        "open) as soon as the batch's tables have committed, while Spark writes its commit log and "
+        "ends the query; the shares can therefore add up to more than the wall time.",
+    ]
+    return lines
+
+
+def _final_lines(s: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
+    for name, r in s.items():
+        queries = r.get("queries") or {}
+        if not name.startswith("query_vs_final") or not queries:
+            continue
+        clean = (
+            "Riverhouse's clean table"
+            if name == "query_vs_final"
+            else "a clean table with the loader's DDL holding one row per order (both generated straight into "
+            "ClickHouse)"
+        )
+        lines += [
+            "",
+            f"## {name}, query by query",
+            "",
+            f"{r['events']:,} raw events (duplicates included) in a ReplacingMergeTree, inserted "
+            f"{r.get('rmt_insert_rows', 0):,} rows at a time as a Kafka sink flushes them "
+            f"({r.get('rmt_parts', '?')} parts, not merged yet), queried with `FINAL`, against {clean}; "
+            f"median of {r.get('runs')} runs each. The first query is the target's.",
+            "",
+            "| query | FINAL ms | clean ms | speedup | FINAL exact | clean exact |",
+            "|---|---:|---:|---:|:---:|:---:|",
+        ]
+        for q in queries.values():
+            lines.append(
+                f"| `{q['sql']}` | {q['final_s'] * 1000:.1f} | {q['clean_s'] * 1000:.1f} | "
+                f"{_fmt(q.get('speedup'), '{:.1f}x')} | {'yes' if q['final_exact'] else 'no'} | "
+                f"{'yes' if q['clean_exact'] else 'no'} |"
+            )
+    return lines
+
+
+def _machine_lines(result: dict[str, Any]) -> list[str]:
+    m = result["machine"]
+    lines = [
+        f"Machine: {m['cores']} cores, {m['ram_bytes'] / 2**30:.0f} GiB RAM, {m['platform']}; Python {m['python']}, "
+        f"PySpark {m['pyspark']}, deltalake {m['deltalake']}, chDB {m['chdb']}, librdkafka {m['librdkafka']}."
+    ]
+    cal = m.get("calibration") or {}
+    if cal:
+        text = (
+            f"Calibration (fixed work, best of 3): a 2M-step Python loop {cal['python_loop_2m_s']:.3f} s, "
+            f"an Arrow sort of 1M strings {cal['arrow_sort_1m_strings_s']:.3f} s."
+        )
+        before = (result.get("previous") or {}).get("calibration") or {}
+        if before.get("python_loop_2m_s"):
+            ratio = cal["python_loop_2m_s"] / before["python_loop_2m_s"]
+            text += (
+                f" The previous run ({str(result['previous'].get('started_at'))[:16]}) took "
+                f"{before['python_loop_2m_s']:.3f} s for the loop: this machine was {ratio:.2f}x as slow. "
+                "Shared machines of one kind differ, so compare ratios within one run, and absolute "
+                "figures only between runs with similar calibration."
+            )
+        lines += ["", text]
+    return lines
+
+
+def _config_lines(result: dict[str, Any]) -> list[str]:
+    c = result.get("config") or {}
+    if not c.get("events"):
+        return []
+    return [
+        "",
+        f"Run with {c['events']:,} distinct orders per throughput scenario and {c['duplicate_rate']:.0%} "
+        f"duplicate copies, every topic created with {c.get('partitions', 4)} partitions "
+        "(`riverhouse bench --events --duplicate-rate --partitions --scenarios`, `--help` for the rest).",
+    ]
+
+
+def render_docs(
+    result: dict[str, Any], docs: Path, source: str = "bench/results/latest.json", analysis: Path = ANALYSIS
+) -> Path:
+    """docs/benchmarks.md: this run's figures, tables and plot, then the maintained analysis (bench/analysis.md)."""
+    s = result["scenarios"]
+    docs.parent.mkdir(parents=True, exist_ok=True)
+    _plot(result, docs.with_suffix(".png"))
+    lines = [
+        "# Benchmarks",
+        "",
+        "Measured by `make bench` (`riverhouse bench`): every scenario in one run against the same local",
+        "Apache Kafka broker (KRaft, one node, on the same 2 cores) and the same embedded ClickHouse engine",
+        "(chDB), so ratios are fair.",
+        f"Rendered from `{source}` (run of {result['started_at'][:16]} UTC); each run's raw figures are in "
+        "`bench/results/<timestamp>.json`.",
+        "",
+        *_machine_lines(result),
+        *_config_lines(result),
+        "",
+        *_scenario_lines(s),
+        "",
+        "![throughput](benchmarks.png)",
+        "",
+        "## Targets",
+        "",
+        "| target | measured | verdict |",
+        "|---|---:|---|",
+    ]
+    for name, measured, verdict, _ in targets(result):
+        lines.append(f"| {name} | {measured} | {verdict} |")
+    lines += _cpu_lines(s)
+    lines += _stage_lines(s.get("riverhouse_dedup", {}))
+    lines += _final_lines(s)
+    if analysis.exists():
+        lines += ["", analysis.read_text().strip()]
+    lines += [
+        "",
+        "## How each figure is measured",
+        "",
+        "- `kafka_produce_limit`: producing the bench's orders (generator included) with one "
+        "librdkafka producer (lz4, acks=all) to the local broker: the broker's produce limit as one "
+        "Python client reaches it.",
+        "- `kafka_read_limit`: one librdkafka consumer reading the topic from the broker (the source's limit here), "
+        "with the same prefetch tuning as Riverhouse's source (`queued.min.messages` 1,000,000).",
+        "- `clickhouse_insert_limit`: the same number of rows inserted from prebuilt Arrow batches "
+        "of 100,000 (the sink's limit).",
+        "- `baseline_consumer`: confluent-kafka (same read tuning) -> `json.loads` -> an in-memory "
+        "set for dedup -> clickhouse-connect inserts of 50,000 rows, offsets committed after each "
+        "insert (at-least-once, no window, no persistence).",
+        "- `riverhouse_dedup`: `run_once` of a dedup pipeline, Kafka -> bronze/silver Delta -> "
+        "ClickHouse. `events/s` is the cold run: a new Spark session, the query start and the JVM "
+        "warm-up included. `excl. start-up` is the steady state: five more pipelines of the same "
+        "size, each on a fresh topic in the now warm process, each timed from its first batch until "
+        "every row is visible in ClickHouse (batches, the time between them, and the load); the "
+        "median run is reported and all are in the JSON (`steady_runs_seconds`). Every run must be "
+        "exact.",
+        "- `riverhouse_dedup_join`: orders + user events, LEFT temporal join, windows drained, in the "
+        "warm process. The two sources' streaming queries start and run side by side. `events/s` "
+        "is the first join pipeline of the process, start included; `excl. start-up` is the median of "
+        "five more on fresh topics, timed from the first batch of either query (the rest of the other "
+        "query's start counts as work), through the join, to every row in ClickHouse. The first join "
+        "also pays for loading and compiling the join's operators in the JVM "
+        "(`first_excluding_startup` in the JSON). Every run must be exact.",
+        "- `freshness`: continuous mode (1 s trigger; the join and the load run as soon as a batch "
+        "lands) and a producer at a fixed rate; latency = when the ClickHouse load of a row's Delta "
+        "version returned minus the row's Kafka timestamp. The percentiles cover the rows produced after "
+        "the first `freshness_warmup` seconds of traffic: the first data batches of a new process run "
+        "cold (JIT) and build a backlog that takes a few batches to drain; those rows' percentiles are "
+        "reported beside them (`warmup_percentiles_s`, `warmup_batches` in the JSON).",
+        "- `query_vs_final`: the records produced to the topic, in produce order, in a "
+        "ReplacingMergeTree (`FINAL`) vs Riverhouse's table; each query's answer is checked against "
+        "the generator's distinct events; median of runs. `query_vs_final_<N>`: the same on N "
+        "generated orders (+10% duplicates) built straight into ClickHouse, the clean table with the "
+        "loader's DDL and one row per order, to show how the ratio moves with the table's size.",
+        "- `dedup_state`: N distinct keys (plus 10% duplicates) through the dedup stage in a process "
+        "of its own; bytes/key = (its peak RSS, the kernel's high-water mark, minus its RSS before the "
+        "first key) / N. Spark is not in this process: the Spark stage's memory follows the batch size, "
+        "not the keys in the window.",
+        "- CPU: user + system seconds of each process below the bench (read from /proc), sampled "
+        "every 0.1 s; a process that ends counts up to its last sample.",
+        "",
+    ]
+    docs.write_text("\n".join(lines))
+    return docs
