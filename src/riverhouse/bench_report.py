@@ -242,7 +242,6 @@ def _stage_lines(dedup: dict[str, Any]) -> list[str]:
     steady = dedup.get("steady") or {}
     if not stages or not steady:
         return []
-    overlapped = stages.pop("bronze_write", None)
     wall = steady["steady_seconds"]
     other = max(0.0, wall - sum(stages.values()))
     lines = [
@@ -264,16 +263,14 @@ def _stage_lines(dedup: dict[str, Any]) -> list[str]:
     for stage, seconds in sorted(stages.items(), key=lambda kv: -kv[1]):
         lines.append(f"| {stage} | {seconds:.2f} | {seconds / wall:.0%} |")
     lines.append(f"| between batches (offsets, commit log), not overlapped | {other:.2f} | {other / wall:.0%} |")
-    if overlapped is not None:
-        lines.append(f"| bronze_write (side by side with silver_dedup) | ({overlapped:.2f}) | |")
     lines += [
         "",
-        "`read_parse_collect` is the Spark stage: the Python data source reads Kafka in Python "
-        "workers and parses the JSON there with Arrow. In local mode the workers also validate the "
-        "records whose outcome is certain and write them to Arrow spool files that the driver maps "
-        "back (they never enter the JVM); the rest, every rejected record among them, goes through "
-        "Spark's parse and validation, which name what is wrong. `fast_path` in the batch metrics "
-        "counts the first kind. `clickhouse_load` starts on its own thread (its connection already "
+        "`read_parse` is the job that reads the batch from Kafka (Spark's connector), parses and "
+        "validates it in the plan and caches it on the executors, returning one row of counts per "
+        "Kafka partition; `bronze_write` the bronze and quarantine appends (delta-spark, from the "
+        "cache); `silver_merge` the in-batch dedup (window functions) and the insert-only MERGE, "
+        "whose own metrics are in the silver table's history (`DESCRIBE HISTORY`: scan, rewrite and "
+        "execution times). `clickhouse_load` starts on its own thread (its connection already "
         "open) as soon as the batch's tables have committed, while Spark writes its commit log and "
         "ends the query; the shares can therefore add up to more than the wall time.",
     ]

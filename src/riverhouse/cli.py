@@ -161,7 +161,10 @@ def generate(
     client_config: dict[str, Any] = {}
     if spec_file is not None:
         spec = _load_or_fail(spec_file)
-        client_config = _guarded(spec.kafka.resolved_config)
+        from riverhouse.platform.kafka_source import librdkafka_security
+
+        # The spec's extras and its security, as librdkafka settings (bootstrap comes below).
+        client_config = _guarded(lambda: {**spec.kafka.resolved_config(), **librdkafka_security(spec.kafka.security)})
         if not bootstrap and spec.kafka.bootstrap_servers != "local":
             bootstrap = spec.kafka.bootstrap_servers
     started = time.monotonic()

@@ -1,8 +1,9 @@
-"""Distributed: the same pipeline on a Spark standalone cluster (master + worker on loopback).
+"""Distributed: the same pipeline on a Spark standalone cluster (a master + two workers on loopback).
 
 The cluster comes from the pip-installed pyspark (`spark-class ...Master/Worker`).
-The Kafka source's read() and the batch logic then run in executor processes
-started by the worker, and the result must equal a local-mode run's exactly.
+Spark's Kafka source, the parse, the in-batch dedup, the bronze/quarantine appends and
+the silver MERGE then run as tasks of executors the workers launched (Spark's event log
+says which executor ran each task of each job), and the rows must equal a local-mode run's.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def standalone_cluster(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     port = free_port()
     work = tmp_path / "worker-work"
     spark_class = str(SPARK_HOME / "bin" / "spark-class")
-    master_log, worker_log = tmp_path / "master.log", tmp_path / "worker.log"
+    master_log = tmp_path / "master.log"
     procs: list[subprocess.Popen[bytes]] = []
     try:
         with open(master_log, "wb") as log:
@@ -78,31 +79,33 @@ def standalone_cluster(tmp_path: Path) -> Iterator[tuple[str, Path]]:
             )
         wait_for(master_log, "I have been elected leader", 90, procs[0])
         url = f"spark://127.0.0.1:{port}"
-        with open(worker_log, "wb") as log:
-            procs.append(
-                subprocess.Popen(
-                    [
-                        spark_class,
-                        "org.apache.spark.deploy.worker.Worker",
-                        url,
-                        "--host",
-                        "127.0.0.1",
-                        "--cores",
-                        "2",
-                        "--memory",
-                        "2g",
-                        "--work-dir",
-                        str(work),
-                        "--webui-port",
-                        str(free_port()),
-                    ],
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
+        for worker in (1, 2):
+            worker_log = tmp_path / f"worker{worker}.log"
+            with open(worker_log, "wb") as log:
+                procs.append(
+                    subprocess.Popen(
+                        [
+                            spark_class,
+                            "org.apache.spark.deploy.worker.Worker",
+                            url,
+                            "--host",
+                            "127.0.0.1",
+                            "--cores",
+                            "1",
+                            "--memory",
+                            "1g",
+                            "--work-dir",
+                            str(work / f"worker{worker}"),
+                            "--webui-port",
+                            str(free_port()),
+                        ],
+                        env=env,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
                 )
-            )
-        wait_for(worker_log, "Successfully registered with master", 90, procs[1])
+            wait_for(worker_log, "Successfully registered with master", 90, procs[-1])
         yield url, work
     finally:
         for proc in reversed(procs):
@@ -133,9 +136,18 @@ def test_cluster_run_equals_local_run(
     spec_path.write_text(yaml.safe_dump(spec.model_dump(mode="json", exclude_none=True)))
 
     cluster_settings = Settings.from_env(tmp_path / "cluster").with_(kafka_bootstrap=kafka)
+    # Spark's event log of the driver (spark-submit reads spark-defaults.conf from SPARK_CONF_DIR).
+    conf_dir, events_dir = tmp_path / "spark-conf", tmp_path / "events"
+    conf_dir.mkdir()
+    events_dir.mkdir()
+    (conf_dir / "spark-defaults.conf").write_text(
+        f"spark.eventLog.enabled true\nspark.eventLog.dir file://{events_dir}\nspark.cores.max 2\n"
+    )
     proc = subprocess.run(
         [*riverhouse_cmd(), "run", str(spec_path), "--json"],
-        env=subprocess_env(cluster_settings, RIVERHOUSE_SPARK_MASTER=master, SPARK_LOCAL_IP="127.0.0.1"),
+        env=subprocess_env(
+            cluster_settings, RIVERHOUSE_SPARK_MASTER=master, SPARK_LOCAL_IP="127.0.0.1", SPARK_CONF_DIR=str(conf_dir)
+        ),
         capture_output=True,
         text=True,
         timeout=600,
@@ -150,7 +162,32 @@ def test_cluster_run_equals_local_run(
     assert len(silver(cluster_settings, spec)) == stats.expected_unique
     for key in ("read", "inserted", "duplicates_dropped", "quarantined", "clickhouse_rows_loaded"):
         assert cluster_summary[key] == local_summary[key], key
-    # The work really ran in executors launched by the worker, not in the driver.
-    executor_logs = list(work_dir.glob("app-*/*/stderr"))
-    assert executor_logs, "no executor was launched on the worker"
-    assert any("Running task" in p.read_text(errors="replace") for p in executor_logs)
+    # The work really ran in executors launched by the two workers, not in the driver.
+    for worker in ("worker1", "worker2"):
+        assert list((work_dir / worker).glob("app-*/*/stderr")), f"no executor was launched on {worker}"
+    executors_of = tasks_by_job(events_dir)
+    merge = {e for description, e in executors_of.items() if "MERGE" in description.upper()}
+    writes = {e for description, e in executors_of.items() if "WRITE" in description.upper()}
+    assert merge and writes, sorted(executors_of)
+    merge_executors = set().union(*merge)
+    assert merge_executors and "driver" not in merge_executors, merge_executors
+    assert len(set().union(*executors_of.values()) - {"driver"}) == 2  # both workers' executors had tasks
+
+
+def tasks_by_job(events_dir: Path) -> dict[str, frozenset[str]]:
+    """From Spark's event log: each job's description (Delta names its MERGE and writes) -> executors of its tasks."""
+    stage_job: dict[int, str] = {}
+    executors: dict[str, set[str]] = {}
+    # Spark 4 writes a rolling event log: a folder per application holding the event files.
+    for log in sorted(p for p in events_dir.rglob("events_*") if p.is_file()):
+        for line in log.read_text().splitlines():
+            event = json.loads(line)
+            if event["Event"] == "SparkListenerJobStart":
+                props = event.get("Properties") or {}
+                description = props.get("spark.job.description") or props.get("callSite.short") or ""
+                for stage in event["Stage IDs"]:
+                    stage_job[stage] = description
+            elif event["Event"] == "SparkListenerTaskEnd":
+                description = stage_job.get(event["Stage ID"], "")
+                executors.setdefault(description, set()).add(event["Task Info"]["Executor ID"])
+    return {d: frozenset(e) for d, e in executors.items()}

@@ -37,31 +37,34 @@ def secure_files(broker: local_kafka.LocalKafkaState) -> tuple[dict[str, str], d
     return kafka_tls.credentials(folder), kafka_tls.client_files(folder)
 
 
-def sasl_config(broker: local_kafka.LocalKafkaState) -> dict[str, str]:
+def sasl_security(broker: local_kafka.LocalKafkaState) -> dict[str, str]:
+    """The spec's one portable security section: Spark's Java client and librdkafka both get it."""
     creds, files = secure_files(broker)
     return {
-        "security.protocol": "SASL_SSL",
-        "sasl.mechanism": "SCRAM-SHA-512",
-        "sasl.username": creds["username"],
-        "sasl.password": "${env:" + PASSWORD_VAR + "}",
-        "ssl.ca.location": files["ca"],
+        "protocol": "SASL_SSL",
+        "mechanism": "SCRAM-SHA-512",
+        "username": creds["username"],
+        "password": "${env:" + PASSWORD_VAR + "}",
+        "ca": files["ca"],
     }
 
 
-def mtls_config(broker: local_kafka.LocalKafkaState, cert: str | None = None, key: str | None = None) -> dict[str, str]:
+def mtls_security(
+    broker: local_kafka.LocalKafkaState, cert: str | None = None, key: str | None = None
+) -> dict[str, str]:
     _, files = secure_files(broker)
     return {
-        "security.protocol": "SSL",
-        "ssl.ca.location": files["ca"],
-        "ssl.certificate.location": cert or files["certificate"],
-        "ssl.key.location": key or files["key"],
+        "protocol": "SSL",
+        "ca": files["ca"],
+        "certificate": cert or files["certificate"],
+        "key": key or files["key"],
     }
 
 
-def spec_data(name: str, topic: str, bootstrap: str, config: dict[str, str]) -> dict[str, Any]:
+def spec_data(name: str, topic: str, bootstrap: str, security: dict[str, str]) -> dict[str, Any]:
     return {
         "name": name,
-        "kafka": {"bootstrap_servers": bootstrap, "config": config},
+        "kafka": {"bootstrap_servers": bootstrap, "security": security},
         "sources": {
             "orders": {
                 "topic": topic,
@@ -75,8 +78,16 @@ def spec_data(name: str, topic: str, bootstrap: str, config: dict[str, str]) -> 
     }
 
 
-def resolved(config: dict[str, str], password: str) -> dict[str, str]:
-    return {k: v.replace("${env:" + PASSWORD_VAR + "}", password) for k, v in config.items()}
+def producer_config(broker: local_kafka.LocalKafkaState) -> dict[str, str]:
+    """librdkafka settings of the test's own producer (written out, not derived from the code under test)."""
+    creds, files = secure_files(broker)
+    return {
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": creds["username"],
+        "sasl.password": creds["password"],
+        "ssl.ca.location": files["ca"],
+    }
 
 
 def events(count: int) -> list[tuple[bytes, bytes]]:
@@ -95,10 +106,9 @@ def test_pipeline_through_sasl_ssl_with_the_password_from_the_environment(
 ) -> None:
     """The spec names the variable; the password is only in the environment of the run (and Spark's workers)."""
     creds, _ = secure_files(secure_broker)
-    config = sasl_config(secure_broker)
-    produce(secure_broker.listeners["SASL_SSL"], topic, events(40), config=resolved(config, creds["password"]))
+    produce(secure_broker.listeners["SASL_SSL"], topic, events(40), config=producer_config(secure_broker))
     # Only the SASL_SSL address: the plaintext listener is not what the pipeline uses.
-    data = spec_data("sasl_pipe", topic, secure_broker.listeners["SASL_SSL"], config)
+    data = spec_data("sasl_pipe", topic, secure_broker.listeners["SASL_SSL"], sasl_security(secure_broker))
     spec_file = tmp_path / "sasl.yaml"
     spec_file.write_text(yaml.safe_dump(data))
     env = subprocess_env(settings, RIVERHOUSE_KAFKA_BOOTSTRAP="", **{PASSWORD_VAR: creds["password"]})
@@ -116,7 +126,7 @@ def test_pipeline_through_mtls_from_the_command_line(
     """`generate --spec` and `run` both connect with the client certificate named in the spec."""
     spec_file = tmp_path / "mtls.yaml"
     spec_file.write_text(
-        yaml.safe_dump(spec_data("mtls_pipe", topic, secure_broker.listeners["SSL"], mtls_config(secure_broker)))
+        yaml.safe_dump(spec_data("mtls_pipe", topic, secure_broker.listeners["SSL"], mtls_security(secure_broker)))
     )
     env = subprocess_env(settings, RIVERHOUSE_KAFKA_BOOTSTRAP="")
     common = {"capture_output": True, "text": True, "env": env, "timeout": 600}
@@ -138,7 +148,7 @@ def test_a_wrong_password_fails_clearly_without_printing_a_secret(
     produce(secure_broker.bootstrap, topic, events(5))
     spec_file = tmp_path / "wrong.yaml"
     spec_file.write_text(
-        yaml.safe_dump(spec_data("wrong_pw", topic, secure_broker.listeners["SASL_SSL"], sasl_config(secure_broker)))
+        yaml.safe_dump(spec_data("wrong_pw", topic, secure_broker.listeners["SASL_SSL"], sasl_security(secure_broker)))
     )
     wrong = "not-the-password-" + creds["password"][:4]
     env = subprocess_env(settings, RIVERHOUSE_KAFKA_BOOTSTRAP="", **{PASSWORD_VAR: wrong})
@@ -159,10 +169,50 @@ def test_an_untrusted_client_certificate_is_refused_clearly(
     key, cert = kafka_tls.make_certificate("intruder")
     (tmp_path / "intruder.pem").write_bytes(kafka_tls.pem(None, cert))
     (tmp_path / "intruder.key").write_bytes(kafka_tls.pem(key))
-    config = mtls_config(secure_broker, str(tmp_path / "intruder.pem"), str(tmp_path / "intruder.key"))
-    spec = parse_spec(spec_data("intruder", topic, secure_broker.listeners["SSL"], config))
+    security = mtls_security(secure_broker, str(tmp_path / "intruder.pem"), str(tmp_path / "intruder.key"))
+    spec = parse_spec(spec_data("intruder", topic, secure_broker.listeners["SSL"], security))
     with pytest.raises(PipelineError) as failure:
         run_once(spec, settings.with_(kafka_bootstrap=None), spark=spark, log=lambda m: None)
     message = str(failure.value)
     assert "cannot reach Kafka" in message and "SSL" in message, message
     assert "Traceback" not in message
+
+
+def test_the_password_is_redacted_from_plans_progress_and_the_environment(
+    spark: Any, secure_broker: local_kafka.LocalKafkaState, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real query through SASL_SSL: the resolved password is in the connector's options, and nowhere Spark shows."""
+    from riverhouse.platform.kafka_source import connector_options
+
+    creds, _ = secure_files(secure_broker)
+    produce(secure_broker.listeners["SASL_SSL"], topic, events(5), config=producer_config(secure_broker))
+    monkeypatch.setenv(PASSWORD_VAR, creds["password"])
+    spec = parse_spec(spec_data("redacted", topic, secure_broker.listeners["SASL_SSL"], sasl_security(secure_broker)))
+    options = connector_options(spec.kafka, secure_broker.listeners["SASL_SSL"], [topic])
+    assert creds["password"] in options["kafka.sasl.jaas.config"]  # the query really gets it
+    stream = spark.readStream.format("kafka").options(**options).load()
+    query = (
+        stream.writeStream.format("memory")
+        .queryName("redaction_probe")
+        .trigger(availableNow=True)
+        .option("checkpointLocation", str(Path(secure_broker.state_dir).parent / f"ckpt-{topic}"))
+        .start()
+    )
+    try:
+        query.awaitTermination(300)
+        assert query.exception() is None, query.exception()
+        assert spark.sql("SELECT count(*) FROM redaction_probe").first()[0] == len(events(5))
+        jvm = spark.sparkContext._jvm
+        shown = {
+            "analyzed plan": jvm.PythonSQLUtils.explainString(stream._jdf.queryExecution(), "extended"),
+            "query plan": query._jsq.explainInternal(True),
+            "progress": str(query.recentProgress),
+            "environment": str(spark.sparkContext.getConf().getAll()) + str(spark.conf.getAll),
+        }
+    finally:
+        query.stop()
+        spark.catalog.dropTempView("redaction_probe")
+    for where, text in shown.items():
+        assert creds["password"] not in text, where
+    # The options are in the plan, redacted (not merely absent).
+    assert "*********(redacted)" in shown["analyzed plan"]

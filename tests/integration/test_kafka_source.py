@@ -1,99 +1,79 @@
-"""The Kafka source's reader against the real local Kafka: every column, exact ranges, batching."""
+"""Spark's Kafka connector as the pipeline uses it, against the real broker: batches, transactions, headers."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-import pyarrow as pa
 import pytest
 
-from riverhouse.platform import kafka_source
-from riverhouse.platform.kafka_source import (
-    KafkaInputPartition,
-    read_partition,
-    source_options,
-    watermarks,
-)
+from riverhouse.platform.kafka_source import watermarks
+from riverhouse.platform.pipeline import ingest
+from riverhouse.platform.settings import Settings
+from riverhouse.platform.tables import TableLayout, open_table
+from tests.conftest import order, orders_spec
 
 pytestmark = pytest.mark.integration
 
-CREATE_MS = 1_767_261_600_000  # 2026-01-01T10:00:00Z
+
+def bronze(settings: Settings, spec: Any) -> list[dict[str, Any]]:
+    table = open_table(TableLayout(settings.warehouse, spec.name).bronze("orders")).to_pyarrow_table()
+    return sorted(table.to_pylist(), key=lambda r: (r["_partition"], r["_offset"]))
 
 
-def produce_with_headers(bootstrap: str, topic: str, count: int) -> None:
+def test_batches_are_bounded_and_headers_and_coordinates_are_kept(
+    spark: Any, kafka: str, topic: str, settings: Settings
+) -> None:
     from confluent_kafka import Producer
 
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "log_level": 3})
-    for i in range(count):
-        value = json.dumps({"order_id": f"o{i}", "amount": i}).encode()
-        headers = [("trace", f"t{i}".encode()), ("empty", None)] if i % 3 == 0 else None
-        producer.produce(
-            topic,
-            key=None if i % 5 == 0 else f"k{i}".encode(),
-            value=value,
-            partition=0,
-            timestamp=CREATE_MS + i,
-            headers=headers,
-        )
+    producer = Producer({"bootstrap.servers": kafka, "linger.ms": 5, "log_level": 3})
+    for i in range(10):
+        key, value = order(f"o{i}", f"2026-01-01T10:00:{i:02d}Z")
+        producer.produce(topic, key=key, value=value, partition=0, headers=[("trace", f"t{i}".encode())])
     assert producer.flush(30) == 0
+    spec = orders_spec(topic, max_offsets=4)
+    result = ingest(spark, spec, settings)
+    # maxOffsetsPerTrigger: 10 records in batches of at most 4.
+    assert [b.read for b in result.batches] == [4, 4, 2]
+    rows = bronze(settings, spec)
+    assert [r["_offset"] for r in rows] == list(range(10)) and {r["_partition"] for r in rows} == {0}
+    assert rows[3]["_headers"] == [{"key": "trace", "value": b"t3"}]
+    assert json.loads(rows[3]["_value"])["order_id"] == "o3" and rows[3]["_key"] == b"o3"
+    assert result.end_offsets == {topic: {"0": 10, "1": 0, "2": 0, "3": 0}}
 
 
-def read_all(options: dict[str, str], part: KafkaInputPartition) -> pa.Table:
-    lowered = {k.lower(): v for k, v in options.items()}
-    batches = list(read_partition(lowered, part, fail_on_data_loss=True))
-    return pa.Table.from_batches(batches) if batches else pa.table({})
-
-
-def test_reader_returns_exactly_the_planned_range_with_every_column(
-    kafka: str, topic: str, monkeypatch: pytest.MonkeyPatch
+def test_records_of_an_aborted_transaction_are_never_read(
+    spark: Any, kafka: str, topic: str, settings: Settings
 ) -> None:
-    produce_with_headers(kafka, topic, 300)
-    low, high = watermarks({"bootstrap.servers": kafka}, [topic])[topic][0]
-    assert (low, high) == (0, 300)
-    # Small Arrow batches and consume() calls, so the range spans several of each.
-    monkeypatch.setattr(kafka_source, "ARROW_BATCH_ROWS", 64)
-    monkeypatch.setattr(kafka_source, "CONSUME_BATCH", 50)
-    options = source_options(
-        kafka, [topic], {}, "earliest", None, parse_fields=[("order_id", "string"), ("amount", "int")]
-    )
-    rows = read_all(options, KafkaInputPartition(topic, 0, 37, 251))
+    """kafka.isolation.level=read_committed: a batch stops at the last stable offset, aborted records are skipped."""
+    from confluent_kafka import Producer
 
-    assert rows.schema == kafka_source._arrow_schema([("order_id", "string"), ("amount", "int")])
-    assert rows.column("offset").to_pylist() == list(range(37, 251))
-    got = rows.to_pylist()
-    for row in got:
-        i = row["offset"]
-        assert row["topic"] == topic and row["partition"] == 0
-        assert row["key"] == (None if i % 5 == 0 else f"k{i}".encode())
-        assert json.loads(row["value"]) == {"order_id": f"o{i}", "amount": i}
-        assert int(row["timestamp"].timestamp() * 1000) == CREATE_MS + i
-        assert row["timestampType"] == 0  # create time, as Spark's Kafka source says it
-        want_headers = [{"key": "trace", "value": f"t{i}".encode()}, {"key": "empty", "value": None}]
-        assert row["headers"] == (want_headers if i % 3 == 0 else None)
-        assert row["_parsed"] == {"order_id": f"o{i}", "amount": i, "_corrupt": None}
-
-
-def test_reader_replays_the_same_records_and_reads_to_the_end(kafka: str, topic: str) -> None:
-    produce_with_headers(kafka, topic, 120)
-    options = source_options(kafka, [topic], {}, "earliest", None)
-    first = read_all(options, KafkaInputPartition(topic, 0, 0, 120))
-    again = read_all(options, KafkaInputPartition(topic, 0, 0, 120))
-    assert first.num_rows == 120 and "_parsed" not in first.column_names
-    assert first.equals(again)
-    # A range that starts at the last record still reads it (and stops).
-    last: Any = read_all(options, KafkaInputPartition(topic, 0, 119, 120))
-    assert last.column("offset").to_pylist() == [119]
+    producer = Producer({"bootstrap.servers": kafka, "transactional.id": f"{topic}-tx", "log_level": 3})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    for i in range(5):
+        key, value = order(f"aborted{i}", "2026-01-01T10:00:00Z")
+        producer.produce(topic, key=key, value=value, partition=0)
+    producer.abort_transaction(30)
+    producer.begin_transaction()
+    for i in range(3):
+        key, value = order(f"kept{i}", "2026-01-01T10:00:00Z")
+        producer.produce(topic, key=key, value=value, partition=0)
+    producer.commit_transaction(30)
+    spec = orders_spec(topic)
+    result = ingest(spark, spec, settings)
+    ids = sorted(json.loads(r["_value"])["order_id"] for r in bronze(settings, spec))
+    assert ids == ["kept0", "kept1", "kept2"] and result.read == 3
 
 
 def test_producing_to_fewer_partitions_keeps_a_key_in_one_and_the_rest_empty(kafka: str, topic: str) -> None:
     """The benchmark's --partitions: the generator's producer uses only the topic's first N partitions."""
     from confluent_kafka import Consumer, TopicPartition
 
-    from riverhouse.platform.generator import produce
+    from riverhouse.platform.generator import produce as generate
 
     keys = [f"k{i % 40}".encode() for i in range(400)]  # ten copies of each of 40 keys
-    assert produce(kafka, topic, iter((k, b"{}") for k in keys), partitions=2) == 400
+    assert generate(kafka, topic, iter((k, b"{}") for k in keys), partitions=2) == 400
     ranges = watermarks({"bootstrap.servers": kafka}, [topic])[topic]
     assert len(ranges) == 4  # the local Kafka's topics have four
     assert [ranges[p][1] for p in (2, 3)] == [0, 0] and ranges[0][1] > 0 and ranges[1][1] > 0

@@ -153,38 +153,6 @@ def test_event_dates_partition_silver(spark: Any, kafka: str, topic: str, settin
     assert dates == {"2026-02-01", "2026-02-02"}
 
 
-def test_local_fast_path_gives_the_tables_spark_alone_gives(
-    spark: Any, kafka: str, topic: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The same topic into two warehouses, with and without local mode's fast path: same tables."""
-    records = [order(f"f{i}", f"2026-01-01T10:{i % 60:02d}:00.{i:03d}Z", amount=i) for i in range(300)]
-    records += EVENTS + [order(f"f{i}", "2026-01-01T10:00:00+01:00") for i in range(0, 300, 7)]
-    records += [
-        (b"n", json.dumps({"order_id": "naive", "created_at": "2026-01-01 10:00:00"}).encode()),
-        (b"m", json.dumps({"order_id": "millis", "created_at": "1767261600123"}).encode()),
-    ]
-    produce(kafka, topic, records)
-    spec = spec_for(topic, max_offsets=200)
-    tables: dict[str, dict[str, list[dict[str, Any]]]] = {}
-    for mode in ("1", "0"):
-        monkeypatch.setenv("RIVERHOUSE_FAST_PATH", mode)
-        settings = Settings.from_env(tmp_path / f"fast_{mode}").with_(kafka_bootstrap=kafka)
-        result = ingest(spark, spec, settings)
-        assert result.read == len(records)
-        fast_rows = sum(batch.fast_path for batch in result.batches)
-        # Clean records skip the JVM with the fast path on, none without it.
-        assert (fast_rows >= 300) if mode == "1" else (fast_rows == 0)
-        layout = TableLayout(settings.warehouse, spec.name)
-        tables[mode] = {}
-        for layer in ("bronze", "quarantine", "silver"):
-            rows = open_table(layout.path(layer, "orders")).to_pyarrow_dataset().to_table()
-            rows = rows.drop_columns([c for c in ("_batch_id", "_inserted_at") if c in rows.column_names])
-            tables[mode][layer] = rows.sort_by([("_partition", "ascending"), ("_offset", "ascending")]).to_pylist()
-    assert len(tables["1"]["quarantine"]) == len(EXPECTED_REASONS)
-    assert len(tables["1"]["silver"]) >= 300 + len(EXPECTED_SILVER) + 2
-    assert tables["1"] == tables["0"]
-
-
 def test_unusable_clickhouse_dsn_fails_the_load_after_ingest_without_its_secret(
     spark: Any, kafka: str, topic: str, settings: Settings
 ) -> None:

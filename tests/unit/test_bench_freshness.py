@@ -18,9 +18,9 @@ def test_percentiles_are_nearest_rank_of_the_sorted_values() -> None:
 
 def test_profile_reports_batch_sizes_times_and_the_gaps_between_batches() -> None:
     batches = [
-        BatchMetrics(batch_id=1, read=20_000, started_at=10.0, seconds=1.0, stage_seconds={"read_parse_collect": 0.6}),
-        BatchMetrics(batch_id=2, read=30_000, started_at=11.5, seconds=2.0, stage_seconds={"read_parse_collect": 1.5}),
-        BatchMetrics(batch_id=3, read=10_000, started_at=13.75, seconds=0.5, stage_seconds={"read_parse_collect": 0.2}),
+        BatchMetrics(batch_id=1, read=20_000, started_at=10.0, seconds=1.0, stage_seconds={"read_parse": 0.6}),
+        BatchMetrics(batch_id=2, read=30_000, started_at=11.5, seconds=2.0, stage_seconds={"read_parse": 1.5}),
+        BatchMetrics(batch_id=3, read=10_000, started_at=13.75, seconds=0.5, stage_seconds={"read_parse": 0.2}),
     ]
     profile = _freshness_profile(batches, loads=[0.2, 0.4])
     assert profile["batches"] == 3
@@ -28,7 +28,7 @@ def test_profile_reports_batch_sizes_times_and_the_gaps_between_batches() -> Non
     # gaps: 11.5 - (10 + 1) = 0.5 and 13.75 - (11.5 + 2) = 0.25
     assert profile["between_batches_s"]["max"] == 0.5
     assert profile["between_batches_s"]["p50"] == 0.5
-    assert profile["stage_s"]["read_parse_collect"]["max"] == 1.5
+    assert profile["stage_s"]["read_parse"]["max"] == 1.5
     assert profile["load_s"]["max"] == 0.4
     assert [row[0] for row in profile["per_batch"]] == [20_000, 30_000, 10_000]
     assert _freshness_profile([], [])["batch_s"] is None

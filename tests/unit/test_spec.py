@@ -163,3 +163,66 @@ def test_owners_must_be_emails_or_teams() -> None:
     data["owners"] = ["team:data", "ana@example.com", "nobody"]
     found = problems(data)
     assert found[0][0] == "owners" and "'nobody'" in found[0][1]
+
+
+def test_one_security_section_maps_to_the_java_client_and_librdkafka(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from riverhouse.platform.kafka_source import connector_options, java_security, librdkafka_security
+
+    (tmp_path / "client.pem").write_text("-----BEGIN CERTIFICATE-----\nCERT\n-----END CERTIFICATE-----\n")
+    (tmp_path / "client.key").write_text("-----BEGIN PRIVATE KEY-----\nKEY\n-----END PRIVATE KEY-----\n")
+    data = base()
+    data["kafka"]["security"] = {
+        "protocol": "SASL_SSL",
+        "mechanism": "SCRAM-SHA-512",
+        "username": "svc",
+        "password": "${env:RIVERHOUSE_SECRET_TEST}",
+        "ca": "/etc/ca.pem",
+        "certificate": str(tmp_path / "client.pem"),
+        "key": str(tmp_path / "client.key"),
+    }
+    spec = parse_spec(data)
+    monkeypatch.setenv("RIVERHOUSE_SECRET_TEST", 'pa"ss')
+    assert librdkafka_security(spec.kafka.security) == {
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": "svc",
+        "sasl.password": 'pa"ss',
+        "ssl.ca.location": "/etc/ca.pem",
+        "ssl.certificate.location": str(tmp_path / "client.pem"),
+        "ssl.key.location": str(tmp_path / "client.key"),
+    }
+    assert java_security(spec.kafka.security) == {
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.jaas.config": "org.apache.kafka.common.security.scram.ScramLoginModule required "
+        'username="svc" password="pa\\"ss";',
+        "ssl.truststore.type": "PEM",
+        "ssl.truststore.location": "/etc/ca.pem",
+        "ssl.keystore.type": "PEM",
+        "ssl.keystore.certificate.chain": "-----BEGIN CERTIFICATE-----\nCERT\n-----END CERTIFICATE-----\n",
+        "ssl.keystore.key": "-----BEGIN PRIVATE KEY-----\nKEY\n-----END PRIVATE KEY-----\n",
+    }
+    options = connector_options(spec.kafka, "b:9093", ["orders"])
+    assert options["kafka.isolation.level"] == "read_committed" and options["includeHeaders"] == "true"
+    assert options["kafka.security.protocol"] == "SASL_SSL" and options["failOnDataLoss"] == "true"
+
+
+def test_security_section_problems_are_reported() -> None:
+    data = base()
+    data["kafka"]["security"] = {"protocol": "SASL_SSL", "mechanism": "PLAIN", "username": "u", "password": "hunter2"}
+    assert "environment reference" in problems(data)[0][1]
+    data["kafka"]["security"] = {"protocol": "SASL_SSL", "username": "u"}
+    assert "needs mechanism, username and password" in problems(data)[0][1]
+    data["kafka"]["security"] = {"protocol": "SSL", "certificate": "/c.pem"}
+    assert "certificate and key together" in problems(data)[0][1]
+
+
+def test_security_in_librdkafka_config_alone_is_refused_for_spark() -> None:
+    from riverhouse.platform.kafka_source import KafkaSourceError, connector_options
+
+    data = base()
+    data["kafka"]["config"] = {"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN"}
+    with pytest.raises(KafkaSourceError, match=r"state Kafka security in kafka\.security"):
+        connector_options(parse_spec(data).kafka, "b:9093", ["orders"])

@@ -306,7 +306,7 @@ def _silver_asset(spec: PipelineSpec, source_name: str, parts: dg.PartitionsDefi
         check_specs=check_specs,
         description=(
             f"`{source_name}` deduplicated on {', '.join(src.dedup_key)} within {window} (window-bounded "
-            "insert-if-absent, one Delta commit per Spark batch). Partitioned by event time: materializing a "
+            "insert-only MERGE, one Delta commit per Spark batch). Partitioned by event time: materializing a "
             "partition without the ingest asset (or a backfill) rebuilds that window from bronze."
         ),
         metadata={"dagster/column_schema": _column_schema([(f.name, str(f.type)) for f in silver_schema(src)])},

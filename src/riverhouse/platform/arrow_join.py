@@ -24,8 +24,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from riverhouse.platform.arrow_validate import TS
 from riverhouse.platform.sql import JoinPlan, flat
+from riverhouse.platform.tables import TS
 
 PLAIN_COLUMN = re.compile(r"^`([A-Za-z0-9_]+)`$")
 KEY_TYPES = (pa.string(), pa.int32(), pa.int64())

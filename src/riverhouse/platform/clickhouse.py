@@ -1,7 +1,9 @@
 """Load new silver Delta versions into ClickHouse, exactly once.
 
 For each Delta version v after the last one loaded, the rows v inserted (change
-data feed) are sorted by Kafka coordinates and cut into chunks of `batch_size`.
+data feed, read by Spark) are sorted by Kafka coordinates and cut into chunks of
+`batch_size`. Spark numbers the rows and the driver fetches one chunk at a time as
+Arrow, so its memory is bounded by a chunk, not by a version.
 Chunk i is inserted with `insert_deduplication_token = <pipeline>/<table>/<delta
 table id>/<v>/<i>`; after every chunk of v is in, v goes into a ledger table in
 ClickHouse. A crash anywhere re-runs to the same result: chunks already inserted
@@ -23,14 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from riverhouse.platform.faults import crash_point
 from riverhouse.platform.settings import redact_dsn
 from riverhouse.platform.spec import RESERVED_TABLE_PREFIX, PipelineSpec
-from riverhouse.platform.tables import open_table, read_inserts
+from riverhouse.platform.tables import open_table
 
 # Riverhouse's own tables carry the reserved prefix, which no sink table may use (spec.py).
 LEDGER_TABLE = f"{RESERVED_TABLE_PREFIX}ledger"
@@ -385,33 +385,35 @@ def rebuild_versions(table: Any, first: int, last: int) -> set[int]:
     return out
 
 
-def _version_rows(
-    path: str, start: int, end: int, columns: list[str], order: list[str], emitted_only: bool
-) -> pa.Table:
-    changes = read_inserts(path, start, end, [*columns, *order, *(["_status"] if emitted_only else [])])
+def _changes(spark: Any, path: str, start: int, end: int, columns: list[str], emitted_only: bool) -> Any:
+    """The rows Delta versions start..end inserted (change data feed), as a Spark plan."""
+    from pyspark.sql import functions as F
+
+    changes = (
+        spark.read.format("delta")
+        .option("readChangeFeed", "true")
+        .option("startingVersion", start)
+        .option("endingVersion", end)
+        .load(path)
+        .where(F.col("_change_type") == "insert")
+    )
     if emitted_only:
         # Join pipelines keep every driving event in gold; only emitted rows reach ClickHouse.
-        changes = changes.filter(pc.equal(changes.column("_status"), "emitted")).drop_columns(["_status"])
-    return changes
+        changes = changes.where(F.col("_status") == "emitted")
+    return changes.select(*dict.fromkeys([*columns, "_commit_version"]))
 
 
-def _in_kafka_order(rows: pa.Table, order: list[str]) -> pa.Table:
-    """`rows` sorted by (topic, partition, offset): the same chunks, so the same tokens, on every replay.
+def _numbered_chunks(changes: Any, order: list[str], size: int) -> Any:
+    """Each row's chunk: its rank in (version, Kafka coordinates) order, divided by the chunk size.
 
-    A sort on the topic's text was most of the load's time, and a source has one topic:
-    the sort is on the integers (numpy), with the topic's rank only when there are several.
+    The same rows always get the same chunk, so a replayed version re-sends identical
+    chunks with identical tokens.
     """
-    if rows.num_rows < 2:
-        return rows
-    keys = []
-    for name in reversed(order):  # np.lexsort: the last key is the primary one
-        column = rows.column(name)
-        if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
-            if pc.count_distinct(column).as_py() <= 1:
-                continue
-            column = pc.rank(column.combine_chunks(), sort_keys="ascending", tiebreaker="dense")
-        keys.append(column.to_numpy())
-    return rows.take(pa.array(np.lexsort(keys)))
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    rank = F.row_number().over(Window.partitionBy("_commit_version").orderBy(*order))
+    return changes.withColumn("_chunk", F.floor((rank - 1) / F.lit(size)).cast("long"))
 
 
 def load_new_versions(
@@ -420,11 +422,13 @@ def load_new_versions(
     delta_path: str,
     log: Callable[[str], None] | None = None,
     client: Any = None,
+    spark: Any = None,
 ) -> LoadResult:
     """Load every silver version after the last one in the ledger; returns what was loaded.
 
     `client`: an open client to reuse (continuous mode keeps one for the session: a new
     connection costs ~0.1 s); by default one is opened for this load and closed after it.
+    `spark`: the session that reads the change feed (by default the process's session).
     """
     started = time.monotonic()
     result = LoadResult(table=spec.sink.table)
@@ -451,38 +455,61 @@ def load_new_versions(
             result.seconds = time.monotonic() - started
             return result
         skipped = rebuild_versions(silver, first, current)
-        changes = _version_rows(delta_path, first, current, columns, order, spec.is_join)
-        versions = changes.column("_commit_version").to_numpy(zero_copy_only=False)
-        for version in range(first, current + 1):
-            rows = changes.slice(0, 0) if version in skipped else changes.filter(pa.array(versions == version))
-            rows = _in_kafka_order(rows, order)
-            rows = rows.select(columns).rename_columns([*columns[:-1], PARTITION_COLUMN])
-            chunks = _insert_version(client, spec, table_id, version, rows, log)
-            crash_point("before_ledger_write")
-            with_retries(
-                lambda v=version, n=rows.num_rows, c=chunks: client.insert(
-                    ledger_table(spec),
-                    [[spec.name, spec.sink.table, table_id, v, n, c]],
-                    column_names=["pipeline", "target", "table_id", "delta_version", "rows", "chunks"],
-                ),
-                f"recording Delta version {version} in {LEDGER_TABLE}",
-                log=log,
-            )
-            result.versions_loaded.append(version)
-            result.rows_loaded += rows.num_rows
-            result.chunks += chunks
-            result.last_loaded_version = version
+        if spark is None:
+            from riverhouse.platform.spark import get_spark
+
+            spark = get_spark()  # the process's session if there is one
+        changes = _changes(spark, delta_path, first, current, [*columns, *order], spec.is_join)
+        # One row per version (counts) reaches the driver here; the rows come chunk by chunk.
+        counts = {int(r[0]): int(r[1]) for r in changes.groupBy("_commit_version").count().collect()}
+        numbered = _numbered_chunks(changes, order, spec.sink.batch_size).persist()
+        try:
+            for version in range(first, current + 1):
+                rows = 0 if version in skipped else counts.get(version, 0)
+                chunks = _insert_version(client, spec, table_id, version, numbered, rows, columns, order, log)
+                crash_point("before_ledger_write")
+                with_retries(
+                    lambda v=version, n=rows, c=chunks: client.insert(
+                        ledger_table(spec),
+                        [[spec.name, spec.sink.table, table_id, v, n, c]],
+                        column_names=["pipeline", "target", "table_id", "delta_version", "rows", "chunks"],
+                    ),
+                    f"recording Delta version {version} in {LEDGER_TABLE}",
+                    log=log,
+                )
+                result.versions_loaded.append(version)
+                result.rows_loaded += rows
+                result.chunks += chunks
+                result.last_loaded_version = version
+        finally:
+            numbered.unpersist()
     result.seconds = time.monotonic() - started
     return result
 
 
 def _insert_version(
-    client: Any, spec: PipelineSpec, table_id: str, version: int, rows: pa.Table, log: Callable[[str], None] | None
+    client: Any,
+    spec: PipelineSpec,
+    table_id: str,
+    version: int,
+    numbered: Any,
+    rows: int,
+    columns: list[str],
+    order: list[str],
+    log: Callable[[str], None] | None,
 ) -> int:
+    """Insert a version's chunks in order; each chunk is fetched from Spark as Arrow when its turn comes."""
+    from pyspark.sql import functions as F
+
     size = spec.sink.batch_size
     chunks = 0
-    for chunk_index, offset in enumerate(range(0, rows.num_rows, size)):
-        chunk = rows.slice(offset, size)
+    for chunk_index in range((rows + size - 1) // size):
+        chunk = (
+            numbered.where((F.col("_commit_version") == version) & (F.col("_chunk") == chunk_index))
+            .orderBy(*order)
+            .select(*columns[:-1], F.col(columns[-1]).alias(PARTITION_COLUMN))
+            .toArrow()
+        )
         token = f"{spec.name}/{spec.sink.table}/{table_id}/{version}/{chunk_index}"
         with_retries(
             lambda c=chunk, t=token: client.insert_arrow(

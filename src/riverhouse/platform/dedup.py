@@ -1,10 +1,15 @@
-"""Window-bounded deduplication: inside a micro-batch (Arrow), then against silver (insert-if-absent).
+"""Window-bounded deduplication in Spark: inside a micro-batch, then Delta MERGE against silver.
 
 Semantics (`keep: first`): for each key, the first event (by event time, then
 Kafka partition and offset) is kept; a later event with the same key whose
 event time is within `window` of a kept event is a duplicate. An event that
 arrives in a later batch is compared with what silver already holds, which
 has already been published downstream, so the stored event wins.
+
+Everything here runs on the executors: the batch is deduplicated with window functions
+(and, for the rare key whose events span more than a window inside one batch, the walk of
+`dedup_in_batch` per key group), then written with an insert-only `MERGE` whose condition
+is bounded to the days within a window of the batch, so Delta prunes the rest.
 """
 
 from __future__ import annotations
@@ -12,22 +17,20 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from datetime import date, timedelta
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable, write_deltalake
-
-from riverhouse.platform.tables import commit_properties, plain_strings
 
 ORDER_COLUMNS = ["_event_time", "_topic", "_partition", "_offset"]
-# Each batch adds a file to every day it touches, and each dedup lookup opens every file
-# within a window of the batch's days: past this many, those days are compacted.
+# Each batch adds a file to every day it touches, and each MERGE reads every file within a
+# window of the batch's days: past this many, those days are compacted.
 COMPACT_AT_FILES_DEFAULT = 16
 
 
 def compact_at_files() -> int:
-    """Files a dedup lookup may open before their days are compacted ($RIVERHOUSE_COMPACT_AT_FILES)."""
+    """Files a MERGE may read before their days are compacted ($RIVERHOUSE_COMPACT_AT_FILES)."""
     raw = os.environ.get("RIVERHOUSE_COMPACT_AT_FILES", "")
     return int(raw) if raw.strip().isdigit() and int(raw) > 0 else COMPACT_AT_FILES_DEFAULT
 
@@ -37,7 +40,11 @@ def _micros(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
 
 
 def dedup_in_batch(rows: pa.Table, key: list[str], window: timedelta) -> pa.Table:
-    """Keep the first event per key and window; rows come back sorted by key then time."""
+    """Keep the first event per key and window; rows come back sorted by key then time.
+
+    The reference walk of the rule, on Arrow: Spark runs it (`dedup_batch`) on the groups of
+    keys that span more than a window inside one batch.
+    """
     if rows.num_rows <= 1:
         return rows
     order = pc.sort_indices(rows, sort_keys=[(k, "ascending") for k in [*key, *ORDER_COLUMNS]])
@@ -69,95 +76,136 @@ def dedup_in_batch(rows: pa.Table, key: list[str], window: timedelta) -> pa.Tabl
     return rows.filter(pa.array(keep))
 
 
-@dataclass(frozen=True)
-class InsertOutcome:
-    inserted: int
-    # Silver files read to find the stored events of the batch's keys: only the
-    # partitions within a window of the batch's dates.
-    files_scanned: int
+def _micros_literal(window: timedelta) -> int:
+    return int(window / timedelta(microseconds=1))
 
 
-def _lookup_days(rows: pa.Table, window: timedelta) -> tuple[date, date]:
-    """First and last `_event_date` a batch's lookup reads: its own days, a window either side."""
+def dedup_batch(valid: Any, key: list[str], window: timedelta) -> Any:
+    """The batch's valid rows minus in-batch duplicates, as a Spark plan (no rows reach the driver).
+
+    Per key, ordered by event time then Kafka coordinates: when every event of the key lies
+    within a window of its first, only the first survives (`row_number() = 1`); a key that
+    spans more than a window (rare: a batch covers seconds to minutes) is walked in order by
+    `dedup_in_batch` on its own group, on an executor.
+    """
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    by_key = Window.partitionBy(*key)
+    ordered = by_key.orderBy(*ORDER_COLUMNS)
+    span = F.unix_micros(F.max("_event_time").over(by_key)) - F.unix_micros(F.min("_event_time").over(by_key))
+    ranked = valid.withColumn("_rank", F.row_number().over(ordered)).withColumn(
+        "_long", span > F.lit(_micros_literal(window))
+    )
+    short = ranked.filter(~F.col("_long") & (F.col("_rank") == 1)).drop("_rank", "_long")
+    columns = valid.columns
+    schema = valid.schema
+
+    def walk(group: pa.Table) -> pa.Table:
+        return dedup_in_batch(group.select(columns), key, window)
+
+    long = ranked.filter(F.col("_long")).drop("_rank", "_long").groupBy(*key).applyInArrow(walk, schema)
+    return short.unionByName(long)
+
+
+def lookup_days(min_date: date, max_date: date, window: timedelta) -> tuple[date, date]:
+    """First and last `_event_date` a batch's MERGE reads: its own days, a window either side."""
     days = timedelta(days=window.days + 1)
-    return (pc.min(rows.column("_event_date")).as_py() - days, pc.max(rows.column("_event_date")).as_py() + days)
+    return min_date - days, max_date + days
 
 
-def compact_lookup_days(silver: DeltaTable, rows: pa.Table, window: timedelta) -> dict[str, int]:
-    """Rewrite the small files of the days a lookup for `rows` reads into few large ones.
+def _sql_date(day: date) -> str:
+    return f"DATE'{day.isoformat()}'"
 
-    An OPTIMIZE commit changes no data (`dataChange` false): the change feed the
-    loader and the Dagster assets read has no rows for it, and each app's last batch
-    id stays in the log, so replays are still skipped.
+
+def merge_condition(key: list[str], window: timedelta, days: tuple[date, date]) -> str:
+    """Stored row `t` is a duplicate of batch row `s`: same key, event times within a window.
+
+    The `_event_date` bounds are literals, so Delta prunes silver to those partitions before
+    it reads a file: the MERGE's cost follows the window and the batch, not the history.
     """
-    lo, hi = _lookup_days(rows, window)
-    done = silver.optimize.compact(
-        partition_filters=[("_event_date", ">=", lo.isoformat()), ("_event_date", "<=", hi.isoformat())]
+    micros = _micros_literal(window)
+    keys = " AND ".join(f"t.`{k}` = s.`{k}`" for k in key)
+    return (
+        f"{keys} AND t._event_date BETWEEN {_sql_date(days[0])} AND {_sql_date(days[1])} "
+        f"AND unix_micros(t._event_time) BETWEEN unix_micros(s._event_time) - {micros} "
+        f"AND unix_micros(s._event_time) + {micros}"
     )
-    return {"files_removed": int(done.get("numFilesRemoved", 0)), "files_added": int(done.get("numFilesAdded", 0))}
 
 
-def _stored_matches(silver: DeltaTable, rows: pa.Table, key: list[str], window: timedelta) -> tuple[pa.Table, int]:
-    """Stored (key..., _event_time) of silver rows sharing a key with `rows`, and the files read.
+@dataclass(frozen=True)
+class MergeOutcome:
+    inserted: int
+    replayed: bool  # the table already had this batch (app transaction): nothing was written
 
-    Only partitions within a window of the batch's dates are read. Memory follows the
-    batch, not the window: the scan streams those files and keeps only the rows whose
-    first key column holds one of the batch's values.
+
+def merge_insert_only(spark: Any, path: str, rows: Any, condition: str, app_id: str, batch_id: int) -> MergeOutcome:
+    """`MERGE INTO silver t USING rows s ON condition WHEN NOT MATCHED THEN INSERT *`, once per batch id.
+
+    MERGE ignores the writer's txnAppId/txnVersion options; Delta reads the session's
+    `spark.databricks.delta.write.txnAppId/txnVersion` instead, records them in the MERGE's
+    commit, and skips the MERGE (returning no metrics row) when the table already holds
+    that version for the app. `spark` is the streaming query's own session, so two queries
+    running at once never see each other's settings.
     """
-    lo_date, hi_date = _lookup_days(rows, window)
-    near = (pc.field("_event_date") >= pa.scalar(lo_date, pa.date32())) & (
-        pc.field("_event_date") <= pa.scalar(hi_date, pa.date32())
-    )
-    dataset = silver.to_pyarrow_dataset()
-    fragments = list(dataset.get_fragments(filter=near))
-    if not fragments:
-        return rows.select([*key, "_event_time"]).slice(0, 0), 0
-    first = key[0]
-    values = pc.unique(rows.column(first)).cast(dataset.schema.field(first).type)
-    stored = dataset.scanner(
-        columns=[*key, "_event_time"],
-        filter=near & pc.field(first).isin(values),
-        batch_readahead=2,
-        fragment_readahead=1,
-    ).to_table()
-    return plain_strings(stored).cast(rows.select([*key, "_event_time"]).schema), len(fragments)
+    from delta.tables import DeltaTable
+
+    spark.conf.set("spark.databricks.delta.write.txnAppId", app_id)
+    spark.conf.set("spark.databricks.delta.write.txnVersion", str(batch_id))
+    try:
+        metrics = (
+            DeltaTable.forPath(spark, path)
+            .alias("t")
+            .merge(rows.alias("s"), condition)
+            .whenNotMatchedInsertAll()
+            .execute()
+            .collect()
+        )
+    finally:
+        spark.conf.unset("spark.databricks.delta.write.txnAppId")
+        spark.conf.unset("spark.databricks.delta.write.txnVersion")
+    if not metrics:
+        return MergeOutcome(0, replayed=True)
+    return MergeOutcome(int(metrics[0]["num_inserted_rows"]), replayed=False)
 
 
-def insert_if_absent(
-    silver: DeltaTable,
-    rows: pa.Table,
+def insert_new(
+    spark: Any,
+    path: str,
+    valid: Any,
     key: list[str],
     window: timedelta,
+    days: tuple[date, date],
     app_id: str,
     batch_id: int,
-) -> InsertOutcome:
-    """Append each row unless silver holds the same key within `window` of its event time.
+) -> MergeOutcome:
+    """Dedup the batch in Spark, then MERGE insert-only into silver, bounded to `days` (lookup_days)."""
+    unique = dedup_batch(valid, key, window)
+    return merge_insert_only(spark, path, unique, merge_condition(key, window, days), app_id, batch_id)
 
-    The lookup reads only the partitions within a window of the batch's event dates, so
-    the cost follows the window, not the table's history. The append and the batch's
-    app transaction are one Delta commit. Silver has one writer at a time (the source's
-    run lock, which backfills take too), so what the lookup saw is still what the
-    append commits against. A plain append, unlike a MERGE, needs no change-data files:
-    readers of the change feed see its rows as inserts.
+
+def files_in_days(spark: Any, path: str, days: tuple[date, date]) -> int:
+    """Data files of silver in [days]: planned from the Delta log (partition values), no data read."""
+    from pyspark.sql import functions as F
+
+    table = spark.read.format("delta").load(path)
+    day = F.col("_event_date")
+    return len(table.where((day >= F.lit(days[0])) & (day <= F.lit(days[1]))).inputFiles())
+
+
+def compact_days(spark: Any, path: str, days: tuple[date, date]) -> dict[str, int]:
+    """Rewrite the small files of those days into few large ones (Delta OPTIMIZE).
+
+    OPTIMIZE changes no data (`dataChange` false): the change feed the loader and the
+    Dagster assets read has no rows for it, and each app's last batch id stays in the
+    log, so replays are still skipped.
     """
-    if rows.num_rows == 0:
-        return InsertOutcome(0, 0)
-    stored, files_scanned = _stored_matches(silver, rows, key, window)
-    keep = rows
-    if stored.num_rows:
-        delta = pa.scalar(window, pa.duration("us"))
-        probe = rows.select([*key, "_event_time"]).append_column(
-            "_row", pa.array(np.arange(rows.num_rows, dtype=np.int64))
-        )
-        pairs = probe.join(stored.rename_columns([*key, "_stored_time"]), keys=key, join_type="inner")
-        lo = pc.subtract(pairs.column("_event_time"), delta)
-        hi = pc.add(pairs.column("_event_time"), delta)
-        stored_time = pairs.column("_stored_time")
-        within = pc.and_(pc.greater_equal(stored_time, lo), pc.less_equal(stored_time, hi))
-        duplicate_rows = pc.unique(pairs.filter(within).column("_row"))
-        if len(duplicate_rows):
-            mask = np.ones(rows.num_rows, dtype=bool)
-            mask[duplicate_rows.to_numpy()] = False
-            keep = rows.filter(pa.array(mask))
-    write_deltalake(silver, keep, mode="append", commit_properties=commit_properties(app_id, batch_id))
-    return InsertOutcome(keep.num_rows, files_scanned)
+    from delta.tables import DeltaTable
+
+    where = f"_event_date >= {_sql_date(days[0])} AND _event_date <= {_sql_date(days[1])}"
+    done = DeltaTable.forPath(spark, path).optimize().where(where).executeCompaction().collect()
+    metrics = done[0]["metrics"] if done else None
+    return {
+        "files_removed": int(metrics["numFilesRemoved"]) if metrics else 0,
+        "files_added": int(metrics["numFilesAdded"]) if metrics else 0,
+    }

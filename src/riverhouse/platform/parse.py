@@ -1,9 +1,8 @@
 """Parse and validate Kafka records (Spark SQL), one status and reason per record.
 
-Nothing here runs per-record Python: UTF-8 checks, type checks and reasons are Spark
-expressions, so they run on executors at JVM speed. The JSON itself is parsed by the
-Kafka source with Arrow where it can (`arrow_parse.py`, the `_parsed` column) and by
-Spark's `from_json` for every other record, which also names what is wrong with them.
+Nothing here runs per-record Python: the JSON parse (`from_json`), UTF-8 checks, type
+checks and reasons are Spark expressions, part of the streaming query's plan, so they
+run on the executors at JVM speed. This is the one implementation of every rule.
 """
 
 from __future__ import annotations
@@ -11,8 +10,6 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
@@ -27,9 +24,11 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from riverhouse.platform.arrow_parse import CORRUPT, PARSED_COLUMN
-from riverhouse.platform.arrow_validate import EPOCH_MILLIS_RE, SPOOL_COLUMN
 from riverhouse.platform.spec import SourceSpec
+
+CORRUPT = "_corrupt"  # from_json's column for a value that is not a JSON object of these types
+# Epoch milliseconds written as text: what producers send in a timestamp field as a number.
+EPOCH_MILLIS_RE = r"^-?[0-9]{1,15}$"
 
 # Timestamps and dates are read as text and converted here: Spark would read a JSON
 # number in a timestamp field as epoch *seconds*, while producers send milliseconds.
@@ -48,7 +47,7 @@ MAX_ABS_EPOCH_MILLIS = 10**15
 
 
 def json_struct(field_types: list[tuple[str, str]]) -> StructType:
-    """What `from_json` reads a value into; the Kafka source's `_parsed` column has this type too."""
+    """What `from_json` reads a value into."""
     return StructType(
         [StructField(name, JSON_TYPES[typ]) for name, typ in field_types] + [StructField(CORRUPT, StringType())]
     )
@@ -97,9 +96,7 @@ def parse_records(batch: DataFrame, src: SourceSpec) -> DataFrame:
         F.is_valid_utf8(F.col("_text")),
         F.from_json(F.col("_text"), json_schema, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}),
     )
-    # Records the source parsed with Arrow skip from_json (coalesce stops at the first non-null).
-    fast = PARSED_COLUMN in batch.columns
-    df = df.withColumn("_p", F.coalesce(F.col(PARSED_COLUMN), jvm_parse) if fast else jvm_parse)
+    df = df.withColumn("_p", jvm_parse)
     parsed = F.col("_p")
     typed = {f.name: _typed(parsed[f.name], f.type) for f in src.fields}
 
@@ -198,8 +195,6 @@ def parse_records(batch: DataFrame, src: SourceSpec) -> DataFrame:
         F.col("key").alias("_key"),
         F.col("value").alias("_value"),
         F.col("headers").alias("_headers"),
-        # Marker rows of local mode's fast path name a file of finished rows (arrow_validate.py).
-        *([F.col(SPOOL_COLUMN)] if SPOOL_COLUMN in batch.columns else []),
         reason.alias("_reason"),
         event_time.alias("_event_time"),
         *[typed[f.name].alias(f.name) for f in src.fields],
@@ -208,7 +203,7 @@ def parse_records(batch: DataFrame, src: SourceSpec) -> DataFrame:
     # Rejected rows keep a partition date too (Kafka time) so bronze stays prunable. A
     # record with neither time gets none here: `current_timestamp()` would be a new
     # literal in every micro-batch, so Spark would compile the whole parse again each
-    # batch. `fill_missing_dates` gives those rows the batch's date on the driver.
+    # batch. `fill_missing_dates` gives those rows the batch's date in foreachBatch.
     out = out.withColumn(
         "_event_date",
         F.to_date(
@@ -220,10 +215,6 @@ def parse_records(batch: DataFrame, src: SourceSpec) -> DataFrame:
     return out
 
 
-def fill_missing_dates(rows: pa.Table, today: datetime.date) -> pa.Table:
-    """`_event_date` of the rows that had no time at all (rejected ones) -> `today`."""
-    column = rows.column("_event_date")
-    if column.null_count == 0:
-        return rows
-    index = rows.schema.get_field_index("_event_date")
-    return rows.set_column(index, "_event_date", pc.fill_null(column, pa.scalar(today, column.type)))
+def fill_missing_dates(rows: DataFrame, today: datetime.date) -> DataFrame:
+    """`_event_date` of the rows that had no time at all (rejected ones) -> `today` (the batch's date)."""
+    return rows.withColumn("_event_date", F.coalesce(F.col("_event_date"), F.lit(today)))

@@ -1,11 +1,15 @@
 """Kafka -> bronze / quarantine / silver Delta tables, one Spark micro-batch at a time.
 
+Spark's Kafka source reads, the parse and checks are in the streaming plan, and
+foreachBatch writes with delta-spark from the batch's DataFrame: the executors do
+the work; the driver plans, commits and receives counts and metrics, never rows.
+
 Exactly once: Spark's checkpoint fixes the offsets of every batch id before the
 batch runs, and replays the same offsets after a crash. Each Delta table records
-`(app_id, batch_id)` as a Delta app transaction in the same commit as the data,
-so a replayed batch skips every table it already reached and finishes the rest.
-The silver write is insert-if-absent, so even a replay without that record would
-not create a duplicate.
+`(app_id, batch_id)` as a Delta app transaction in the same commit as the data
+(`txnAppId`/`txnVersion`), so a replayed batch skips every table it already reached
+and finishes the rest. The silver MERGE is insert-only, so even a replay without
+that record would not create a duplicate.
 """
 
 from __future__ import annotations
@@ -25,30 +29,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.compute as pc
-from deltalake import write_deltalake
-
 from riverhouse.platform import local_kafka, metrics
-from riverhouse.platform.arrow_validate import clear_spool, rules_for, spool_folder, take_spooled
 from riverhouse.platform.dedup import (
     compact_at_files,
-    compact_lookup_days,
-    dedup_in_batch,
-    insert_if_absent,
+    compact_days,
+    files_in_days,
+    insert_new,
+    lookup_days,
 )
 from riverhouse.platform.faults import crash_point
-from riverhouse.platform.kafka_source import FORMAT_NAME, source_options
+from riverhouse.platform.kafka_source import check_data_loss, connector_options, librdkafka_config
 from riverhouse.platform.parse import fill_missing_dates, parse_records
 from riverhouse.platform.settings import Settings
-from riverhouse.platform.spark import local_fast_path
 from riverhouse.platform.spec import PipelineSpec, SourceSpec
 from riverhouse.platform.tables import (
     TableLayout,
     bronze_schema,
-    commit_properties,
-    committed,
-    ensure_table,
+    ensure_delta_table,
     quarantine_schema,
     silver_schema,
 )
@@ -79,12 +76,10 @@ class BatchMetrics:
     silver_version: int | None = None
     started_at: float = 0.0  # time.monotonic() when the batch began
     seconds: float = 0.0
-    # Where the batch's time went: Kafka read + JVM parse + transfer to the driver, and each Delta write.
+    # Where the batch's time went: the counts (Kafka read + parse, into the cache), each Delta write.
     stage_seconds: dict[str, float] = field(default_factory=dict)
-    # Files the batch's silver compaction removed and added (see dedup.compact_lookup_days).
+    # Files the batch's silver compaction removed and added (see dedup.compact_days).
     compacted: dict[str, int] | None = None
-    # Records local mode's fast path validated in the source (they skipped the JVM's parse).
-    fast_path: int = 0
 
 
 @dataclass
@@ -205,18 +200,19 @@ def pipeline_lock(
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _offset_ranges(rows: pa.Table) -> dict[str, dict[str, list[int]]]:
-    if rows.num_rows == 0:
-        return {}
-    grouped = rows.group_by(["_topic", "_partition"]).aggregate([("_offset", "min"), ("_offset", "max")])
-    out: dict[str, dict[str, list[int]]] = {}
-    for row in grouped.to_pylist():
-        out.setdefault(row["_topic"], {})[str(row["_partition"])] = [row["_offset_min"], row["_offset_max"]]
-    return out
+def _table_version(spark: Any, path: str) -> int:
+    from delta.tables import DeltaTable
+
+    return int(DeltaTable.forPath(spark, path).history(1).select("version").first()[0])
 
 
 class BatchWriter:
-    """The foreachBatch body: one Spark batch -> bronze, quarantine, silver, each exactly once."""
+    """The foreachBatch body: one Spark batch -> bronze, quarantine, silver, each exactly once.
+
+    Every write is a delta-spark job on the batch's DataFrame, run by the executors. The
+    batch is cached once (several writes read it) and released after; the driver only
+    gets one row per Kafka partition (counts, offsets, dates) and the MERGE's metrics.
+    """
 
     def __init__(
         self,
@@ -244,10 +240,10 @@ class BatchWriter:
         self.quarantine_schema = quarantine_schema(self.src)
         self.silver_schema = silver_schema(self.src)
 
-    def ensure_tables(self) -> None:
-        ensure_table(self.bronze_path, self.bronze_schema, ["_event_date"])
-        ensure_table(self.quarantine_path, self.quarantine_schema, ["_event_date"])
-        ensure_table(self.silver_path, self.silver_schema, ["_event_date"], cdf=True)
+    def ensure_tables(self, spark: Any) -> None:
+        ensure_delta_table(spark, self.bronze_path, self.bronze_schema, ["_event_date"])
+        ensure_delta_table(spark, self.quarantine_path, self.quarantine_schema, ["_event_date"])
+        ensure_delta_table(spark, self.silver_path, self.silver_schema, ["_event_date"], cdf=True)
 
     def __call__(self, batch_df: Any, batch_id: int) -> None:
         if self.stopping:
@@ -261,85 +257,118 @@ class BatchWriter:
             self.error = exc
             raise
 
-    def _append_once(self, path: str, rows: pa.Table, schema: pa.Schema, batch_id: int) -> int | None:
-        table = ensure_table(path, schema, ["_event_date"])
-        if committed(table, self.app_id, batch_id):
-            return None
-        write_deltalake(
-            table,
-            rows.select(schema.names).cast(schema),
-            mode="append",
-            commit_properties=commit_properties(self.app_id, batch_id, {"riverhouse.pipeline": self.spec.name}),
+    def _append_once(self, rows: Any, path: str, columns: list[str], batch_id: int) -> None:
+        """Append; Delta skips it when the table already has this app's batch (txnAppId/txnVersion)."""
+        (
+            rows.select(*columns)
+            .write.format("delta")
+            .mode("append")
+            .option("txnAppId", self.app_id)
+            .option("txnVersion", batch_id)
+            .option(
+                "userMetadata", json.dumps({"riverhouse.pipeline": self.spec.name, "riverhouse.batch_id": batch_id})
+            )
+            .save(path)
         )
-        return table.version()
 
     def _process(self, batch_df: Any, batch_id: int) -> None:
+        from pyspark import StorageLevel
+        from pyspark.sql import functions as F
+
         started = time.monotonic()
         metrics = BatchMetrics(batch_id=batch_id, source=self.source_name, started_at=started)
         # The batch is already parsed: the parse is part of the streaming query's plan
         # (SourceStream.start), so it is analysed and compiled once, not per batch.
-        rows, spooled = take_spooled(batch_df.toArrow())
-        metrics.fast_path = spooled.rows
-        rows = fill_missing_dates(rows, datetime.datetime.now(datetime.UTC).date())
-        stage = metrics.stage_seconds
-        stage["read_parse_collect"] = time.monotonic() - started
-        batch_col = pa.array([batch_id] * rows.num_rows, pa.int64())
-        rows = rows.append_column("_batch_id", batch_col)
-        metrics.read = rows.num_rows
-        metrics.offsets = _offset_ranges(rows)
-        if rows.num_rows:
-            # Bronze (+ quarantine) and silver are separate tables, each committed once per
-            # batch id, so they are written side by side (delta-rs and Arrow release the GIL).
-            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="riverhouse-bronze") as pool:
-                raw_written = pool.submit(self._write_bronze, rows, batch_id, metrics)
-                valid = rows.filter(pc.equal(rows.column("_status"), "ok")).select(self.silver_schema.names)
-                valid = valid.cast(self.silver_schema)
-                metrics.valid = valid.num_rows
-                mark = time.monotonic()
-                self._write_silver(valid, batch_id, metrics)
-                stage["silver_dedup"] = time.monotonic() - mark
-                raw_written.result()
-            crash_point("after_silver_commit")
-        for path in spooled.paths:
-            os.unlink(path)  # after every table committed: a re-run reads Kafka again anyway
+        rows = fill_missing_dates(batch_df, datetime.datetime.now(datetime.UTC).date())
+        rows = rows.withColumn("_batch_id", F.lit(batch_id).cast("long"))
+        # Read by the counts and by every write: computed (Kafka read + parse) once.
+        rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            self._write(rows, batch_id, metrics)
+        finally:
+            rows.unpersist()
         metrics.seconds = time.monotonic() - started
         self.batches.append(metrics)
         if self.on_batch:
             self.on_batch(metrics)
 
-    def _write_bronze(self, rows: pa.Table, batch_id: int, metrics: BatchMetrics) -> None:
-        mark = time.monotonic()
-        metrics.bronze_version = self._append_once(self.bronze_path, rows, self.bronze_schema, batch_id)
-        crash_point("after_bronze_commit")
-        rejected = rows.filter(pc.equal(rows.column("_status"), "rejected"))
-        metrics.quarantined = rejected.num_rows
-        if rejected.num_rows:
-            self._append_once(self.quarantine_path, rejected, self.quarantine_schema, batch_id)
-        metrics.stage_seconds["bronze_write"] = time.monotonic() - mark
+    def _write(self, rows: Any, batch_id: int, metrics: BatchMetrics) -> None:
+        from pyspark.sql import functions as F
 
-    def _write_silver(self, valid: pa.Table, batch_id: int, metrics: BatchMetrics) -> None:
-        silver = ensure_table(self.silver_path, self.silver_schema, ["_event_date"], cdf=True)
-        if committed(silver, self.app_id, batch_id):
-            metrics.replayed = valid.num_rows
+        spark = rows.sparkSession  # the query's own session: its Delta settings are its own
+        stage = metrics.stage_seconds
+        mark = time.monotonic()
+        ok = F.col("_status") == "ok"
+        per_partition = (
+            rows.groupBy("_topic", "_partition")
+            .agg(
+                F.count(F.lit(1)).alias("read"),
+                F.sum(F.when(ok, 1).otherwise(0)).alias("valid"),
+                F.min("_offset").alias("first"),
+                F.max("_offset").alias("last"),
+                F.min(F.when(ok, F.col("_event_date"))).alias("min_date"),
+                F.max(F.when(ok, F.col("_event_date"))).alias("max_date"),
+            )
+            .collect()
+        )
+        stage["read_parse"] = time.monotonic() - mark
+        metrics.read = sum(r["read"] for r in per_partition)
+        metrics.valid = sum(r["valid"] for r in per_partition)
+        metrics.quarantined = metrics.read - metrics.valid
+        for r in per_partition:
+            metrics.offsets.setdefault(r["_topic"], {})[str(r["_partition"])] = [r["first"], r["last"]]
+        if not metrics.read:
+            return
+        mark = time.monotonic()
+        self._append_once(rows, self.bronze_path, self.bronze_schema.names, batch_id)
+        metrics.bronze_version = _table_version(spark, self.bronze_path)
+        crash_point("after_bronze_commit")
+        if metrics.quarantined:
+            rejected = rows.filter(F.col("_status") == "rejected")
+            self._append_once(rejected, self.quarantine_path, self.quarantine_schema.names, batch_id)
+        stage["bronze_write"] = time.monotonic() - mark
+        mark = time.monotonic()
+        dates = [d for r in per_partition for d in (r["min_date"], r["max_date"]) if d is not None]
+        valid = rows.filter(F.col("_status") == "ok").select(*self.silver_schema.names)
+        self._write_silver(spark, valid, batch_id, metrics, (min(dates), max(dates)) if dates else None)
+        stage["silver_merge"] = time.monotonic() - mark
+        crash_point("after_silver_commit")
+
+    def _write_silver(
+        self,
+        spark: Any,
+        valid: Any,
+        batch_id: int,
+        metrics: BatchMetrics,
+        dates: tuple[datetime.date, datetime.date] | None,
+    ) -> None:
+        if dates is None:
             return
         dedup = self.src.dedup
         if dedup is None:
-            if valid.num_rows:
-                write_deltalake(
-                    silver, valid, mode="append", commit_properties=commit_properties(self.app_id, batch_id)
-                )
-            metrics.inserted = valid.num_rows
-            metrics.silver_version = silver.version()
+            before = _table_version(spark, self.silver_path)
+            self._append_once(valid, self.silver_path, self.silver_schema.names, batch_id)
+            metrics.silver_version = _table_version(spark, self.silver_path)
+            if metrics.silver_version == before:
+                metrics.replayed = metrics.valid
+            else:
+                metrics.inserted = metrics.valid
             return
-        unique = dedup_in_batch(valid, self.src.dedup_key, dedup.window)
-        outcome = insert_if_absent(silver, unique, self.src.dedup_key, dedup.window, self.app_id, batch_id)
+        days = lookup_days(dates[0], dates[1], dedup.window)
+        outcome = insert_new(
+            spark, self.silver_path, valid, self.src.dedup_key, dedup.window, days, self.app_id, batch_id
+        )
+        metrics.silver_version = _table_version(spark, self.silver_path)
+        if outcome.replayed:
+            metrics.replayed = metrics.valid
+            return
         metrics.inserted = outcome.inserted
-        metrics.duplicates_dropped = valid.num_rows - outcome.inserted
-        metrics.silver_version = silver.version()
-        if outcome.files_scanned >= compact_at_files():
+        metrics.duplicates_dropped = metrics.valid - outcome.inserted
+        threshold = compact_at_files()
+        if files_in_days(spark, self.silver_path, days) >= threshold:
             # After the batch's own commit: a crash here leaves only unreferenced files.
             mark = time.monotonic()
-            metrics.compacted = compact_lookup_days(silver, unique, dedup.window)
+            metrics.compacted = compact_days(spark, self.silver_path, days)
             metrics.stage_seconds["silver_compact"] = time.monotonic() - mark
             crash_point("after_silver_compaction")
 
@@ -357,10 +386,19 @@ class SourceStream:
     options: dict[str, str]
     checkpoint: Path
     layout: TableLayout
+    bootstrap: str = ""
 
     def start(self, spark: Any, trigger: dict[str, Any]) -> Any:
-        options = {**self.options, **self.fast_path_options(spark)}
-        kafka = spark.readStream.format(FORMAT_NAME).options(**options).load()
+        kafka_spec = self.spec.kafka
+        # Name what Kafka lost since the checkpoint before Spark's connector trips over it.
+        check_data_loss(
+            librdkafka_config(kafka_spec, self.bootstrap),
+            [self.spec.sources[self.source].topic],
+            self.checkpoint / "spark",
+            kafka_spec.fail_on_data_loss,
+        )
+        self.writer.ensure_tables(spark)
+        kafka = spark.readStream.format("kafka").options(**self.options).load()
         parsed = parse_records(kafka, self.spec.sources[self.source])
         # The plan above may be built beside another source's (start_queries); the first
         # foreachBatch of a process starts py4j's callback server, once, so one at a time here.
@@ -373,22 +411,6 @@ class SourceStream:
                 .start()
             )
 
-    def fast_path_options(self, spark: Any) -> dict[str, str]:
-        """Local mode: valid records are finished in the source and skip the JVM (arrow_validate.py).
-
-        Only where the source's workers share the driver's disk (a local master), the session
-        time zone is UTC (the fast path's dates are UTC dates, as Spark's are then) and the
-        Arrow parse is on. RIVERHOUSE_FAST_PATH=0 turns it off.
-        """
-        if "parse.fields" not in self.options or not local_fast_path(spark):
-            return {}
-        rules = rules_for(self.spec.sources[self.source])
-        if rules is None or spark.conf.get("spark.sql.session.timeZone") != "UTC":
-            return {}
-        folder = spool_folder(self.checkpoint.resolve())
-        clear_spool(folder)  # under the pipeline lock: leftovers of a run that stopped mid-batch
-        return {"spool.dir": str(folder), "validate.rules": rules.encode()}
-
     def stop(self, query: Any) -> None:
         """Clean stop: let the batch in flight finish, start no new one, stop the query."""
         self.writer.stopping = True
@@ -399,8 +421,12 @@ class SourceStream:
     def failure(self, exc: BaseException) -> PipelineError:
         cause = self.writer.error or exc
         topic = self.spec.sources[self.source].topic
+        message = _root_message(cause)
+        if _KAFKA_UNREACHABLE.search(str(cause)) and "cannot reach Kafka" not in message:
+            # The connector's timeouts name a Java exception; the user needs to know it was Kafka.
+            message = f"cannot reach Kafka at {self.bootstrap} (Spark's Kafka connector: {message})"
         error = PipelineError(
-            f"pipeline {self.spec.name!r}, source {self.source!r} (topic {topic!r}) failed: {_root_message(cause)}"
+            f"pipeline {self.spec.name!r}, source {self.source!r} (topic {topic!r}) failed: {message}"
         )
         error.__cause__ = cause
         return error
@@ -415,18 +441,8 @@ def prepare_stream(
     ckpt = checkpoint_dir(settings, spec.name, source)
     app_id = stream_app_id(ckpt, spec.name, source)
     writer = BatchWriter(spec, source, layout, app_id, metrics.observed(spec.name, on_batch))
-    writer.ensure_tables()
-    options = source_options(
-        bootstrap,
-        [src.topic],
-        spec.kafka.config,
-        spec.kafka.starting_offsets,
-        spec.kafka.max_offsets_per_trigger,
-        parse_fields=[(f.name, f.type) for f in src.fields],
-        max_message_bytes=src.max_message_bytes,
-        fail_on_data_loss=spec.kafka.fail_on_data_loss,
-    )
-    return SourceStream(spec, source, writer, options, ckpt, layout)
+    options = connector_options(spec.kafka, bootstrap, [src.topic])
+    return SourceStream(spec, source, writer, options, ckpt, layout, bootstrap)
 
 
 def ingest(
@@ -473,7 +489,9 @@ def ingest_sources(
             except BaseException:
                 _stop_all(list(zip(streams, queries, strict=True)))
                 raise
-            return [stream_result(stream, query, started) for stream, query in zip(streams, queries, strict=True)]
+            return [
+                stream_result(spark, stream, query, started) for stream, query in zip(streams, queries, strict=True)
+            ]
         finally:
             metrics.push(spec, settings)  # a triggered run is too short to scrape (metrics.py)
 
@@ -536,19 +554,23 @@ def sink_lock(settings: Settings, pipeline: str, log: Callable[[str], None] | No
         yield
 
 
-def stream_result(stream: SourceStream, query: Any, started: float) -> IngestResult:
+def stream_result(spark: Any, stream: SourceStream, query: Any, started: float) -> IngestResult:
     end_offsets: dict[str, dict[str, int]] = {}
     progress = query.lastProgress
     if progress and progress.get("sources"):
         raw = progress["sources"][0].get("endOffset")
         end_offsets = json.loads(raw) if isinstance(raw, str) else (raw or {})
     writer = stream.writer
-    silver = ensure_table(stream.layout.silver(stream.source), writer.silver_schema, ["_event_date"], cdf=True)
+    silver_version = _table_version(spark, writer.silver_path)
     return IngestResult(
-        stream.spec.name, stream.source, writer.batches, time.monotonic() - started, silver.version(), end_offsets
+        stream.spec.name, stream.source, writer.batches, time.monotonic() - started, silver_version, end_offsets
     )
 
 
+# What Spark's Kafka connector raises when the broker cannot be reached or stops answering.
+_KAFKA_UNREACHABLE = re.compile(
+    r"TimeoutException|Timed out waiting|Cannot fetch record|DisconnectException|AuthenticationException"
+)
 _PYTHON_ERROR_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?(?P<name>[A-Za-z_]\w*(?:Error|Exception)): (?P<message>.+)$")
 
 

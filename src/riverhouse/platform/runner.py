@@ -52,7 +52,7 @@ def run_once(
     started = time.monotonic()
     resolve_bootstrap(spec, settings)  # no Kafka: say so before a Spark start-up
     spark = spark or get_spark(settings.spark_master, conf=settings.spark_conf)
-    loader = SinkLoader(spec, settings, log) if load else None
+    loader = SinkLoader(spec, settings, log, spark) if load else None
     if loader is not None:
         loader.connect()  # opens while the queries start
     early_loads = loader is not None and not spec.is_join
@@ -99,14 +99,23 @@ def run_once(
 
 
 def load_sink(
-    spec: PipelineSpec, settings: Settings, log: Callable[[str], None] | None = None, client: Any = None
+    spec: PipelineSpec,
+    settings: Settings,
+    log: Callable[[str], None] | None = None,
+    client: Any = None,
+    spark: Any = None,
 ) -> Any:
     """Load new Delta versions into ClickHouse, one loader per pipeline at a time."""
     began = time.monotonic()
     try:
         with sink_lock(settings, spec.name, log):
             result = load_new_versions(
-                spec, settings.clickhouse_dsn, sink_table_path(spec, settings.warehouse), log=log, client=client
+                spec,
+                settings.clickhouse_dsn,
+                sink_table_path(spec, settings.warehouse),
+                log=log,
+                client=client,
+                spark=spark,
             )
     except ClickHouseLoadError:
         metrics.observe_load_error(spec.name)
@@ -128,8 +137,9 @@ class SinkLoader:
     same path meanwhile).
     """
 
-    def __init__(self, spec: PipelineSpec, settings: Settings, log: Callable[[str], None] | None):
+    def __init__(self, spec: PipelineSpec, settings: Settings, log: Callable[[str], None] | None, spark: Any = None):
         self.spec = spec
+        self.spark = spark
         self.settings = settings
         self.log = log
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="riverhouse-load")
@@ -194,7 +204,7 @@ class SinkLoader:
     def _load(self) -> LoadResult:
         with self._lock:
             self._waiting = False
-        return load_sink(self.spec, self.settings, self.log, client=self._open())
+        return load_sink(self.spec, self.settings, self.log, client=self._open(), spark=self.spark)
 
 
 def _batch_line(spec: PipelineSpec, m: BatchMetrics) -> str:
@@ -245,7 +255,7 @@ def run_continuous(
 
     loaded = {"rows": 0}
     published = {"batches": -1}
-    loader = SinkLoader(spec, settings, log) if load else None  # one connection for the session
+    loader = SinkLoader(spec, settings, log, spark) if load else None  # one connection for the session
 
     def publish() -> None:
         with counted:

@@ -57,15 +57,15 @@ class Settings:
 def local_folder(variable: str, value: str) -> Path:
     """`value` as a local folder; a URL is refused (`Path("s3a://b/c")` would silently be `s3a:/b/c`).
 
-    Checkpoints hold the pipeline locks, the stream's app id and the fast path's spool files,
-    which need a POSIX file system: object storage is not one.
+    Checkpoints hold the pipeline locks (flock) and the stream's app id, which need a POSIX
+    file system: object storage is not one.
     """
     if value.startswith("file://"):
         return Path(urlsplit(value).path)
     if "://" in value or value.startswith(("s3:", "s3a:", "gs:", "abfss:", "hdfs:")):
         raise SettingsError(
             f"{variable}={value!r} is a URL, but checkpoints must be a local or mounted folder (they hold "
-            "locks and spool files); put the warehouse on object storage (RIVERHOUSE_WAREHOUSE) and the "
+            "locks); put the warehouse on object storage (RIVERHOUSE_WAREHOUSE) and the "
             "checkpoints on a persistent volume"
         )
     return Path(value)

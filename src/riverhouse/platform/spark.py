@@ -25,6 +25,14 @@ DEFAULT_CONF: dict[str, str] = {
     # Spec SQL runs in these sessions: no `SELECT ... FROM text.`/path`` reads of the driver's files.
     "spark.sql.runSQLOnFiles": "false",
 }
+# Spark replaces a conf's or a data source option's value with "*********(redacted)" in
+# plans, the UI, the event log and its own log lines when the key or the value matches.
+# Besides Spark's defaults: the Kafka connector options that hold a secret once Riverhouse
+# resolved `${env:...}` (the SASL JAAS line, the client's private key).
+REDACTION_CONF: dict[str, str] = {
+    "spark.redaction.regex": r"(?i)secret|password|token|access[.]?key|jaas|keystore\.key|ssl\.key",
+    "spark.sql.redaction.options.regex": r"(?i)url|jaas|password|secret|token|keystore\.key|ssl\.key",
+}
 
 
 class JavaMissingError(RuntimeError):
@@ -122,10 +130,10 @@ def _launch_env(master: str) -> Iterator[None]:
 
 
 def local_fast_path(spark: Any) -> bool:
-    """Run the local-mode fast paths (records validated in the source, the numpy join)?
+    """Run the local-mode numpy join (joins.py, until the gold issue moves joins into Spark)?
 
     Only with a `local[...]` master, where the driver and the workers share a disk and the
-    driver's memory is the whole machine's anyway; RIVERHOUSE_FAST_PATH=0 turns them off.
+    driver's memory is the whole machine's anyway; RIVERHOUSE_FAST_PATH=0 turns it off.
     """
     if os.environ.get("RIVERHOUSE_FAST_PATH", "1") == "0":
         return False
@@ -136,23 +144,21 @@ def local_fast_path(spark: Any) -> bool:
 
 
 def get_spark(master: str = "local[2]", app_name: str = "riverhouse", conf: dict[str, str] | None = None) -> Any:
-    """Get (or create) the process's SparkSession: the pinned jars, Delta, the Kafka sources."""
+    """Get (or create) the process's SparkSession: the pinned jars (Kafka connector, Delta), redaction."""
     check_java()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
     from riverhouse.platform.jars import spark_conf
-    from riverhouse.platform.kafka_source import KafkaDataSource
 
     log_config = Path(__file__).with_name("log4j2.properties")
     quiet = {"spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{log_config}"}
     builder = SparkSession.builder.master(master).appName(app_name)
     # The pinned jars (Spark's Kafka connector, delta-spark) and Delta's extension, on every session.
-    for key, value in {**DEFAULT_CONF, **spark_conf(), **quiet, **(conf or {})}.items():
+    for key, value in {**DEFAULT_CONF, **REDACTION_CONF, **spark_conf(), **quiet, **(conf or {})}.items():
         builder = builder.config(key, value)
     with _launch_env(master):
         spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
-    spark.dataSource.register(KafkaDataSource)
     return spark

@@ -250,9 +250,53 @@ class SourceSpec(StrictModel):
         return [f.name for f in self.fields if f.required or f.name in keys]
 
 
+ENV_REF_ONLY_RE = re.compile(r"^\$\{env:[A-Za-z_][A-Za-z0-9_]*\}$")
+SASL_PROTOCOLS = ("SASL_PLAINTEXT", "SASL_SSL")
+TLS_PROTOCOLS = ("SSL", "SASL_SSL")
+
+
+class KafkaSecurity(StrictModel):
+    """One portable statement of Kafka security, mapped to the Java client (Spark) and librdkafka.
+
+    Files are PEM paths that must exist wherever a client runs (driver and executors).
+    """
+
+    protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    username: str | None = None
+    # Only as `${env:NAME}`: a password written in a spec file would end up in git.
+    password: str | None = None
+    ca: str | None = None
+    certificate: str | None = None
+    key: str | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> KafkaSecurity:
+        if self.password is not None and not ENV_REF_ONLY_RE.match(self.password):
+            raise ValueError(
+                "password must be an environment reference like ${env:RIVERHOUSE_SECRET_KAFKA_PASSWORD}, not the secret"
+            )
+        for value in (self.username, self.password):
+            if problems := env_ref_problems(value):
+                raise ValueError("; ".join(problems))
+        sasl = self.protocol in SASL_PROTOCOLS
+        if sasl and not (self.mechanism and self.username and self.password):
+            raise ValueError(f"protocol {self.protocol} needs mechanism, username and password")
+        if not sasl and (self.mechanism or self.username or self.password):
+            raise ValueError(f"mechanism, username and password need a SASL protocol, not {self.protocol}")
+        if (self.certificate is None) != (self.key is None):
+            raise ValueError("a client certificate needs its key (certificate and key together)")
+        if self.protocol not in TLS_PROTOCOLS and (self.ca or self.certificate):
+            raise ValueError(f"ca, certificate and key need protocol SSL or SASL_SSL, not {self.protocol}")
+        return self
+
+
 class KafkaSpec(StrictModel):
     # "local" means: the local Kafka started by `riverhouse kafka start`.
     bootstrap_servers: str = "local"
+    # Security, stated once for both clients (kafka_source.py maps it); `config` is extra
+    # librdkafka tuning for the sensor, the generator and the benchmarks.
+    security: KafkaSecurity | None = None
     config: dict[str, str | int | float | bool] = Field(default_factory=dict)
     starting_offsets: Literal["earliest", "latest"] = "earliest"
     max_offsets_per_trigger: int = Field(default=500_000, gt=0)

@@ -1,4 +1,10 @@
-"""Delta tables (delta-rs): layout, schemas and the exactly-once commit helpers."""
+"""Delta tables: layout, schemas, creation with delta-spark, and the delta-rs helpers.
+
+delta-spark writes every table the ingest writes (bronze, quarantine, silver) and creates
+them (`ensure_delta_table`). The delta-rs helpers below serve the readers that need no JVM
+(checks, CLI status) and the gold/backfill code of issue 18, which still uses them;
+tests/spark/test_delta_interop.py shows delta-rs reading what delta-spark writes.
+"""
 
 from __future__ import annotations
 
@@ -141,6 +147,38 @@ def ensure_table(path: str, schema: pa.Schema, partition_by: list[str], cdf: boo
         storage_options=storage_options(),
         mode="ignore",
     )
+
+
+def spark_schema(schema: pa.Schema) -> Any:
+    """The Spark StructType of an Arrow schema (the table schemas above are declared once, in Arrow)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(schema)
+
+
+def ensure_delta_table(spark: Any, path: str, schema: pa.Schema, partition_by: list[str], cdf: bool = False) -> None:
+    """Create the table with delta-spark unless it exists; an existing one must have every column."""
+    from delta.tables import DeltaTable
+
+    if DeltaTable.isDeltaTable(spark, path):
+        existing = set(DeltaTable.forPath(spark, path).toDF().columns)
+        missing = [f.name for f in schema if f.name not in existing]
+        if missing:
+            raise RuntimeError(
+                f"Delta table {path} exists but lacks column(s) {', '.join(missing)}: it was written "
+                "by another spec. Point the pipeline at a new warehouse or reset it (riverhouse reset)."
+            )
+        return
+    # Delta's builder names the table `delta.`<path>``, which Riverhouse sessions refuse
+    # (spark.sql.runSQLOnFiles=false keeps spec SQL from reading files). Only this create
+    # runs in a session of its own that allows it; no spec SQL ever runs there.
+    creator = spark.newSession()
+    creator.conf.set("spark.sql.runSQLOnFiles", "true")
+    builder = DeltaTable.createIfNotExists(creator).location(path).addColumns(spark_schema(schema))
+    builder = builder.partitionedBy(*partition_by)
+    if cdf:
+        builder = builder.property("delta.enableChangeDataFeed", "true")
+    builder.execute()
 
 
 def plain_strings(table: pa.Table) -> pa.Table:
