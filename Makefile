@@ -41,7 +41,7 @@ $(JARS_STAMP): jvm/pom.xml | $(STAMP) mvn-check
 	  $(MVN) -B -q -Dstyle.color=never -f jvm/pom.xml -P $$profile dependency:copy-dependencies -DincludeScope=runtime \
 	    -DoutputDirectory=$(CURDIR)/$(JARS).new/$$profile || { echo "Maven could not fetch the $$profile jars (see above)"; exit 1; }; \
 	done
-	@$(BIN)/python -m riverhouse.platform.jars prune $(JARS).new/spark
+	@$(BIN)/python -m riverhouse.platform.runtime.jars prune $(JARS).new/spark
 	@touch $(JARS).new/.installed
 	@rm -rf $(JARS).old && { [ ! -e $(JARS) ] || mv $(JARS) $(JARS).old; } && mv $(JARS).new $(JARS) && rm -rf $(JARS).old
 

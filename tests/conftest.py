@@ -16,16 +16,16 @@ from typing import Any
 
 import pytest
 
-from riverhouse.platform import local_kafka
-from riverhouse.platform.settings import Settings
+from riverhouse.platform.kafka import local_kafka
 from riverhouse.platform.spec import PipelineSpec, parse_spec
+from riverhouse.platform.state.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="session")
 def spark() -> Any:
-    from riverhouse.platform.spark import get_spark
+    from riverhouse.platform.runtime.spark import get_spark
 
     session = get_spark("local[2]", app_name="riverhouse-tests")
     yield session

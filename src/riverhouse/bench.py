@@ -26,20 +26,20 @@ import pyarrow as pa
 
 from riverhouse.bench_cpu import CpuMeter
 from riverhouse.bench_report import render_docs, write_results
-from riverhouse.platform import local_kafka
-from riverhouse.platform.clickhouse import create_table_sql, open_client, qualified_table, quote
-from riverhouse.platform.generator import (
+from riverhouse.platform.kafka import local_kafka
+from riverhouse.platform.kafka.generator import (
     GeneratorConfig,
     expected_join,
     orders,
     produce,
     user_events,
 )
-from riverhouse.platform.settings import Settings
+from riverhouse.platform.sink.clickhouse import create_table_sql, open_client, qualified_table, quote
 from riverhouse.platform.spec import PipelineSpec, parse_spec
+from riverhouse.platform.state.settings import Settings
 
 if TYPE_CHECKING:
-    from riverhouse.platform.pipeline import BatchMetrics
+    from riverhouse.platform.ingest.stream import BatchMetrics
 
 SCENARIOS = (
     "kafka_produce_limit",
@@ -139,7 +139,7 @@ def machine_facts() -> dict[str, Any]:
 
 
 def _broker_version() -> str:
-    from riverhouse.platform.jars import jars_root
+    from riverhouse.platform.runtime.jars import jars_root
 
     for jar in (jars_root() / "broker").glob("kafka_2.13-*.jar"):
         return jar.name.removeprefix("kafka_2.13-").removesuffix(".jar")
@@ -270,7 +270,7 @@ class Bench:
     @property
     def spark(self) -> Any:
         if self._spark is None:
-            from riverhouse.platform.spark import get_spark
+            from riverhouse.platform.runtime.spark import get_spark
 
             started = time.monotonic()
             self._spark = get_spark(
@@ -609,7 +609,7 @@ class Bench:
         days is warm), and the warm-up rows' own percentiles are reported beside them.
         """
         from riverhouse.platform.runner import run_continuous
-        from riverhouse.platform.tables import TableLayout, read_inserts
+        from riverhouse.platform.state.tables import TableLayout, read_inserts
 
         topic = "bench_fresh"
         spec = _orders_spec("bench_fresh", topic)
@@ -824,7 +824,7 @@ class Bench:
         """
         import multiprocessing
 
-        from riverhouse.platform.tables import TableLayout
+        from riverhouse.platform.state.tables import TableLayout
 
         spec = _orders_spec(f"bench_state_{keys}", f"bench_state_{keys}")
         path = TableLayout(self.settings.warehouse, spec.name).silver("orders")
@@ -934,9 +934,9 @@ def measure_dedup_state(path: str, keys: int, batch_rows: int) -> dict[str, Any]
 
     import numpy as np
 
-    from riverhouse.platform.dedup import insert_new, lookup_days
-    from riverhouse.platform.spark import get_spark
-    from riverhouse.platform.tables import ensure_delta_table, silver_schema
+    from riverhouse.platform.ingest.dedup import insert_new, lookup_days
+    from riverhouse.platform.runtime.spark import get_spark
+    from riverhouse.platform.state.tables import ensure_delta_table, silver_schema
 
     # The engine's own dedup stage: Spark's window functions + the insert-only MERGE. The
     # keys live in the JVM and in Delta, not in the driver's Python heap measured here.
@@ -1040,8 +1040,8 @@ def _assign_from_start(consumer: Any, topic: str) -> None:
 
 
 def _silver_rows(settings: Settings, spec: PipelineSpec) -> int:
-    from riverhouse.platform.quality import delta_row_count
-    from riverhouse.platform.tables import TableLayout
+    from riverhouse.platform.quality.checks import delta_row_count
+    from riverhouse.platform.state.tables import TableLayout
 
     return delta_row_count(TableLayout(settings.warehouse, spec.name).silver("orders"))
 

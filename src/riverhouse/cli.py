@@ -18,10 +18,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from riverhouse.cli_support import HomeOption, err, fail, out, settings_for
-from riverhouse.platform import local_kafka
-from riverhouse.platform.settings import Settings, redact_dsn
-from riverhouse.platform.spark import JavaMissingError
+from riverhouse.platform.kafka import local_kafka
+from riverhouse.platform.runtime.spark import JavaMissingError
 from riverhouse.platform.spec import SpecError, check_together, load_spec
+from riverhouse.platform.state.settings import Settings, redact_dsn
 
 app = typer.Typer(
     help="Riverhouse: Kafka -> deduplicated Delta tables -> ClickHouse, exactly once.",
@@ -90,7 +90,7 @@ def _produce_with_progress(
     quiet: bool = False,
     client_config: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    from riverhouse.platform.generator import GENERATORS, produce
+    from riverhouse.platform.kafka.generator import GENERATORS, produce
 
     records, stats = GENERATORS[kind](cfg)
     # Only orders have a count known up front (user events depend on the user population).
@@ -147,7 +147,7 @@ def generate(
     home: HomeOption = None,
 ) -> None:
     """Produce synthetic orders or user events with duplicates, late and malformed records."""
-    from riverhouse.platform.generator import GENERATORS, GeneratorConfig
+    from riverhouse.platform.kafka.generator import GENERATORS, GeneratorConfig
 
     if kind not in GENERATORS:
         fail(f"--kind must be one of {', '.join(GENERATORS)}, got {kind!r}")
@@ -161,7 +161,7 @@ def generate(
     client_config: dict[str, Any] = {}
     if spec_file is not None:
         spec = _load_or_fail(spec_file)
-        from riverhouse.platform.kafka_source import librdkafka_security
+        from riverhouse.platform.kafka.client import librdkafka_security
 
         # The spec's extras and its security, as librdkafka settings (bootstrap comes below).
         client_config = _guarded(lambda: {**spec.kafka.resolved_config(), **librdkafka_security(spec.kafka.security)})
@@ -254,10 +254,10 @@ def _load_or_fail(path: Path) -> Any:
 
 def _guarded(action: Any) -> Any:
     """Run `action`, turning the errors a user can hit into one clear message and exit 1."""
-    from riverhouse.platform.clickhouse import ClickHouseLoadError
-    from riverhouse.platform.kafka_source import KafkaSourceError
-    from riverhouse.platform.metrics import MetricsError
-    from riverhouse.platform.pipeline import PipelineError
+    from riverhouse.platform.ingest.stream import PipelineError
+    from riverhouse.platform.kafka.client import KafkaSourceError
+    from riverhouse.platform.runtime.metrics import MetricsError
+    from riverhouse.platform.sink.clickhouse import ClickHouseLoadError
 
     try:
         return action()
@@ -453,8 +453,8 @@ def reset(
     home: HomeOption = None,
 ) -> None:
     """Delete one pipeline's Delta tables, checkpoints, ClickHouse table and ledger rows; it restarts from Kafka."""
-    from riverhouse.platform.reset import ResetError, plan_reset, reset_pipeline
     from riverhouse.platform.spec import load_spec_folder
+    from riverhouse.platform.state.reset import ResetError, plan_reset, reset_pipeline
 
     settings = settings_for(home)
     if Path(pipeline).is_file():

@@ -8,9 +8,9 @@ from typing import Annotated
 import typer
 
 from riverhouse.cli_support import HomeOption, err, fail, out, settings_for
-from riverhouse.platform import local_kafka
-from riverhouse.platform.settings import Settings
-from riverhouse.platform.spark import JavaMissingError
+from riverhouse.platform.kafka import local_kafka
+from riverhouse.platform.runtime.spark import JavaMissingError
+from riverhouse.platform.state.settings import Settings
 
 kafka_app = typer.Typer(
     help="The local Kafka: a single-node Apache Kafka broker (KRaft) for development and demos.",

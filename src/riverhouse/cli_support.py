@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from riverhouse.platform.settings import Settings, SettingsError
+from riverhouse.platform.state.settings import Settings, SettingsError
 
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)

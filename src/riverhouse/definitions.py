@@ -20,8 +20,8 @@ import dagster as dg
 
 from riverhouse.assets import build_pipeline_assets
 from riverhouse.assets.orchestration import build_orchestration
-from riverhouse.platform.settings import Settings
 from riverhouse.platform.spec import PipelineSpec, SpecError, load_spec_folder
+from riverhouse.platform.state.settings import Settings
 from riverhouse.resources import resources_from_settings
 
 SPEC_ERRORS_GROUP = "spec_errors"

@@ -20,26 +20,26 @@ import dagster as dg
 from riverhouse.assets import build_pipeline_assets
 from riverhouse.assets.pipelines import MODE_TAG, live_partition_key
 from riverhouse.deploy import local_dagster_home
-from riverhouse.platform import local_kafka
-from riverhouse.platform.clickhouse import (
-    open_client,
-    qualified_table,
-    quote,
-    sample_rows,
-    table_stats,
-)
-from riverhouse.platform.generator import (
+from riverhouse.platform.ingest.stream import PipelineError
+from riverhouse.platform.kafka import local_kafka
+from riverhouse.platform.kafka.generator import (
     GeneratorConfig,
     expected_join,
     orders,
     produce,
     user_events,
 )
-from riverhouse.platform.pipeline import PipelineError
-from riverhouse.platform.quality import delta_row_count
-from riverhouse.platform.settings import Settings
+from riverhouse.platform.quality.checks import delta_row_count
+from riverhouse.platform.sink.clickhouse import (
+    open_client,
+    qualified_table,
+    quote,
+    sample_rows,
+    table_stats,
+)
 from riverhouse.platform.spec import PipelineSpec
-from riverhouse.platform.tables import TableLayout
+from riverhouse.platform.state.settings import Settings
+from riverhouse.platform.state.tables import TableLayout
 from riverhouse.resources import resources_from_settings
 
 

@@ -14,10 +14,10 @@ from riverhouse.assets import build_pipeline_assets
 from riverhouse.assets.pipelines import MODE_TAG, live_partition_key
 from riverhouse.definitions import build_definitions
 from riverhouse.demo import check_results, materialization_metadata
-from riverhouse.platform.clickhouse import table_stats
-from riverhouse.platform.settings import Settings
+from riverhouse.platform.sink.clickhouse import table_stats
 from riverhouse.platform.spec import QualitySpec, load_specs
-from riverhouse.platform.tables import TableLayout, open_table
+from riverhouse.platform.state.settings import Settings
+from riverhouse.platform.state.tables import TableLayout, open_table
 from riverhouse.resources import resources_from_settings
 from tests.conftest import REPO, order, orders_spec, produce
 

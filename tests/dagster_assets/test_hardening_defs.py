@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from riverhouse.definitions import SPEC_ERRORS_GROUP, build_definitions
-from riverhouse.platform.settings import Settings
 from riverhouse.platform.spec import load_spec
+from riverhouse.platform.state.settings import Settings
 from riverhouse.resources import resources_from_settings
 from tests.conftest import REPO
 

@@ -14,10 +14,10 @@ import pytest
 
 from riverhouse.assets.orchestration import lag_sensor, pipeline_schedule
 from riverhouse.demo import check_results, materialization_metadata
-from riverhouse.platform.clickhouse import open_client, qualified_table
-from riverhouse.platform.settings import Settings
+from riverhouse.platform.sink.clickhouse import open_client, qualified_table
 from riverhouse.platform.spec import OrchestrationSpec, SensorSpec, parse_spec
-from riverhouse.platform.tables import TableLayout, open_table
+from riverhouse.platform.state.settings import Settings
+from riverhouse.platform.state.tables import TableLayout, open_table
 from riverhouse.resources import resources_from_settings
 from tests.conftest import order, orders_spec, produce
 from tests.dagster_assets.test_definitions import materialize, tolerant
@@ -234,7 +234,7 @@ def test_backfill_of_a_join_pipeline_rebuilds_gold_and_clickhouse(
     spark: Any, kafka: str, topic: str, settings: Settings
 ) -> None:
     from riverhouse.demo import materialize_pipeline
-    from riverhouse.platform.joins import gold_path
+    from riverhouse.platform.gold.joins import gold_path
     from tests.integration.test_joins import ch_rows, join_spec, semantics_events, topics_for
 
     topics = topics_for(topic)

@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 import yaml
 
-from riverhouse.platform import local_kafka
-from riverhouse.platform.clickhouse import open_client, qualified_table
-from riverhouse.platform.settings import Settings
+from riverhouse.platform.kafka import local_kafka
+from riverhouse.platform.sink.clickhouse import open_client, qualified_table
+from riverhouse.platform.state.settings import Settings
 from tests.conftest import REPO, order, orders_spec, produce, riverhouse_cmd, subprocess_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from riverhouse.platform import local_kafka
+from riverhouse.platform.kafka import local_kafka
 from tests.conftest import REPO, riverhouse_cmd
 
 pytestmark = pytest.mark.integration
@@ -27,7 +27,7 @@ def test_help_lists_every_command() -> None:
 
 def test_local_kafka_lifecycle_and_generate(tmp_path: Path) -> None:
     """A real broker: start, topics with a chosen partition count, and data that survives stop/start."""
-    from riverhouse.platform.kafka_source import watermarks
+    from riverhouse.platform.kafka.client import watermarks
 
     home = str(tmp_path / "home")
     assert cli("kafka", "status", "--home", home).returncode == 1

@@ -22,10 +22,10 @@ import pyspark
 import pytest
 import yaml
 
-from riverhouse.platform.generator import GeneratorConfig, orders
+from riverhouse.platform.kafka.generator import GeneratorConfig, orders
 from riverhouse.platform.runner import run_once
-from riverhouse.platform.settings import Settings
-from riverhouse.platform.tables import TableLayout, open_table
+from riverhouse.platform.state.settings import Settings
+from riverhouse.platform.state.tables import TableLayout, open_table
 from tests.conftest import orders_spec, produce, riverhouse_cmd, subprocess_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
-from riverhouse.platform.clickhouse import open_client, qualified_table
-from riverhouse.platform.settings import Settings
+from riverhouse.platform.sink.clickhouse import open_client, qualified_table
+from riverhouse.platform.state.settings import Settings
 from tests.conftest import order, orders_spec, produce, riverhouse_cmd, subprocess_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -22,12 +22,12 @@ from typing import Any
 import pytest
 import yaml
 
-from riverhouse.platform.clickhouse import last_loaded_version, open_client, qualified_table
-from riverhouse.platform.generator import GeneratorConfig, orders
+from riverhouse.platform.kafka.generator import GeneratorConfig, orders
 from riverhouse.platform.runner import run_once
-from riverhouse.platform.settings import Settings
+from riverhouse.platform.sink.clickhouse import last_loaded_version, open_client, qualified_table
 from riverhouse.platform.spec import load_spec
-from riverhouse.platform.tables import TableLayout, open_table
+from riverhouse.platform.state.settings import Settings
+from riverhouse.platform.state.tables import TableLayout, open_table
 from tests.conftest import orders_spec, produce, riverhouse_cmd, subprocess_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

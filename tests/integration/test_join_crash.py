@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 import yaml
 
-from riverhouse.platform.clickhouse import open_client, qualified_table
-from riverhouse.platform.generator import GeneratorConfig, expected_join, orders, user_events
-from riverhouse.platform.settings import Settings
+from riverhouse.platform.kafka.generator import GeneratorConfig, expected_join, orders, user_events
+from riverhouse.platform.sink.clickhouse import open_client, qualified_table
 from riverhouse.platform.spec import load_spec
+from riverhouse.platform.state.settings import Settings
 from tests.conftest import REPO, produce
 from tests.integration.test_crash import rerun, run_cli
 

@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
-from riverhouse.platform.clickhouse import open_client, qualified_table
-from riverhouse.platform.joins import gold_path, gold_quarantine_path
+from riverhouse.platform.gold.joins import gold_path, gold_quarantine_path
 from riverhouse.platform.runner import run_once
-from riverhouse.platform.settings import Settings
+from riverhouse.platform.sink.clickhouse import open_client, qualified_table
 from riverhouse.platform.spec import PipelineSpec, parse_spec
-from riverhouse.platform.tables import TableLayout, open_table
+from riverhouse.platform.state.settings import Settings
+from riverhouse.platform.state.tables import TableLayout, open_table
 from tests.conftest import produce
 
 pytestmark = pytest.mark.integration
@@ -266,7 +266,7 @@ def test_example_sql_spec_against_a_reference(spark: Any, kafka: str, topic: str
 
     import yaml
 
-    from riverhouse.platform.generator import (
+    from riverhouse.platform.kafka.generator import (
         GeneratorConfig,
         expected_join,
         orders,
@@ -313,8 +313,8 @@ def test_a_failing_source_stops_the_run_and_is_named(spark: Any, kafka: str, top
     import pyarrow as pa
     from deltalake import write_deltalake
 
-    from riverhouse.platform.pipeline import PipelineError
-    from riverhouse.platform.tables import bronze_schema
+    from riverhouse.platform.ingest.stream import PipelineError
+    from riverhouse.platform.state.tables import bronze_schema
 
     topics = topics_for(topic)
     semantics_events(kafka, topics)
@@ -335,7 +335,7 @@ def test_a_source_that_cannot_start_stops_the_one_that_did(
     spark: Any, kafka: str, topic: str, settings: Settings
 ) -> None:
     """The sources' queries start side by side: one failing to start is named, and the other is stopped."""
-    from riverhouse.platform.pipeline import PipelineError
+    from riverhouse.platform.ingest.stream import PipelineError
 
     topics = topics_for(topic)
     semantics_events(kafka, topics)

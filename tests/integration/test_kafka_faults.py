@@ -17,13 +17,13 @@ from typing import Any
 import pytest
 import yaml
 
-from riverhouse.platform import local_kafka
-from riverhouse.platform.clickhouse import open_client, qualified_table
-from riverhouse.platform.pipeline import PipelineError
+from riverhouse.platform.ingest.stream import PipelineError
+from riverhouse.platform.kafka import local_kafka
 from riverhouse.platform.runner import run_once
-from riverhouse.platform.settings import Settings
+from riverhouse.platform.sink.clickhouse import open_client, qualified_table
 from riverhouse.platform.spec import PipelineSpec
-from riverhouse.platform.tables import TableLayout, open_table
+from riverhouse.platform.state.settings import Settings
+from riverhouse.platform.state.tables import TableLayout, open_table
 from tests.conftest import order, orders_spec, produce, riverhouse_cmd, subprocess_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 import yaml
 
-from riverhouse.platform import kafka_tls, local_kafka
-from riverhouse.platform.clickhouse import open_client, qualified_table
-from riverhouse.platform.pipeline import PipelineError
+from riverhouse.platform.ingest.stream import PipelineError
+from riverhouse.platform.kafka import kafka_tls, local_kafka
 from riverhouse.platform.runner import run_once
-from riverhouse.platform.settings import Settings
+from riverhouse.platform.sink.clickhouse import open_client, qualified_table
 from riverhouse.platform.spec import parse_spec
+from riverhouse.platform.state.settings import Settings
 from tests.conftest import order, produce, riverhouse_cmd, subprocess_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -182,7 +182,7 @@ def test_the_password_is_redacted_from_plans_progress_and_the_environment(
     spark: Any, secure_broker: local_kafka.LocalKafkaState, topic: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A real query through SASL_SSL: the resolved password is in the connector's options, and nowhere Spark shows."""
-    from riverhouse.platform.kafka_source import connector_options
+    from riverhouse.platform.kafka.client import connector_options
 
     creds, _ = secure_files(secure_broker)
     produce(secure_broker.listeners["SASL_SSL"], topic, events(5), config=producer_config(secure_broker))

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from riverhouse.platform.kafka_source import watermarks
-from riverhouse.platform.pipeline import ingest
-from riverhouse.platform.settings import Settings
-from riverhouse.platform.tables import TableLayout, open_table
+from riverhouse.platform.ingest.stream import ingest
+from riverhouse.platform.kafka.client import watermarks
+from riverhouse.platform.state.settings import Settings
+from riverhouse.platform.state.tables import TableLayout, open_table
 from tests.conftest import order, orders_spec
 
 pytestmark = pytest.mark.integration
@@ -70,7 +70,7 @@ def test_producing_to_fewer_partitions_keeps_a_key_in_one_and_the_rest_empty(kaf
     """The benchmark's --partitions: the generator's producer uses only the topic's first N partitions."""
     from confluent_kafka import Consumer, TopicPartition
 
-    from riverhouse.platform.generator import produce as generate
+    from riverhouse.platform.kafka.generator import produce as generate
 
     keys = [f"k{i % 40}".encode() for i in range(400)]  # ten copies of each of 40 keys
     assert generate(kafka, topic, iter((k, b"{}") for k in keys), partitions=2) == 400

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from riverhouse.platform.settings import Settings
+from riverhouse.platform.state.settings import Settings
 from tests.conftest import order, orders_spec, produce, riverhouse_cmd, subprocess_env
 from tests.integration.test_continuous import Continuous
 

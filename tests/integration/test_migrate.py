@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from riverhouse.platform.clickhouse import open_client, qualified_table
 from riverhouse.platform.importers.glassflow import import_glassflow
 from riverhouse.platform.runner import run_once
-from riverhouse.platform.settings import Settings
+from riverhouse.platform.sink.clickhouse import open_client, qualified_table
 from riverhouse.platform.spec import PipelineSpec, load_spec
+from riverhouse.platform.state.settings import Settings
 
 pytestmark = pytest.mark.integration
 

@@ -8,11 +8,11 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from riverhouse.platform.clickhouse import open_client, qualified_table
-from riverhouse.platform.pipeline import PipelineError, ingest
+from riverhouse.platform.ingest.stream import PipelineError, ingest
 from riverhouse.platform.runner import run_once
-from riverhouse.platform.settings import Settings
-from riverhouse.platform.tables import TableLayout, open_table
+from riverhouse.platform.sink.clickhouse import open_client, qualified_table
+from riverhouse.platform.state.settings import Settings
+from riverhouse.platform.state.tables import TableLayout, open_table
 from tests.conftest import order, orders_spec, produce
 
 pytestmark = pytest.mark.integration
@@ -156,7 +156,7 @@ def test_event_dates_partition_silver(spark: Any, kafka: str, topic: str, settin
 def test_unusable_clickhouse_dsn_fails_the_load_after_ingest_without_its_secret(
     spark: Any, kafka: str, topic: str, settings: Settings
 ) -> None:
-    from riverhouse.platform.clickhouse import ClickHouseLoadError
+    from riverhouse.platform.sink.clickhouse import ClickHouseLoadError
 
     produce(kafka, topic, EVENTS[:5])
     spec = spec_for(topic, max_offsets=2)  # several batches: each would ask for a load

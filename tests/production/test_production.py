@@ -29,8 +29,8 @@ import dagster as dg
 import pytest
 import yaml
 
-from riverhouse.platform.clickhouse import open_client, qualified_table
-from riverhouse.platform.generator import GeneratorConfig, orders
+from riverhouse.platform.kafka.generator import GeneratorConfig, orders
+from riverhouse.platform.sink.clickhouse import open_client, qualified_table
 from riverhouse.platform.spec import parse_spec
 from tests.conftest import orders_spec_data, produce, riverhouse_cmd
 from tests.production.services import (

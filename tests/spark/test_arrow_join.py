@@ -17,10 +17,10 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from riverhouse.platform.arrow_join import evaluate_arrow, plain_gold_schema
-from riverhouse.platform.joins import evaluate, gold_schema, spark_gold_schema
+from riverhouse.platform.gold.arrow_join import evaluate_arrow, plain_gold_schema
+from riverhouse.platform.gold.joins import evaluate, gold_schema, spark_gold_schema
 from riverhouse.platform.spec import PipelineSpec, parse_spec
-from riverhouse.platform.tables import silver_schema
+from riverhouse.platform.state.tables import silver_schema
 
 pytestmark = pytest.mark.spark
 T0 = datetime(2026, 1, 1, 10, 0, tzinfo=UTC)

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from riverhouse.platform.settings import RESTRICTED_SPARK_CONF, Settings
 from riverhouse.platform.sql import QueryError, compile_query, flat
+from riverhouse.platform.state.settings import RESTRICTED_SPARK_CONF, Settings
 
 pytestmark = pytest.mark.spark
 
@@ -95,7 +95,7 @@ def test_spark_would_run_reflect_so_the_allow_list_must_refuse_it(spark: Any) ->
 
 
 def test_riverhouse_sessions_cannot_read_files_through_sql(spark: Any, tmp_path: Any) -> None:
-    from riverhouse.platform.spark import get_spark
+    from riverhouse.platform.runtime.spark import get_spark
 
     (tmp_path / "secret.txt").write_text("secret\n")
     session = get_spark("local[2]", conf=Settings.from_env(tmp_path).spark_conf)

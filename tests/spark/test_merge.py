@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 from delta.tables import DeltaTable
 
-from riverhouse.platform.dedup import (
+from riverhouse.platform.ingest.dedup import (
     MergeOutcome,
     compact_days,
     dedup_batch,
@@ -20,7 +20,7 @@ from riverhouse.platform.dedup import (
     insert_new,
     lookup_days,
 )
-from riverhouse.platform.tables import (
+from riverhouse.platform.state.tables import (
     committed,
     ensure_delta_table,
     open_table,

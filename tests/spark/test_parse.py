@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from riverhouse.platform.parse import fill_missing_dates, parse_records
+from riverhouse.platform.ingest.parse import fill_missing_dates, parse_records
 from tests.conftest import orders_spec
 
 pytestmark = pytest.mark.spark

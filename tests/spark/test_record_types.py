@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from riverhouse.platform.parse import parse_records
+from riverhouse.platform.ingest.parse import parse_records
 from riverhouse.platform.spec import SourceSpec
 from tests.conftest import orders_spec
 

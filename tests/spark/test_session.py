@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from riverhouse.platform.spark import local_spark_home
+from riverhouse.platform.runtime.spark import local_spark_home
 
 pytestmark = pytest.mark.spark
 

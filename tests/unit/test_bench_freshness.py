@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from riverhouse.bench import _freshness_profile, _percentiles
-from riverhouse.platform.pipeline import BatchMetrics
+from riverhouse.platform.ingest.stream import BatchMetrics
 
 pytestmark = pytest.mark.unit
 

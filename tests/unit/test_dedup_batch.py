@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pyarrow as pa
 import pytest
 
-from riverhouse.platform.dedup import dedup_in_batch
+from riverhouse.platform.ingest.dedup import dedup_in_batch
 
 pytestmark = pytest.mark.unit
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

@@ -180,7 +180,10 @@ def test_images_are_pinned_and_the_riverhouse_image_matches_the_package() -> Non
     flags = {f for f in maven.group(1).replace("\\", " ").split() if not f.startswith("$")}
     assert {"-f", "jvm/pom.xml", "dependency:copy-dependencies"} <= flags
     assert flags <= set(dockerfile.replace("\\", " ").split()), sorted(flags)
-    assert "-m riverhouse.platform.jars prune" in makefile and "-m riverhouse.platform.jars prune" in dockerfile
+    assert (
+        "-m riverhouse.platform.runtime.jars prune" in makefile
+        and "-m riverhouse.platform.runtime.jars prune" in dockerfile
+    )
 
 
 def test_the_deployment_page_lists_every_setting_compose_sets() -> None:

@@ -5,7 +5,7 @@ from datetime import timedelta
 
 import pytest
 
-from riverhouse.platform.generator import (
+from riverhouse.platform.kafka.generator import (
     GeneratedStats,
     GeneratorConfig,
     expected_join,

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from riverhouse.platform.joins import IDENTITY, _dedupe_identity, _not_processed
+from riverhouse.platform.gold.joins import IDENTITY, _dedupe_identity, _not_processed
 
 pytestmark = pytest.mark.unit
 DAY = date(2026, 3, 1)

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
-from riverhouse.platform.clickhouse import (
+from riverhouse.platform.envrefs import resolve_env_refs
+from riverhouse.platform.sink.clickhouse import (
     LEDGER_TABLE,
     ClickHouseLoadError,
     check_dsn,
@@ -22,9 +23,8 @@ from riverhouse.platform.clickhouse import (
     open_client,
     staging_table_name,
 )
-from riverhouse.platform.envrefs import resolve_env_refs
-from riverhouse.platform.settings import Settings, SettingsError, redact_dsn
 from riverhouse.platform.spec import SpecError, load_spec_folder, parse_spec
+from riverhouse.platform.state.settings import Settings, SettingsError, redact_dsn
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.unit
@@ -312,7 +312,8 @@ def test_unreachable_clickhouse_says_it_retries_and_gives_up_in_seconds() -> Non
 
 
 def test_messages_name_a_reset_command_that_exists(tmp_path: Path) -> None:
-    from riverhouse.platform import clickhouse, tables
+    from riverhouse.platform.sink import clickhouse
+    from riverhouse.platform.state import tables
 
     for module in (clickhouse, tables):
         assert "riverhouse reset" in Path(module.__file__).read_text()

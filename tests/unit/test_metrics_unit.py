@@ -6,8 +6,8 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from riverhouse.platform import metrics
-from riverhouse.platform.pipeline import BatchMetrics
+from riverhouse.platform.ingest.stream import BatchMetrics
+from riverhouse.platform.runtime import metrics
 from tests.conftest import orders_spec
 
 pytestmark = pytest.mark.unit

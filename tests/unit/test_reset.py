@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from riverhouse.platform.clickhouse import LEDGER_TABLE, ensure_schema, ledger_table, open_client
-from riverhouse.platform.settings import Settings
+from riverhouse.platform.sink.clickhouse import LEDGER_TABLE, ensure_schema, ledger_table, open_client
 from riverhouse.platform.spec import parse_spec
+from riverhouse.platform.state.settings import Settings
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.unit

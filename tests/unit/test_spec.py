@@ -168,7 +168,7 @@ def test_owners_must_be_emails_or_teams() -> None:
 def test_one_security_section_maps_to_the_java_client_and_librdkafka(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from riverhouse.platform.kafka_source import connector_options, java_security, librdkafka_security
+    from riverhouse.platform.kafka.client import connector_options, java_security, librdkafka_security
 
     (tmp_path / "client.pem").write_text("-----BEGIN CERTIFICATE-----\nCERT\n-----END CERTIFICATE-----\n")
     (tmp_path / "client.key").write_text("-----BEGIN PRIVATE KEY-----\nKEY\n-----END PRIVATE KEY-----\n")
@@ -220,7 +220,7 @@ def test_security_section_problems_are_reported() -> None:
 
 
 def test_security_in_librdkafka_config_alone_is_refused_for_spark() -> None:
-    from riverhouse.platform.kafka_source import KafkaSourceError, connector_options
+    from riverhouse.platform.kafka.client import KafkaSourceError, connector_options
 
     data = base()
     data["kafka"]["config"] = {"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN"}

@@ -27,10 +27,10 @@ from sqlglot import exp
 from typer.testing import CliRunner
 
 from riverhouse.cli import app
-from riverhouse.platform.clickhouse import create_table_sql, expected_columns, qualified_table
+from riverhouse.platform.sink.clickhouse import create_table_sql, expected_columns, qualified_table
 from riverhouse.platform.spec import IDENTIFIER_RE, PipelineSpec, SpecError, parse_spec
 from riverhouse.platform.sql import ALLOWED_SPARK_FUNCTIONS
-from riverhouse.platform.tables import TableLayout
+from riverhouse.platform.state.tables import TableLayout
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.unit

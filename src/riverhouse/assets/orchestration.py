@@ -8,7 +8,7 @@ from typing import Any
 import dagster as dg
 
 from riverhouse.assets.pipelines import MODE_TAG, live_partition_key
-from riverhouse.platform.lag import pipeline_lag
+from riverhouse.platform.kafka.lag import pipeline_lag
 from riverhouse.platform.runner import run_continuous
 from riverhouse.platform.spec import PipelineSpec
 from riverhouse.resources import (

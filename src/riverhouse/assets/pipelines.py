@@ -22,15 +22,15 @@ from typing import Any
 import dagster as dg
 
 from riverhouse.platform.backfill import rebuild_gold, rebuild_silver, replace_clickhouse_window
-from riverhouse.platform.clickhouse import expected_columns
-from riverhouse.platform.expectations import validate_rejected_rate, validate_silver
-from riverhouse.platform.joins import gold_path, run_gold
-from riverhouse.platform.lag import pipeline_lag
-from riverhouse.platform.pipeline import ingest
-from riverhouse.platform.quality import duplicate_keys_within_window, reconcile_per_day
+from riverhouse.platform.gold.joins import gold_path, run_gold
+from riverhouse.platform.ingest.stream import ingest
+from riverhouse.platform.kafka.lag import pipeline_lag
+from riverhouse.platform.quality.checks import duplicate_keys_within_window, reconcile_per_day
+from riverhouse.platform.quality.expectations import validate_rejected_rate, validate_silver
 from riverhouse.platform.runner import load_sink
+from riverhouse.platform.sink.clickhouse import expected_columns
 from riverhouse.platform.spec import PipelineSpec
-from riverhouse.platform.tables import (
+from riverhouse.platform.state.tables import (
     TableLayout,
     bronze_schema,
     open_table,

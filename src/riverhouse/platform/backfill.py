@@ -32,7 +32,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 
-from riverhouse.platform.clickhouse import (
+from riverhouse.platform.ingest.parse import parse_records
+from riverhouse.platform.ingest.stream import checkpoint_dir, pipeline_lock, sink_lock
+from riverhouse.platform.sink.clickhouse import (
     REBUILD_KEY,
     ClickHouseLoadError,
     load_new_versions,
@@ -43,11 +45,9 @@ from riverhouse.platform.clickhouse import (
     staging_table_name,
     with_retries,
 )
-from riverhouse.platform.parse import parse_records
-from riverhouse.platform.pipeline import checkpoint_dir, pipeline_lock, sink_lock
-from riverhouse.platform.settings import Settings
 from riverhouse.platform.spec import PipelineSpec
-from riverhouse.platform.tables import (
+from riverhouse.platform.state.settings import Settings
+from riverhouse.platform.state.tables import (
     KAFKA_IDENTITY,
     TableLayout,
     bronze_schema,
@@ -290,7 +290,7 @@ def rebuild_gold(
     log: Callable[[str], None] = print,
 ) -> RebuildResult:
     """Join every driving event with event time in [start, end) again, windows closed; replace it."""
-    from riverhouse.platform.joins import (
+    from riverhouse.platform.gold.joins import (
         STATE_VERSION,
         STATE_WATERMARK,
         _state,

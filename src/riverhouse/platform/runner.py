@@ -9,16 +9,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from typing import Any
 
-from riverhouse.platform import metrics
-from riverhouse.platform.clickhouse import (
-    ClickHouseLoadError,
-    LoadResult,
-    load_new_versions,
-    open_client,
-    sink_table_path,
-)
-from riverhouse.platform.joins import run_gold
-from riverhouse.platform.pipeline import (
+from riverhouse.platform.gold.joins import run_gold
+from riverhouse.platform.ingest.stream import (
     BatchMetrics,
     PipelineError,
     StreamStopped,
@@ -29,9 +21,17 @@ from riverhouse.platform.pipeline import (
     sink_lock,
     start_queries,
 )
-from riverhouse.platform.settings import Settings
-from riverhouse.platform.spark import get_spark
+from riverhouse.platform.runtime import metrics
+from riverhouse.platform.runtime.spark import get_spark
+from riverhouse.platform.sink.clickhouse import (
+    ClickHouseLoadError,
+    LoadResult,
+    load_new_versions,
+    open_client,
+    sink_table_path,
+)
 from riverhouse.platform.spec import PipelineSpec
+from riverhouse.platform.state.settings import Settings
 
 PUBLISH_POLL_S = 0.1  # continuous mode: how soon a landed batch is joined and loaded
 

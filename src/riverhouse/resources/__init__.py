@@ -1,7 +1,7 @@
 """Dagster resources: where Spark runs, which Kafka, which warehouse, which ClickHouse.
 
 Each is a `dg.ConfigurableResource`; `definitions.py` builds them once from the
-environment (see `riverhouse.platform.settings`). The ClickHouse DSN, which may hold a
+environment (see `riverhouse.platform.state.settings`). The ClickHouse DSN, which may hold a
 password, is passed as `dg.EnvVar("RIVERHOUSE_CLICKHOUSE_DSN")`: the repository snapshot
 (the UI's Resources page) then shows the variable's name, never its value.
 """
@@ -14,8 +14,8 @@ from typing import Any
 
 import dagster as dg
 
-from riverhouse.platform.settings import Settings, redact_dsn
-from riverhouse.platform.spark import get_spark
+from riverhouse.platform.runtime.spark import get_spark
+from riverhouse.platform.state.settings import Settings, redact_dsn
 
 
 class SparkResource(dg.ConfigurableResource):

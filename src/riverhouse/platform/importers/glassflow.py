@@ -14,7 +14,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-from riverhouse.platform.clickhouse import CLICKHOUSE_TYPES
 from riverhouse.platform.importers import glassflow_models as gf
 from riverhouse.platform.importers.expr import translate_expr
 from riverhouse.platform.importers.glassflow_read import (
@@ -35,6 +34,7 @@ from riverhouse.platform.importers.report import (
     secret_ref,
     spec_window,
 )
+from riverhouse.platform.sink.clickhouse import CLICKHOUSE_TYPES
 
 SCALAR_TYPES = {
     "string": "string",

@@ -150,7 +150,7 @@ def get_spark(master: str = "local[2]", app_name: str = "riverhouse", conf: dict
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    from riverhouse.platform.jars import spark_conf
+    from riverhouse.platform.runtime.jars import spark_conf
 
     log_config = Path(__file__).with_name("log4j2.properties")
     quiet = {"spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{log_config}"}

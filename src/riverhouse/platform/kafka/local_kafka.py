@@ -159,14 +159,14 @@ def _server_properties(state_dir: Path, ports: dict[str, int], secure: bool) -> 
         "message.max.bytes": str(16 * 1024 * 1024),
     }
     if secure:
-        from riverhouse.platform.kafka_tls import broker_tls
+        from riverhouse.platform.kafka.kafka_tls import broker_tls
 
         props.update(broker_tls(state_dir / "secure"))
     return "".join(f"{key}={value}\n" for key, value in props.items())
 
 
 def _java() -> str:
-    from riverhouse.platform.spark import check_java
+    from riverhouse.platform.runtime.spark import check_java
 
     check_java()
     java_home = os.environ.get("JAVA_HOME")
@@ -193,7 +193,7 @@ def start(
     state_dir: Path, brokers: int = 1, timeout_s: float = 90.0, secure: bool = False, heap: str = DEFAULT_HEAP
 ) -> LocalKafkaState:
     """Start the broker in the background (or return the running one) and wait until it answers."""
-    from riverhouse.platform.jars import JarsMissingError, broker_classpath
+    from riverhouse.platform.runtime.jars import JarsMissingError, broker_classpath
 
     if brokers != 1:
         raise LocalKafkaError("the local Kafka runs one broker; point kafka.bootstrap_servers at a cluster for more")
@@ -223,7 +223,7 @@ def start(
             "are taken by another process: stop that process, or remove the state folder to start afresh"
         )
     if secure:
-        from riverhouse.platform.kafka_tls import ensure_tls_material
+        from riverhouse.platform.kafka.kafka_tls import ensure_tls_material
 
         ensure_tls_material(state_dir / "secure")
     (state_dir / "server.properties").write_text(_server_properties(state_dir, ports, secure))
@@ -306,7 +306,7 @@ def _ensure_scram_user(state: LocalKafkaState) -> None:
         UserScramCredentialUpsertion,
     )
 
-    from riverhouse.platform.kafka_tls import credentials
+    from riverhouse.platform.kafka.kafka_tls import credentials
 
     creds = credentials(Path(state.state_dir) / "secure")
     admin = AdminClient({"bootstrap.servers": state.bootstrap, "log_level": 0})

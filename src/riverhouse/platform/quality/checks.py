@@ -9,9 +9,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from riverhouse.platform.settings import Settings
 from riverhouse.platform.spec import PipelineSpec
-from riverhouse.platform.tables import open_table, plain_strings
+from riverhouse.platform.state.settings import Settings
+from riverhouse.platform.state.tables import open_table, plain_strings
 
 
 def duplicate_keys_within_window(
@@ -60,7 +60,8 @@ def reconcile_per_day(spec: PipelineSpec, settings: Settings) -> tuple[Any, dict
 
     Returns the Great Expectations outcome (failing days as its sample) and totals.
     """
-    from riverhouse.platform.clickhouse import (
+    from riverhouse.platform.quality.expectations import validate_reconciliation
+    from riverhouse.platform.sink.clickhouse import (
         PARTITION_COLUMN,
         delta_date_column,
         duplicate_key_count,
@@ -69,7 +70,6 @@ def reconcile_per_day(spec: PipelineSpec, settings: Settings) -> tuple[Any, dict
         qualified_table,
         sink_table_path,
     )
-    from riverhouse.platform.expectations import validate_reconciliation
 
     path = sink_table_path(spec, settings.warehouse)
     table = open_table(path)

@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, push_to_gateway, start_http_server
 
 if TYPE_CHECKING:
-    from riverhouse.platform.pipeline import BatchMetrics
-    from riverhouse.platform.settings import Settings
+    from riverhouse.platform.ingest.stream import BatchMetrics
     from riverhouse.platform.spec import PipelineSpec
+    from riverhouse.platform.state.settings import Settings
 
 PORT_ENV = "RIVERHOUSE_METRICS_PORT"
 HOST_ENV = "RIVERHOUSE_METRICS_HOST"
@@ -178,7 +178,7 @@ def observe_load_error(pipeline: str) -> None:
 
 def refresh_lag(spec: PipelineSpec, settings: Settings) -> None:
     """Per-partition lag of every source (a Kafka watermark lookup); logged, not raised, on failure."""
-    from riverhouse.platform.lag import pipeline_lag
+    from riverhouse.platform.kafka.lag import pipeline_lag
 
     try:
         lag = pipeline_lag(spec, settings)

@@ -16,7 +16,7 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-_REPO = Path(__file__).resolve().parents[3]
+_REPO = Path(__file__).resolve().parents[4]
 POM = _REPO / "jvm" / "pom.xml"
 _NS = {"m": "http://maven.apache.org/POM/4.0.0"}
 # "kafka-clients-3.9.2.jar" -> "kafka-clients"; "delta-spark_4.2_2.13-4.4.0.jar" -> "delta-spark_4.2_2.13"
@@ -114,4 +114,4 @@ if __name__ == "__main__":
         kept = sorted(p.name for p in Path(sys.argv[2]).glob("*.jar"))
         print(f"    {len(kept)} Spark jars kept, {len(gone)} left to pyspark/jars")
     else:
-        sys.exit("usage: python -m riverhouse.platform.jars prune FOLDER")
+        sys.exit("usage: python -m riverhouse.platform.runtime.jars prune FOLDER")

@@ -28,9 +28,9 @@ from typing import Any
 import pyarrow as pa
 
 from riverhouse.platform.faults import crash_point
-from riverhouse.platform.settings import redact_dsn
 from riverhouse.platform.spec import RESERVED_TABLE_PREFIX, PipelineSpec
-from riverhouse.platform.tables import open_table
+from riverhouse.platform.state.settings import redact_dsn
+from riverhouse.platform.state.tables import open_table
 
 # Riverhouse's own tables carry the reserved prefix, which no sink table may use (spec.py).
 LEDGER_TABLE = f"{RESERVED_TABLE_PREFIX}ledger"
@@ -221,7 +221,7 @@ def clickhouse_type(arrow_type: pa.DataType, where: str) -> str:
 
 def sink_table_path(spec: PipelineSpec, warehouse: str) -> str:
     """The Delta table the sink loads: gold for join pipelines, else the source's silver."""
-    from riverhouse.platform.tables import TableLayout
+    from riverhouse.platform.state.tables import TableLayout
 
     layout = TableLayout(warehouse, spec.name)
     return layout.path("gold", spec.sink.table) if spec.is_join else layout.silver(spec.sink_source_name)
@@ -456,7 +456,7 @@ def load_new_versions(
             return result
         skipped = rebuild_versions(silver, first, current)
         if spark is None:
-            from riverhouse.platform.spark import get_spark
+            from riverhouse.platform.runtime.spark import get_spark
 
             spark = get_spark()  # the process's session if there is one
         changes = _changes(spark, delta_path, first, current, [*columns, *order], spec.is_join)

@@ -38,14 +38,14 @@ from deltalake import CommitProperties, write_deltalake
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from riverhouse.platform.arrow_join import evaluate_arrow, plain_gold_schema
 from riverhouse.platform.faults import crash_point
-from riverhouse.platform.pipeline import pipeline_lock
-from riverhouse.platform.settings import Settings
-from riverhouse.platform.spark import local_fast_path
+from riverhouse.platform.gold.arrow_join import evaluate_arrow, plain_gold_schema
+from riverhouse.platform.ingest.stream import pipeline_lock
+from riverhouse.platform.runtime.spark import local_fast_path
 from riverhouse.platform.spec import PipelineSpec
 from riverhouse.platform.sql import JoinPlan, flat
-from riverhouse.platform.tables import (
+from riverhouse.platform.state.settings import Settings
+from riverhouse.platform.state.tables import (
     KAFKA_IDENTITY,
     TableLayout,
     ensure_table,

@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from riverhouse.platform.sql import JoinPlan, flat
-from riverhouse.platform.tables import TS
+from riverhouse.platform.state.tables import TS
 
 PLAIN_COLUMN = re.compile(r"^`([A-Za-z0-9_]+)`$")
 KEY_TYPES = (pa.string(), pa.int32(), pa.int64())
@@ -63,7 +63,7 @@ def plain_gold_schema(spec: Any, plan: JoinPlan) -> pa.Schema | None:
     Spark's analysis of the query costs ~0.6 s per spec, 4 s in a fresh process; for these
     plans the answer is known. tests/spark/test_arrow_join.py checks it equals Spark's.
     """
-    from riverhouse.platform.tables import field_arrow
+    from riverhouse.platform.state.tables import field_arrow
 
     projections = _plain_projections(plan)
     if projections is None:

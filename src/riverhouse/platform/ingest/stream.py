@@ -29,20 +29,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from riverhouse.platform import local_kafka, metrics
-from riverhouse.platform.dedup import (
+from riverhouse.platform.faults import crash_point
+from riverhouse.platform.ingest.dedup import (
     compact_at_files,
     compact_days,
     files_in_days,
     insert_new,
     lookup_days,
 )
-from riverhouse.platform.faults import crash_point
-from riverhouse.platform.kafka_source import check_data_loss, connector_options, librdkafka_config
-from riverhouse.platform.parse import fill_missing_dates, parse_records
-from riverhouse.platform.settings import Settings
+from riverhouse.platform.ingest.parse import fill_missing_dates, parse_records
+from riverhouse.platform.kafka import local_kafka
+from riverhouse.platform.kafka.client import check_data_loss, connector_options, librdkafka_config
+from riverhouse.platform.runtime import metrics
 from riverhouse.platform.spec import PipelineSpec, SourceSpec
-from riverhouse.platform.tables import (
+from riverhouse.platform.state.settings import Settings
+from riverhouse.platform.state.tables import (
     TableLayout,
     bronze_schema,
     ensure_delta_table,

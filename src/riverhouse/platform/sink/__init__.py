@@ -1,0 +1,1 @@
+"""Sink: the ClickHouse loader (DDL, deterministic chunks and tokens, the ledger)."""
