@@ -140,8 +140,8 @@ def tls_files(
         out["key"] = str(key)
         result.note(
             f"{where}.client_key: the client's private key is a secret and is not copied: put the client key "
-            f"(PKCS#8 PEM: `openssl pkcs8 -topk8 -nocrypt -in <key> -out {key}` converts a PKCS#1 "
-            f"`BEGIN RSA PRIVATE KEY`) at {key} before running, and keep it out of version control"
+            f"(PKCS#8 PEM) at {key} before running, and keep it out of version control (a PKCS#1 "
+            f"`BEGIN RSA PRIVATE KEY` converts with `openssl pkcs8 -topk8 -nocrypt -in <key> -out {key}`)"
         )
     elif conn.client_key:
         result.drop(f"{where}.client_key", "not copied (a secret), and its client certificate is not carried over")
