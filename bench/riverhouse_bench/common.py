@@ -83,7 +83,7 @@ FINAL_QUERIES = {
     "top_users": "SELECT user_id, sum(amount) AS total FROM {t} GROUP BY user_id ORDER BY total DESC, user_id LIMIT 10",
 }
 
-# Every consumer in the bench reads with the same librdkafka tuning as Riverhouse's source.
+# Every librdkafka consumer of the bench (the read limit, the baseline) reads with this prefetch.
 # `queued.min.messages` (default 100,000) caps librdkafka's prefetch: with the default a
 # single consumer read this topic at ~190k records/s, with a deeper queue at ~900k/s.
 READ_TUNING: dict[str, Any] = {"fetch.max.bytes": 50 * 1024 * 1024, "queued.min.messages": 1_000_000}

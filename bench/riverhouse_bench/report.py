@@ -304,18 +304,26 @@ def render_docs(
     lines += _final_lines(s)
     if analysis.exists():
         lines += ["", analysis.read_text().strip()]
-    lines += [
+    lines += method_lines()
+    docs.write_text("\n".join(lines))
+    return docs
+
+
+def method_lines() -> list[str]:
+    """How each figure is measured: the end of the page."""
+    return [
         "",
         "## How each figure is measured",
         "",
         "- `kafka_produce_limit`: producing the bench's orders (generator included) with one "
         "librdkafka producer (lz4, acks=all) to the local broker: the broker's produce limit as one "
         "Python client reaches it.",
-        "- `kafka_read_limit`: one librdkafka consumer reading the topic from the broker (the source's limit here), "
-        "with the same prefetch tuning as Riverhouse's source (`queued.min.messages` 1,000,000).",
+        "- `kafka_read_limit`: one librdkafka consumer reading the topic from the broker, with a deep "
+        "prefetch (`queued.min.messages` 1,000,000): the broker's read limit as one Python client reaches "
+        "it. Riverhouse reads with Spark's Kafka connector (the Java client, one task per partition).",
         "- `clickhouse_insert_limit`: the same number of rows inserted from prebuilt Arrow batches "
         "of 100,000 (the sink's limit).",
-        "- `baseline_consumer`: confluent-kafka (same read tuning) -> `json.loads` -> an in-memory "
+        "- `baseline_consumer`: confluent-kafka (the same prefetch) -> `json.loads` -> an in-memory "
         "set for dedup -> clickhouse-connect inserts of 50,000 rows, offsets committed after each "
         "insert (at-least-once, no window, no persistence).",
         "- `riverhouse_dedup`: `run_once` of a dedup pipeline, Kafka -> bronze/silver Delta -> "
@@ -368,5 +376,3 @@ def render_docs(
         "every 0.1 s; a process that ends counts up to its last sample.",
         "",
     ]
-    docs.write_text("\n".join(lines))
-    return docs

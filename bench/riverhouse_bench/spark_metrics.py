@@ -54,9 +54,14 @@ def _accumulated(stage_info: dict[str, Any], name: str) -> float:
 
 
 def read_events(events_dir: Path) -> list[dict[str, Any]]:
-    """Every event of every application logged under `events_dir` (rolling logs: a folder per application)."""
+    """Every event of every application logged under `events_dir`.
+
+    A rolling log is a folder per application of `events_<n>_<app id>` files; a plain one is
+    one file named after the application (`local-...` in local mode, `app-...` on a cluster).
+    """
     events: list[dict[str, Any]] = []
-    for log in sorted(p for p in events_dir.rglob("*") if p.is_file() and p.name.startswith(("events_", "app-"))):
+    logs = (p for p in events_dir.rglob("*") if p.is_file() and p.name.startswith(("events_", "app-", "local-")))
+    for log in sorted(logs):
         for line in log.read_text(errors="replace").splitlines():
             try:
                 events.append(json.loads(line))
