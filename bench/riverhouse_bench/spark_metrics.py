@@ -27,20 +27,32 @@ MERGE_METRICS = (
 )
 
 
-def job_kind(description: str) -> str:
-    """What a job did, from its description (Delta's operation names; else the streaming batch's own work)."""
-    text = description.upper()
+KAFKA_READ = "Kafka read + parse + batch counts"
+LOG_REPLAY = "Delta log replay (snapshot, files to read)"
+
+
+def job_kind(description: str, stage_name: str = "") -> str:
+    """What a stage did, from its job's description (Delta names its operations there) and the stage's name.
+
+    A streaming batch's jobs all carry the batch's description (`... batch = N`); Delta adds
+    its operation to it, and the stage name says where the driver asked for the job.
+    """
+    text, name = description.upper(), stage_name.upper()
+    if "COMPUTE SNAPSHOT" in text or "FILTERING FILES" in text:
+        return LOG_REPLAY
     if "MERGE" in text:
         return "silver MERGE (dedup + insert-only merge)"
     if "OPTIMIZE" in text or "COMPACT" in text:
         return "silver compaction (OPTIMIZE)"
-    if "CHANGE DATA" in text or "CDC" in text or "TABLE_CHANGES" in text:
-        return "change data feed read (ClickHouse load)"
-    if "WRITE" in text or "APPEND" in text:
+    if "CLICKHOUSE" in name or "TOARROW" in name:
+        return "ClickHouse load (change data feed read)"
+    if name.startswith("SAVE AT"):
         return "Delta appends (bronze, quarantine)"
+    if "GETHISTORY" in name:
+        return "Delta history (table versions)"
     if "BATCH = " in text:
-        return "Kafka read + parse + batch counts"
-    return "other (Delta log, planning)"
+        return KAFKA_READ
+    return "other"
 
 
 def _accumulated(stage_info: dict[str, Any], name: str) -> float:
@@ -77,13 +89,12 @@ def stage_times(events: list[dict[str, Any]], since_s: float = 0.0, until_s: flo
     job can overlap, so this may exceed the job's time), and the tasks' executor run and
     CPU time (summed over tasks: with two cores it can reach twice the wall time).
     """
-    kind_of_stage: dict[int, str] = {}
+    description_of_stage: dict[int, str] = {}
     for event in events:
         if event.get("Event") == "SparkListenerJobStart":
-            props = event.get("Properties") or {}
-            kind = job_kind(props.get("spark.job.description") or props.get("callSite.short") or "")
+            description = (event.get("Properties") or {}).get("spark.job.description") or ""
             for stage in event.get("Stage IDs") or []:
-                kind_of_stage[stage] = kind
+                description_of_stage[stage] = description
     out: dict[str, dict[str, float]] = {}
     for event in events:
         if event.get("Event") != "SparkListenerStageCompleted":
@@ -92,7 +103,7 @@ def stage_times(events: list[dict[str, Any]], since_s: float = 0.0, until_s: flo
         submitted, completed = info.get("Submission Time"), info.get("Completion Time")
         if submitted is None or completed is None or not since_s * 1000 <= submitted <= until_s * 1000:
             continue
-        kind = kind_of_stage.get(info.get("Stage ID"), "other (Delta log, planning)")
+        kind = job_kind(description_of_stage.get(info.get("Stage ID"), ""), info.get("Stage Name") or "")
         row = out.setdefault(kind, {"stages": 0, "tasks": 0, "stage_s": 0.0, "executor_run_s": 0.0, "cpu_s": 0.0})
         row["stages"] += 1
         row["tasks"] += int(info.get("Number of Tasks") or 0)

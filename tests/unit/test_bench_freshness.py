@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from riverhouse_bench.freshness import freshness_profile, percentiles
 from riverhouse.platform.ingest.stream import BatchMetrics
+from riverhouse_bench.freshness import freshness_profile, percentiles
 
 pytestmark = pytest.mark.unit
 

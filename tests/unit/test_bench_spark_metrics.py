@@ -36,18 +36,31 @@ def _job(stage_ids: list[int], description: str) -> dict:
     }
 
 
-def test_job_kinds_follow_deltas_operation_names_and_the_streaming_batch() -> None:
-    assert job_kind("Delta: MERGE operation: Compute final merge result").startswith("silver MERGE")
+BATCH = "riverhouse_x_orders\nid = 1\nrunId = 2\nbatch = 0"
+
+
+def test_job_kinds_follow_deltas_operation_names_and_the_stage_names() -> None:
+    """Descriptions and stage names as Spark 4.2 + Delta 4.4 log them for a streaming batch."""
+    merge = f"{BATCH} - MERGE operation - writing new files for only inserts"
+    assert job_kind(merge, "$anonfun$recordDeltaOperationInternal$1 at DatabricksLogging.scala:128").startswith(
+        "silver MERGE"
+    )
+    assert job_kind(f"Delta: {BATCH}: Compute snapshot for version: 0", "x at CompletableFuture.java:1768") == (
+        "Delta log replay (snapshot, files to read)"
+    )
+    assert job_kind(f"Delta: {BATCH}: Filtering files for query", "").startswith("Delta log replay")
+    assert job_kind(BATCH, "save at NativeMethodAccessorImpl.java:0").startswith("Delta appends")
+    assert job_kind(BATCH, "call at py4j/clientserver.py:644") == "Kafka read + parse + batch counts"
+    assert job_kind("", "toArrow at riverhouse/platform/sink/clickhouse.py:511").startswith("ClickHouse load")
     assert job_kind("Delta: OPTIMIZE: Compacting files").startswith("silver compaction")
-    assert job_kind("Delta: Writing files for append").startswith("Delta appends")
-    assert job_kind("\nid = 1\nrunId = 2\nbatch = 0").startswith("Kafka read")
-    assert job_kind("").startswith("other")
+    assert job_kind("", "getHistory at DeltaTableOperations.scala:60").startswith("Delta history")
+    assert job_kind("") == "other"
 
 
 def test_stage_times_sum_by_kind_within_the_window(tmp_path: Path) -> None:
     events = [
-        _job([1, 2], "Delta: MERGE operation"),
-        _job([3], "\nid = a\nrunId = b\nbatch = 4"),
+        _job([1, 2], f"{BATCH} - MERGE operation - writing new files for only inserts"),
+        _job([3], BATCH),
         _stage(1, 10_000, 12_500, tasks=4, run_ms=4_000, cpu_ns=3_000_000_000),
         _stage(2, 12_500, 13_000, tasks=1, run_ms=500, cpu_ns=250_000_000),
         _stage(3, 9_000, 9_800, tasks=8, run_ms=1_200, cpu_ns=1_000_000_000),
