@@ -370,7 +370,8 @@ def method_lines() -> list[str]:
         "and silver's Parquet bytes on disk / N.",
         "- Spark's own metrics: the bench's Spark sessions write Spark's event log; each completed "
         "stage's wall time and its tasks' executor run and CPU time are summed by what the job did "
-        "(Delta names its MERGE, writes and OPTIMIZE in the job description). The MERGE's metrics are "
+        "(Delta names its MERGE, OPTIMIZE and log replay in the job description; the stage's name says "
+        "which call asked for it). The MERGE's metrics are "
         "the silver table's `DESCRIBE HISTORY` operationMetrics, summed over the run's MERGE commits.",
         "- CPU: user + system seconds of each process below the bench (read from /proc), sampled "
         "every 0.1 s; a process that ends counts up to its last sample.",
