@@ -69,10 +69,13 @@ def _scenario_lines(s: dict[str, Any]) -> list[str]:
                     f"p95 {warm['p95']:.2f} s)"
                 )
             if profile.get("batch_s") and profile.get("load_s"):
+                # One measured batch has no gap to the next one.
+                gap = (profile.get("between_batches_s") or {}).get("p50")
                 notes.append(
                     f"batches of {profile['records']['p50']:,.0f} records took {profile['batch_s']['p50']:.2f} s "
-                    f"(p95 {profile['batch_s']['p95']:.2f} s), {profile['between_batches_s']['p50']:.2f} s "
-                    f"between batches, loads {profile['load_s']['p50']:.2f} s"
+                    f"(p95 {profile['batch_s']['p95']:.2f} s), "
+                    + (f"{gap:.2f} s between batches, " if gap is not None else "")
+                    + f"loads {profile['load_s']['p50']:.2f} s"
                 )
         if name.startswith("query_vs_final") and r.get("final_s") is not None:
             notes.append(

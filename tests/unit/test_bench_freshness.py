@@ -32,3 +32,15 @@ def test_profile_reports_batch_sizes_times_and_the_gaps_between_batches() -> Non
     assert profile["load_s"]["max"] == 0.4
     assert [row[0] for row in profile["per_batch"]] == [20_000, 30_000, 10_000]
     assert freshness_profile([], [])["batch_s"] is None
+
+
+def test_the_page_renders_a_freshness_run_whose_measured_stretch_had_one_batch() -> None:
+    """One batch after the warm-up has no gap to a next one: the page says the rest, it does not fail."""
+    from riverhouse_bench.report import _scenario_lines
+
+    batch = BatchMetrics(batch_id=1, read=5_000, started_at=10.0, seconds=1.5, stage_seconds={"read_parse": 0.5})
+    profile = freshness_profile([batch], loads=[0.3])
+    assert profile["between_batches_s"] is None
+    run = {"events": 5_000, "exact": True, "p50_s": 1.0, "p95_s": 2.0, "p99_s": 2.5, "rate": 1000.0, "profile": profile}
+    [row] = [line for line in _scenario_lines({"freshness": run}) if line.startswith("| freshness")]
+    assert "batches of 5,000 records took 1.50 s (p95 1.50 s), loads 0.30 s" in row, row
