@@ -49,6 +49,8 @@ from riverhouse.platform.state.reset import ResetPlan, plan_reset, reset_pipelin
 from riverhouse.platform.state.settings import Settings
 from riverhouse.platform.state.tables import TableLayout
 
+__all__ = ["Pipeline", "PipelineError", "Window", "WindowRebuild"]
+
 PUBLISH_POLL_S = 0.1  # continuous mode: how soon a landed batch is joined and loaded
 COUNTED = ("read", "quarantined", "duplicates_dropped", "inserted", "replayed")
 
