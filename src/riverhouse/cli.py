@@ -234,11 +234,9 @@ def run(
 
         signal.signal(signal.SIGTERM, request_stop)
         signal.signal(signal.SIGINT, request_stop)
-        pipeline = Pipeline(spec, settings, log=log)
-        summary = _guarded(lambda: pipeline.continuous(stop, load=not skip_load))
+        summary = _guarded(lambda: Pipeline(spec, settings, log=log).continuous(stop, load=not skip_load))
     else:
-        pipeline = Pipeline(spec, settings, log=log)
-        summary = _guarded(lambda: pipeline.run(load=not skip_load, drain=drain))
+        summary = _guarded(lambda: Pipeline(spec, settings, log=log).run(load=not skip_load, drain=drain))
     if as_json:
         print(json.dumps(summary, default=str))
     else:

@@ -159,8 +159,8 @@ class Pipeline:
         for source in self.spec.sources:
             out.silver[source] = self.rebuild_silver(source, window)
         if self.spec.is_join:
-            out.gold = self.gold(window)  # type: ignore[assignment]
-        out.clickhouse = self.load(window)  # type: ignore[assignment]
+            out.gold = rebuild_gold(self.spark, self.spec, self.settings, window.start, window.end, log=self.log)
+        out.clickhouse = _replace_clickhouse_window(self.spec, self.settings, window.start, window.end, log=self.log)
         return out
 
     def lag(self, sources: list[str] | None = None) -> PipelineLag:
