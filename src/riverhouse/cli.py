@@ -212,7 +212,7 @@ def run(
     home: HomeOption = None,
 ) -> None:
     """Run a pipeline: everything now in Kafka -> Delta (bronze/silver/gold) -> ClickHouse, once or --continuous."""
-    from riverhouse.platform.runner import run_continuous, run_once
+    from riverhouse.platform.pipeline import Pipeline
 
     settings = settings_for(home)
     spec = _load_or_fail(spec_file)
@@ -234,9 +234,9 @@ def run(
 
         signal.signal(signal.SIGTERM, request_stop)
         signal.signal(signal.SIGINT, request_stop)
-        summary = _guarded(lambda: run_continuous(spec, settings, stop, load=not skip_load, log=log))
+        summary = _guarded(lambda: Pipeline(spec, settings, log=log).continuous(stop, load=not skip_load))
     else:
-        summary = _guarded(lambda: run_once(spec, settings, load=not skip_load, drain=drain, log=log))
+        summary = _guarded(lambda: Pipeline(spec, settings, log=log).run(load=not skip_load, drain=drain))
     if as_json:
         print(json.dumps(summary, default=str))
     else:
@@ -254,8 +254,8 @@ def _load_or_fail(path: Path) -> Any:
 
 def _guarded(action: Any) -> Any:
     """Run `action`, turning the errors a user can hit into one clear message and exit 1."""
-    from riverhouse.platform.ingest.stream import PipelineError
     from riverhouse.platform.kafka.client import KafkaSourceError
+    from riverhouse.platform.pipeline import PipelineError
     from riverhouse.platform.runtime.metrics import MetricsError
     from riverhouse.platform.sink.clickhouse import ClickHouseLoadError
 
@@ -401,8 +401,9 @@ def reset(
     home: HomeOption = None,
 ) -> None:
     """Delete one pipeline's Delta tables, checkpoints, ClickHouse table and ledger rows; it restarts from Kafka."""
+    from riverhouse.platform.pipeline import Pipeline
     from riverhouse.platform.spec import load_spec_folder
-    from riverhouse.platform.state.reset import ResetError, plan_reset, reset_pipeline
+    from riverhouse.platform.state.reset import ResetError
 
     settings = settings_for(home)
     if Path(pipeline).is_file():
@@ -413,8 +414,9 @@ def reset(
         if not found:
             fail(f"no spec file {pipeline!r}, and no valid spec named {pipeline!r} in {folder}")
         spec = found[0]
+    target = Pipeline(spec, settings, log=lambda m: err.print(m, highlight=False, markup=False))
     try:
-        plan = plan_reset(spec, settings)
+        plan = target.reset_plan()
     except ResetError as exc:
         fail(str(exc))
     err.print(f"reset pipeline [bold]{spec.name}[/] (its data is read again from Kafka on the next run):")
@@ -426,7 +428,7 @@ def reset(
         if not typer.confirm("Reset?", default=False, err=True):
             fail("not reset")
     try:
-        _guarded(lambda: reset_pipeline(spec, settings, log=lambda m: err.print(m, highlight=False, markup=False)))
+        _guarded(target.reset)
     except ResetError as exc:
         fail(str(exc))
     out.print(f"pipeline {spec.name} reset", highlight=False)

@@ -20,7 +20,6 @@ import dagster as dg
 from riverhouse.assets import build_pipeline_assets
 from riverhouse.assets.pipelines import MODE_TAG, live_partition_key
 from riverhouse.deploy import local_dagster_home
-from riverhouse.platform.ingest.stream import PipelineError
 from riverhouse.platform.kafka import local_kafka
 from riverhouse.platform.kafka.generator import (
     GeneratorConfig,
@@ -29,17 +28,9 @@ from riverhouse.platform.kafka.generator import (
     produce,
     user_events,
 )
-from riverhouse.platform.quality.checks import delta_row_count
-from riverhouse.platform.sink.clickhouse import (
-    open_client,
-    qualified_table,
-    quote,
-    sample_rows,
-    table_stats,
-)
+from riverhouse.platform.pipeline import Pipeline, PipelineError
 from riverhouse.platform.spec import PipelineSpec
 from riverhouse.platform.state.settings import Settings
-from riverhouse.platform.state.tables import TableLayout
 from riverhouse.resources import resources_from_settings
 
 
@@ -96,20 +87,6 @@ def _produce(bootstrap: str, topic: str, records: Any, total: int, progress_cons
     ) as progress:
         task = progress.add_task("produce", total=total)
         produce(bootstrap, topic, records, on_progress=lambda n: progress.advance(task, n))
-
-
-def join_stats(dsn: str, spec: PipelineSpec, matched_column: str) -> dict[str, int]:
-    """Joined (matched) rows, unmatched left rows and duplicate keys in the join's ClickHouse table."""
-    key = ", ".join(quote(c) for c in spec.sink.order_by)
-    with open_client(dsn) as client:
-        joined, unmatched = client.query(
-            f"SELECT countIf({quote(matched_column)} IS NOT NULL), countIf({quote(matched_column)} IS NULL) "
-            f"FROM {qualified_table(spec)}"
-        ).result_rows[0]
-        dupes = client.query(
-            f"SELECT count() FROM (SELECT {key} FROM {qualified_table(spec)} GROUP BY {key} HAVING count() > 1)"
-        ).result_rows[0][0]
-    return {"joined_rows": int(joined), "unmatched_left": int(unmatched), "join_duplicate_keys": int(dupes)}
 
 
 def materialization_metadata(result: dg.ExecuteInProcessResult) -> dict[str, dict[str, Any]]:
@@ -178,13 +155,13 @@ def run_demo(
         meta = materialization_metadata(result)
         checks = check_results(result)
         bronze_key = f"bronze/{spec.name}/{spec.sink_source_name}"
-        layout = TableLayout(settings.warehouse, spec.name)
-        ch = table_stats(settings.clickhouse_dsn, spec)
+        pipeline = Pipeline(spec, settings, log=log)
+        ch = pipeline.clickhouse_stats()
         summary: dict[str, Any] = {
             "read": int(meta[bronze_key]["records_in"]),
             "duplicates_dropped": int(meta[bronze_key]["duplicates_dropped"]),
             "quarantined": int(meta[bronze_key]["quarantined"]),
-            "silver_rows": delta_row_count(layout.silver(spec.sink_source_name)),
+            "silver_rows": pipeline.silver_rows(),
             "clickhouse_rows": ch["rows"],
             "clickhouse_duplicate_keys": ch["duplicate_keys"],
             "expected_unique": stats.expected_unique,
@@ -197,14 +174,14 @@ def run_demo(
             window = join_spec.plan.steps[0].window
             assert window is not None
             reference = expected_join(stats, user_stats, window)
-            summary.update(join_stats(settings.clickhouse_dsn, join_spec, "user_name"))
+            summary.update(Pipeline(join_spec, settings, log=log).join_stats("user_name"))
             summary["expected_joined"] = reference["expected_joined"]
             summary["expected_unmatched"] = reference["expected_unmatched"]
             gold_meta = materialization_metadata(join_result)[f"gold/{join_spec.name}/{join_spec.sink.table}"]
             summary["join_late_matches"] = int(gold_meta["late_matches"])
         return {
             "summary": summary,
-            "sample": sample_rows(settings.clickhouse_dsn, join_spec or spec, 5),
+            "sample": Pipeline(join_spec or spec, settings, log=log).sample_rows(5),
             "checks": checks,
             "seconds": time.monotonic() - started,
             "records_per_second": summary["read"] / max(pipeline_seconds, 1e-6),

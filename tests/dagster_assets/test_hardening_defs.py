@@ -38,8 +38,9 @@ def test_clickhouse_password_is_not_in_the_repository_snapshot(monkeypatch: pyte
     assert "s3cret" not in text
     assert "RIVERHOUSE_CLICKHOUSE_DSN" in text  # shown as the variable's name
     # At run time the resource still gets the real value.
-    with dg.build_resources({"clickhouse": resources_from_settings(settings)["clickhouse"]}) as built:
-        assert built.clickhouse.dsn == DSN
+    with dg.build_resources({"riverhouse": resources_from_settings(settings)["riverhouse"]}) as built:
+        assert built.riverhouse.clickhouse_dsn == DSN
+        assert built.riverhouse.settings().clickhouse_dsn == DSN
 
 
 def test_a_dsn_with_a_password_that_is_not_from_the_environment_is_refused(

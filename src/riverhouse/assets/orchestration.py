@@ -8,16 +8,8 @@ from typing import Any
 import dagster as dg
 
 from riverhouse.assets.pipelines import MODE_TAG, live_partition_key
-from riverhouse.platform.kafka.lag import pipeline_lag
-from riverhouse.platform.runner import run_continuous
 from riverhouse.platform.spec import PipelineSpec
-from riverhouse.resources import (
-    ClickHouseResource,
-    KafkaResource,
-    SparkResource,
-    WarehouseResource,
-    settings_from,
-)
+from riverhouse.resources import Riverhouse
 
 PIPELINE_TAG = "riverhouse/pipeline"
 ACTIVE = [
@@ -90,18 +82,11 @@ def lag_sensor(spec: PipelineSpec) -> dg.SensorDefinition:
             f"a record has waited {cfg.max_delay} (orchestration.sensor in the spec)."
         ),
     )
-    def kafka_lag(
-        context: dg.SensorEvaluationContext,
-        kafka: KafkaResource,
-        warehouse: WarehouseResource,
-        clickhouse: ClickHouseResource,
-        spark: SparkResource,
-    ) -> Any:
+    def kafka_lag(context: dg.SensorEvaluationContext, riverhouse: Riverhouse) -> Any:
         cursor: dict[str, Any] = json.loads(context.cursor) if context.cursor else {}
         now = time.time()
-        settings = settings_from(kafka, warehouse, clickhouse, spark)
         try:
-            lag = pipeline_lag(spec, settings)
+            lag = riverhouse.pipeline(spec, context.log.info).lag()
         except Exception as exc:  # the daemon must keep running whatever Kafka does
             return dg.SkipReason(f"Kafka is unreachable for pipeline {spec.name}: {exc}")
         waiting = lag.total
@@ -189,21 +174,14 @@ def continuous_job(spec: PipelineSpec) -> dg.JobDefinition:
             "finishes the current batch and publishes it."
         ),
     )
-    def run_stream(
-        context: dg.OpExecutionContext,
-        config: ContinuousConfig,
-        spark: SparkResource,
-        kafka: KafkaResource,
-        warehouse: WarehouseResource,
-        clickhouse: ClickHouseResource,
-    ) -> None:
-        settings = settings_from(kafka, warehouse, clickhouse, spark)
+    def run_stream(context: dg.OpExecutionContext, config: ContinuousConfig, riverhouse: Riverhouse) -> None:
+        pipeline = riverhouse.pipeline(spec, context.log.info)
         stop = threading.Event()
         outcome: dict[str, Any] = {}
 
         def body() -> None:
             try:
-                outcome["summary"] = run_continuous(spec, settings, stop, log=context.log.info, spark=spark.session())
+                outcome["summary"] = pipeline.continuous(stop)
             except BaseException as exc:
                 outcome["error"] = exc
 

@@ -21,30 +21,12 @@ from typing import Any
 
 import dagster as dg
 
-from riverhouse.platform.backfill import rebuild_gold, rebuild_silver, replace_clickhouse_window
-from riverhouse.platform.gold.joins import gold_path, run_gold
-from riverhouse.platform.ingest.stream import ingest
-from riverhouse.platform.kafka.lag import pipeline_lag
-from riverhouse.platform.quality.checks import duplicate_keys_within_window, reconcile_per_day
-from riverhouse.platform.quality.expectations import validate_rejected_rate, validate_silver
-from riverhouse.platform.runner import load_sink
+from riverhouse.platform.pipeline import Window
+from riverhouse.platform.publish import CheckOutcome
 from riverhouse.platform.sink.clickhouse import expected_columns
 from riverhouse.platform.spec import PipelineSpec
-from riverhouse.platform.state.tables import (
-    TableLayout,
-    bronze_schema,
-    open_table,
-    plain_strings,
-    read_inserts,
-    silver_schema,
-)
-from riverhouse.resources import (
-    ClickHouseResource,
-    KafkaResource,
-    SparkResource,
-    WarehouseResource,
-    settings_from,
-)
+from riverhouse.platform.state.tables import bronze_schema, silver_schema
+from riverhouse.resources import Riverhouse
 
 CLICKHOUSE_POOL = "clickhouse"
 MODE_TAG = "riverhouse/mode"
@@ -99,30 +81,37 @@ def _column_lineage(spec: PipelineSpec) -> dg.TableColumnLineage:
     return dg.TableColumnLineage(deps_by_column=deps)
 
 
-def _ingested_in_this_run(
-    context: dg.AssetExecutionContext, spec: PipelineSpec, sources: list[str]
-) -> dict[str, dict[str, Any]]:
-    """Ingest metadata of the given sources' bronze assets materialized in this run."""
-    out: dict[str, dict[str, Any]] = {}
-    for name in sources:
-        event = context.instance.get_latest_materialization_event(asset_key("bronze", spec, name))
-        if event is not None and event.run_id == context.run_id and event.asset_materialization is not None:
-            out[name] = {k: v.value for k, v in event.asset_materialization.metadata.items()}
-    return out
+def _ingested_in_this_run(context: dg.AssetExecutionContext, spec: PipelineSpec, source: str) -> dict[str, Any]:
+    """The metadata of `source`'s ingest step, if it ran in this run (what a stream run publishes)."""
+    event = context.instance.get_latest_materialization_event(asset_key("bronze", spec, source))
+    if event is None or event.run_id != context.run_id or event.asset_materialization is None:
+        return {}
+    return {k: v.value for k, v in event.asset_materialization.metadata.items()}
 
 
-def _is_stream_run(context: dg.AssetExecutionContext, spec: PipelineSpec) -> bool:
-    """A stream run publishes what the stream wrote; anything else rebuilds its partition window."""
-    if context.run.tags.get(MODE_TAG) in ("stream", "rebuild"):
-        return context.run.tags[MODE_TAG] == "stream"
-    if context.run.tags.get("dagster/backfill"):
-        return False
-    return bool(_ingested_in_this_run(context, spec, list(spec.sources)))
+def rebuild_window(context: dg.AssetExecutionContext, spec: PipelineSpec) -> Window | None:
+    """The partition's window when this run is a rebuild run; None when it publishes the stream.
 
-
-def _window(context: dg.AssetExecutionContext) -> tuple[datetime, datetime]:
+    A run in which the ingest asset ran (the job, sensor, schedule, "Materialize all") is a
+    stream run; a backfill, or a partition materialized without the ingest asset, rebuilds.
+    The run tag `riverhouse/mode` (stream|rebuild) says it outright.
+    """
+    mode = context.run.tags.get(MODE_TAG)
+    if mode not in ("stream", "rebuild"):
+        stream = not context.run.tags.get("dagster/backfill") and any(
+            _ingested_in_this_run(context, spec, source) for source in spec.sources
+        )
+        mode = "stream" if stream else "rebuild"
+    if mode == "stream":
+        return None
     window = context.partition_time_window
-    return window.start.astimezone(UTC), window.end.astimezone(UTC)
+    return Window(window.start, window.end)
+
+
+def _check_result(name: str, outcome: CheckOutcome) -> dg.AssetCheckResult:
+    return dg.AssetCheckResult(
+        check_name=name, passed=outcome.passed, metadata=outcome.metadata, description=outcome.description
+    )
 
 
 def build_pipeline_assets(spec: PipelineSpec) -> tuple[list[Any], list[dg.AssetChecksDefinition]]:
@@ -199,71 +188,19 @@ def _ingest_asset(spec: PipelineSpec, source_name: str) -> dg.AssetsDefinition:
         ],
         description=f"Read `{src.topic}` up to its current end (Spark availableNow) into bronze, quarantine and silver.",
     )
-    def ingest_source(
-        context: dg.AssetExecutionContext,
-        spark: SparkResource,
-        kafka: KafkaResource,
-        warehouse: WarehouseResource,
-        clickhouse: ClickHouseResource,
-    ):
-        settings = settings_from(kafka, warehouse, clickhouse, spark)
-        layout = TableLayout(settings.warehouse, spec.name)
-
-        def log_batch(m: Any) -> None:
-            context.log.info(
-                f"batch {m.batch_id}: read {m.read}, quarantined {m.quarantined}, "
-                f"duplicates dropped {m.duplicates_dropped}, inserted {m.inserted} ({m.seconds:.1f}s)"
-            )
-
-        lag_before = pipeline_lag(spec, settings, [source_name]).total
-        silver = open_table(layout.silver(source_name))
-        silver_before = silver.version() if silver is not None else -1
+    def ingest_source(context: dg.AssetExecutionContext, riverhouse: Riverhouse):
+        pipeline = riverhouse.pipeline(spec, context.log.info)
         # Runs launched from the UI are not queued per pipeline: wait for the one in progress.
-        result = ingest(
-            spark.session(), spec, settings, source_name, on_batch=log_batch, lock_wait_s=600, log=context.log.info
-        )
-        summary = result.summary()
-        seconds = max(result.seconds, 1e-6)
-        batch_ids = [b.batch_id for b in result.batches]
-        yield dg.MaterializeResult(
-            asset_key=bronze_key,
-            metadata={
-                "records_in": summary["read"],
-                "inserted": summary["inserted"],
-                "duplicates_dropped": summary["duplicates_dropped"],
-                "quarantined": summary["quarantined"],
-                "replayed": summary["replayed"],
-                "lag_before": lag_before,
-                "batches": summary["batches"],
-                "records_per_second": round(summary["read"] / seconds, 1),
-                "seconds": round(result.seconds, 2),
-                "first_batch_id": min(batch_ids) if batch_ids else -1,
-                "last_batch_id": max(batch_ids) if batch_ids else -1,
-                "silver_version_before": silver_before,
-                "silver_version_after": summary["silver_version"] if summary["silver_version"] is not None else -1,
-                "end_offsets": dg.MetadataValue.json(summary["end_offsets"]),
-                "path": layout.bronze(source_name),
-                "kafka_config": dg.MetadataValue.json(spec.kafka.redacted_config()),
-            },
-        )
-        yield dg.MaterializeResult(
-            asset_key=quarantine_key,
-            metadata={"quarantined": summary["quarantined"], "path": layout.quarantine(source_name)},
-        )
-        records, rejected = summary["read"], summary["quarantined"]
-        outcome = validate_rejected_rate(spec, records, rejected)
+        ingested = pipeline.publish_ingest(source_name, lock_wait_s=600)
+        yield dg.MaterializeResult(asset_key=bronze_key, metadata=ingested.metadata)
+        yield dg.MaterializeResult(asset_key=quarantine_key, metadata=ingested.related["quarantine"])
+        rate = pipeline.check_rejected_rate(ingested.metadata["records_in"], ingested.metadata["quarantined"])
         yield dg.AssetCheckResult(
             asset_key=bronze_key,
             check_name=rate_check,
-            passed=outcome.success,
-            metadata={
-                "records": records,
-                "rejected": rejected,
-                "rejected_rate": round(rejected / records, 6) if records else 0.0,
-                "max_rejected_rate": spec.quality.max_rejected_rate,
-                "gx": dg.MetadataValue.json(outcome.metadata()),
-            },
-            description=None if outcome.success else outcome.describe_failures(),
+            passed=rate.passed,
+            metadata=rate.metadata,
+            description=rate.description,
         )
 
     return ingest_source
@@ -311,63 +248,14 @@ def _silver_asset(spec: PipelineSpec, source_name: str, parts: dg.PartitionsDefi
         ),
         metadata={"dagster/column_schema": _column_schema([(f.name, str(f.type)) for f in silver_schema(src)])},
     )
-    def silver_table(
-        context: dg.AssetExecutionContext,
-        spark: SparkResource,
-        kafka: KafkaResource,
-        warehouse: WarehouseResource,
-        clickhouse: ClickHouseResource,
-    ):
-        settings = settings_from(kafka, warehouse, clickhouse, spark)
-        layout = TableLayout(settings.warehouse, spec.name)
-        schema = silver_schema(src)
-        metadata: dict[str, Any] = {"path": layout.silver(source_name)}
-        if _is_stream_run(context, spec):
-            ingested = _ingested_in_this_run(context, spec, [source_name]).get(source_name, {})
-            before = int(ingested.get("silver_version_before", -1))
-            after = int(ingested.get("silver_version_after", -1))
-            rows = (
-                read_inserts(layout.silver(source_name), before + 1, after, schema.names)
-                if after > before
-                else schema.empty_table()
-            )
-            metadata.update(
-                {
-                    "mode": "stream",
-                    "inserted": rows.num_rows,
-                    "duplicates_dropped": int(ingested.get("duplicates_dropped", 0)),
-                    "delta_version": after,
-                }
-            )
-        else:
-            start, end = _window(context)
-            rebuilt = rebuild_silver(spark.session(), spec, settings, source_name, start, end, log=context.log.info)
-            rows = rebuilt.published if rebuilt.published is not None else schema.empty_table()
-            metadata.update(
-                {
-                    "mode": "rebuild",
-                    "window": rebuilt.window,
-                    "rows": rebuilt.rows,
-                    "rows_before": rebuilt.rows_before,
-                    "changed": rebuilt.changed,
-                    "delta_version": rebuilt.delta_version if rebuilt.delta_version is not None else -1,
-                }
-            )
-        yield dg.MaterializeResult(metadata=metadata)
-        outcome = validate_silver(spec, source_name, plain_strings(rows).select(schema.names))
-        yield dg.AssetCheckResult(
-            check_name=gx_check,
-            passed=outcome.success,
-            metadata={**outcome.metadata(), "failures": dg.MetadataValue.json(outcome.metadata()["failures"])},
-            description=None if outcome.success else outcome.describe_failures(),
-        )
+    def silver_table(context: dg.AssetExecutionContext, riverhouse: Riverhouse):
+        pipeline = riverhouse.pipeline(spec, context.log.info)
+        ingested = _ingested_in_this_run(context, spec, source_name)
+        published = pipeline.publish_silver(source_name, rebuild_window(context, spec), ingested)
+        yield dg.MaterializeResult(metadata=published.metadata)
+        yield _check_result(gx_check, pipeline.check_silver(source_name, published.rows))
         if src.dedup:
-            count, sample = duplicate_keys_within_window(layout.silver(source_name), src.dedup_key, src.dedup.window)
-            yield dg.AssetCheckResult(
-                check_name=unique_check,
-                passed=count == 0,
-                metadata={"duplicate_rows": count, "sample": dg.MetadataValue.json(sample)},
-            )
+            yield _check_result(unique_check, pipeline.check_unique_keys(source_name))
 
     return silver_table
 
@@ -406,54 +294,11 @@ def _gold_asset(spec: PipelineSpec, gold_key: dg.AssetKey, parts: dg.PartitionsD
             "emitted exactly once, when its window closes. A rebuild joins the partition's driving events again."
         ),
     )
-    def gold_table(
-        context: dg.AssetExecutionContext,
-        config: GoldConfig,
-        spark: SparkResource,
-        kafka: KafkaResource,
-        warehouse: WarehouseResource,
-        clickhouse: ClickHouseResource,
-    ):
-        settings = settings_from(kafka, warehouse, clickhouse, spark)
-        path = gold_path(TableLayout(settings.warehouse, spec.name), spec)
-        if _is_stream_run(context, spec):
-            summary = run_gold(spark.session(), spec, settings, drain=config.drain).summary()
-            context.log.info(f"join: {summary}")
-            metadata: dict[str, Any] = {
-                "mode": "stream",
-                "processed": summary["processed"],
-                "emitted": summary["emitted"],
-                "join_hit_rate": summary["hit_rate"],
-                "unmatched_left": summary["unmatched_left"],
-                "unmatched_inner": summary["unmatched_inner"],
-                "late_matches": summary["late_matches"],
-                "quarantined": summary["rejected"],
-                "filtered": summary["filtered"],
-                "pending": summary["pending"],
-                "watermark": summary["watermark"] or "",
-                "engine": summary["engine"] or "none",  # numpy (local mode) or spark; none: nothing to join
-                "delta_version": summary["gold_version"] if summary["gold_version"] is not None else -1,
-            }
-        else:
-            start, end = _window(context)
-            rebuilt = rebuild_gold(spark.session(), spec, settings, start, end, log=context.log.info)
-            metadata = {
-                "mode": "rebuild",
-                "window": rebuilt.window,
-                "rows": rebuilt.rows,
-                "rows_before": rebuilt.rows_before,
-                "changed": rebuilt.changed,
-                "delta_version": rebuilt.delta_version if rebuilt.delta_version is not None else -1,
-            }
-        yield dg.MaterializeResult(metadata={**metadata, "path": path})
-        count, sample = duplicate_keys_within_window(
-            path, ["_left_key"], window, time_column="_left_event_time", emitted_only=True
-        )
-        yield dg.AssetCheckResult(
-            check_name=check,
-            passed=count == 0,
-            metadata={"duplicate_rows": count, "sample": dg.MetadataValue.json(sample)},
-        )
+    def gold_table(context: dg.AssetExecutionContext, config: GoldConfig, riverhouse: Riverhouse):
+        pipeline = riverhouse.pipeline(spec, context.log.info)
+        published = pipeline.publish_gold(rebuild_window(context, spec), drain=config.drain)
+        yield dg.MaterializeResult(metadata=published.metadata)
+        yield _check_result(check, pipeline.check_one_row_per_left_event())
 
     return gold_table
 
@@ -491,45 +336,11 @@ def _clickhouse_asset(
             "dagster/column_lineage": _column_lineage(spec),
         },
     )
-    def clickhouse_table(
-        context: dg.AssetExecutionContext,
-        spark: SparkResource,
-        kafka: KafkaResource,
-        warehouse: WarehouseResource,
-        clickhouse: ClickHouseResource,
-    ):
-        settings = settings_from(kafka, warehouse, clickhouse, spark)
-        if _is_stream_run(context, spec):
-            summary = load_sink(spec, settings, log=context.log.warning).summary()
-            metadata: dict[str, Any] = {
-                "mode": "stream",
-                "rows_loaded": summary["rows_loaded"],
-                "delta_versions_loaded": summary["versions_loaded"],
-                "chunks": summary["chunks"],
-                "seconds": summary["seconds"],
-                "delta_version": summary["delta_version"] if summary["delta_version"] is not None else -1,
-                "last_loaded_version": summary["last_loaded_version"]
-                if summary["last_loaded_version"] is not None
-                else -1,
-            }
-        else:
-            start, end = _window(context)
-            replaced = replace_clickhouse_window(spec, settings, start, end, log=context.log.info).summary()
-            metadata = {
-                "mode": "rebuild",
-                "days": ", ".join(replaced["days"]),
-                "rows_replaced": replaced["rows"],
-                "rows_caught_up": replaced["caught_up_rows"],
-                "seconds": replaced["seconds"],
-                "delta_version": replaced["delta_version"] if replaced["delta_version"] is not None else -1,
-            }
-        yield dg.MaterializeResult(metadata=metadata)
-        outcome, stats = reconcile_per_day(spec, settings)
-        yield dg.AssetCheckResult(
-            check_name=check,
-            passed=outcome.success and stats["duplicate_keys"] == 0,
-            metadata={**stats, "gx": dg.MetadataValue.json(outcome.metadata())},
-            description=None if outcome.success else outcome.describe_failures(),
-        )
+    def clickhouse_table(context: dg.AssetExecutionContext, riverhouse: Riverhouse):
+        # The loader's own lines are retries after transient errors: warnings.
+        pipeline = riverhouse.pipeline(spec, context.log.info, warn=context.log.warning)
+        published = pipeline.publish_clickhouse(rebuild_window(context, spec))
+        yield dg.MaterializeResult(metadata=published.metadata)
+        yield _check_result(check, pipeline.check_clickhouse())
 
     return clickhouse_table

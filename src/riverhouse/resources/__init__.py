@@ -1,69 +1,103 @@
-"""Dagster resources: where Spark runs, which Kafka, which warehouse, which ClickHouse.
+"""Dagster resources: Spark (dagster-pyspark) and the Riverhouse engine that hands out pipelines.
 
-Each is a `dg.ConfigurableResource`; `definitions.py` builds them once from the
-environment (see `riverhouse.platform.state.settings`). The ClickHouse DSN, which may hold a
-password, is passed as `dg.EnvVar("RIVERHOUSE_CLICKHOUSE_DSN")`: the repository snapshot
-(the UI's Resources page) then shows the variable's name, never its value.
+`RiverhouseSpark` is dagster-pyspark's `PySparkResource` whose session is Riverhouse's own
+(the pinned jars, Delta's extension, the restricted SQL settings), made on first use so a
+sensor tick never starts a JVM. `Riverhouse` is the one resource assets, checks, sensors and
+jobs use: `riverhouse.pipeline(spec, log)` returns the engine's `Pipeline`. It is abstract, the
+way Dagster's project_fully_featured example declares its API client: `RiverhouseEngine` is
+the real one, and tests substitute a double (tests/dagster_assets/fake_engine.py).
+
+`definitions.py` builds them once from the environment (see `riverhouse.platform.state.settings`).
+The ClickHouse DSN, which may hold a password, is passed as `dg.EnvVar("RIVERHOUSE_CLICKHOUSE_DSN")`:
+the repository snapshot (the UI's Resources page) then shows the variable's name, never its value.
 """
 
 from __future__ import annotations
 
 import os
+from abc import ABC, abstractmethod
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
+from dagster_pyspark import PySparkResource
 
+from riverhouse.platform.pipeline import Pipeline
 from riverhouse.platform.runtime.spark import get_spark
-from riverhouse.platform.state.settings import Settings, redact_dsn
+from riverhouse.platform.spec import PipelineSpec
+from riverhouse.platform.state.settings import RESTRICTED_SPARK_CONF, Settings, redact_dsn
 
-
-class SparkResource(dg.ConfigurableResource):
-    """Spark: `local[2]` by default, or any Spark 4 master URL (spark://host:7077...)."""
-
-    master: str = "local[2]"
-    conf: dict[str, str] = {}
-
-    def session(self) -> Any:
-        return get_spark(self.master, app_name="riverhouse-dagster", conf=self.conf)
-
-
-class KafkaResource(dg.ConfigurableResource):
-    """Kafka bootstrap override; empty means each spec's own (\"local\" = the local Kafka)."""
-
-    bootstrap_servers: str = ""
-    local_state_dir: str = ".riverhouse/kafka"
-
-
-class WarehouseResource(dg.ConfigurableResource):
-    """Delta tables root (local folder or s3://...) and the Spark checkpoints folder."""
-
-    root: str = ".riverhouse/warehouse"
-    checkpoints: str = ".riverhouse/checkpoints"
-
-
-class ClickHouseResource(dg.ConfigurableResource):
-    """ClickHouse DSN: chdb:///path (embedded engine) or http(s)://user:pass@host:port/db."""
-
-    dsn: str
-
-
-def settings_from(
-    kafka: KafkaResource, warehouse: WarehouseResource, clickhouse: ClickHouseResource, spark: SparkResource
-) -> Settings:
-    home = Path(warehouse.root).resolve().parent
-    return Settings(
-        home=home,
-        warehouse=warehouse.root if "://" in warehouse.root else str(Path(warehouse.root).resolve()),
-        checkpoints=Path(warehouse.checkpoints).resolve(),
-        clickhouse_dsn=clickhouse.dsn,
-        kafka_state_dir=Path(kafka.local_state_dir).resolve(),
-        kafka_bootstrap=kafka.bootstrap_servers or None,
-        spark_master=spark.master,
-    )
-
-
+SPARK_MASTER = "spark.master"
 DSN_VARIABLE = "RIVERHOUSE_CLICKHOUSE_DSN"
+
+
+class RiverhouseSpark(PySparkResource):
+    """Spark: `spark.master` local[2] by default, or any Spark 4 master URL (spark://host:7077...)."""
+
+    spark_config: dict[str, Any] = {SPARK_MASTER: "local[2]", **RESTRICTED_SPARK_CONF}
+
+    @classmethod
+    def _is_dagster_maintained(cls) -> bool:
+        return False  # Riverhouse's subclass, not the library's resource as shipped
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        """Nothing yet: the session starts when a step first asks for it."""
+
+    @property
+    def master(self) -> str:
+        return str(self.spark_config.get(SPARK_MASTER, "local[2]"))
+
+    @property
+    def conf(self) -> dict[str, str]:
+        return {k: str(v) for k, v in self.spark_config.items() if k != SPARK_MASTER}
+
+    @property
+    def spark_session(self) -> Any:
+        if self._spark_session is None:
+            self._spark_session = get_spark(self.master, app_name="riverhouse-dagster", conf=self.conf)
+        return self._spark_session
+
+
+class Riverhouse(dg.ConfigurableResource, ABC):
+    """The engine: hands out a pipeline object per spec (ingest, publish, load, rebuild, lag, continuous)."""
+
+    @abstractmethod
+    def pipeline(
+        self, spec: PipelineSpec, log: Callable[[str], None] = print, warn: Callable[[str], None] | None = None
+    ) -> Pipeline: ...
+
+
+class RiverhouseEngine(Riverhouse):
+    """Riverhouse on this deployment: where the Delta tables, checkpoints and ClickHouse are, which Kafka."""
+
+    spark: PySparkResource
+    home: str = ".riverhouse"
+    warehouse: str = ".riverhouse/warehouse"  # local folder or s3://...
+    checkpoints: str = ".riverhouse/checkpoints"  # a local or mounted folder (it holds locks)
+    clickhouse_dsn: str  # chdb:///path (embedded engine) or http(s)://user:pass@host:port/db
+    kafka_bootstrap: str = ""  # empty: each spec's own ("local" = the local Kafka)
+    kafka_state_dir: str = ".riverhouse/kafka"
+
+    def settings(self) -> Settings:
+        spark_config = dict(self.spark.spark_config)
+        master = str(spark_config.pop(SPARK_MASTER, "local[2]"))
+        return Settings(
+            home=Path(self.home).resolve(),
+            warehouse=self.warehouse if "://" in self.warehouse else str(Path(self.warehouse).resolve()),
+            checkpoints=Path(self.checkpoints).resolve(),
+            clickhouse_dsn=self.clickhouse_dsn,
+            kafka_state_dir=Path(self.kafka_state_dir).resolve(),
+            kafka_bootstrap=self.kafka_bootstrap or None,
+            spark_master=master,
+            spark_conf={k: str(v) for k, v in spark_config.items()},
+        )
+
+    def pipeline(
+        self, spec: PipelineSpec, log: Callable[[str], None] = print, warn: Callable[[str], None] | None = None
+    ) -> Pipeline:
+        spark = self.spark
+        return Pipeline(spec, self.settings(), log=log, warn=warn, spark_factory=lambda: spark.spark_session)
 
 
 def clickhouse_dsn_config(dsn: str) -> str | dg.EnvVar:
@@ -83,11 +117,15 @@ def clickhouse_dsn_config(dsn: str) -> str | dg.EnvVar:
 
 
 def resources_from_settings(settings: Settings) -> dict[str, dg.ConfigurableResource]:
+    spark = RiverhouseSpark(spark_config={SPARK_MASTER: settings.spark_master, **settings.spark_conf})
     return {
-        "spark": SparkResource(master=settings.spark_master, conf=dict(settings.spark_conf)),
-        "kafka": KafkaResource(
-            bootstrap_servers=settings.kafka_bootstrap or "", local_state_dir=str(settings.kafka_state_dir)
+        "riverhouse": RiverhouseEngine(
+            spark=spark,
+            home=str(settings.home),
+            warehouse=str(settings.warehouse),
+            checkpoints=str(settings.checkpoints),
+            clickhouse_dsn=clickhouse_dsn_config(settings.clickhouse_dsn),
+            kafka_bootstrap=settings.kafka_bootstrap or "",
+            kafka_state_dir=str(settings.kafka_state_dir),
         ),
-        "warehouse": WarehouseResource(root=str(settings.warehouse), checkpoints=str(settings.checkpoints)),
-        "clickhouse": ClickHouseResource(dsn=clickhouse_dsn_config(settings.clickhouse_dsn)),
     }

@@ -546,3 +546,17 @@ def sample_rows(dsn: str, spec: PipelineSpec, limit: int = 5) -> tuple[list[str]
     with open_client(dsn) as client:
         result = client.query(f"SELECT * FROM {qualified_table(spec)} ORDER BY {order} LIMIT {int(limit)}")
         return list(result.column_names), [tuple(r) for r in result.result_rows]
+
+
+def join_stats(dsn: str, spec: PipelineSpec, matched_column: str) -> dict[str, int]:
+    """Joined (matched) rows, unmatched left rows and duplicate keys in a join's ClickHouse table."""
+    key = ", ".join(quote(c) for c in spec.sink.order_by)
+    with open_client(dsn) as client:
+        joined, unmatched = client.query(
+            f"SELECT countIf({quote(matched_column)} IS NOT NULL), countIf({quote(matched_column)} IS NULL) "
+            f"FROM {qualified_table(spec)}"
+        ).result_rows[0]
+        dupes = client.query(
+            f"SELECT count() FROM (SELECT {key} FROM {qualified_table(spec)} GROUP BY {key} HAVING count() > 1)"
+        ).result_rows[0][0]
+    return {"joined_rows": int(joined), "unmatched_left": int(unmatched), "join_duplicate_keys": int(dupes)}

@@ -1,0 +1,388 @@
+"""The one entry point to the engine: a pipeline (spec + settings + Spark) and what callers do with it.
+
+The CLI, the demo and the Dagster assets build a `Pipeline` and call its methods; they
+never reach into `ingest/`, `gold/`, `sink/` or `backfill.py` themselves. Every method
+returns a plain result object (IngestResult, GoldResult, LoadResult, RebuildResult, ...).
+
+Steps that publish a stream run or a window take `window`: `None` publishes what the
+stream wrote, a `Window` recomputes that window from bronze (a backfill). The caller
+only says which window it has; the engine decides what that means for each table.
+
+The Spark session is made on first use (`spark`), so what needs none (the Kafka lag of a
+sensor tick, ClickHouse figures, a reset) never starts a JVM.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from riverhouse.platform import publish
+from riverhouse.platform.backfill import RebuildResult, ReplaceResult, rebuild_gold, rebuild_silver
+from riverhouse.platform.backfill import replace_clickhouse_window as _replace_clickhouse_window
+from riverhouse.platform.gold.joins import GoldResult, run_gold
+from riverhouse.platform.ingest.stream import (
+    BatchMetrics,
+    IngestResult,
+    PipelineError,
+    StreamStopped,
+    ingest_sources,
+    pipeline_lock,
+    prepare_stream,
+    resolve_bootstrap,
+    start_queries,
+)
+from riverhouse.platform.kafka.lag import PipelineLag, pipeline_lag
+from riverhouse.platform.quality.checks import delta_row_count
+from riverhouse.platform.runtime import metrics
+from riverhouse.platform.runtime.spark import get_spark
+from riverhouse.platform.sink import clickhouse as sink
+from riverhouse.platform.sink.clickhouse import LoadResult
+from riverhouse.platform.sink.loader import SinkLoader, load_sink
+from riverhouse.platform.spec import PipelineSpec
+from riverhouse.platform.state.reset import ResetPlan, plan_reset, reset_pipeline
+from riverhouse.platform.state.settings import Settings
+from riverhouse.platform.state.tables import TableLayout
+
+__all__ = ["Pipeline", "PipelineError", "Window", "WindowRebuild"]
+
+PUBLISH_POLL_S = 0.1  # continuous mode: how soon a landed batch is joined and loaded
+COUNTED = ("read", "quarantined", "duplicates_dropped", "inserted", "replayed")
+
+
+@dataclass(frozen=True)
+class Window:
+    """A half-open time window [start, end) in UTC: what a backfill of one partition recomputes."""
+
+    start: datetime
+    end: datetime
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "start", self.start.astimezone(UTC))
+        object.__setattr__(self, "end", self.end.astimezone(UTC))
+        if self.end <= self.start:
+            raise ValueError(f"a window must end after it starts, got {self.start.isoformat()}/{self.end.isoformat()}")
+
+
+@dataclass
+class WindowRebuild:
+    """A rebuilt window: silver of every source, gold (join pipelines), the ClickHouse days swapped in."""
+
+    window: Window
+    silver: dict[str, RebuildResult] = field(default_factory=dict)
+    gold: RebuildResult | None = None
+    clickhouse: ReplaceResult | None = None
+
+
+def batch_line(spec: PipelineSpec, m: BatchMetrics) -> str:
+    prefix = f"{m.source} " if len(spec.sources) > 1 else ""
+    return (
+        f"{prefix}batch {m.batch_id}: read {m.read:,}, quarantined {m.quarantined:,}, "
+        f"duplicates dropped {m.duplicates_dropped:,}, inserted {m.inserted:,} ({m.seconds:.1f}s)"
+    )
+
+
+class Pipeline:
+    """One pipeline's engine: ingest, publish (gold), load, rebuild a window, lag, continuous.
+
+    `spark`: a session to use; `spark_factory`: how to make one on first use (a Dagster
+    resource's session); neither: the process's Riverhouse session from the settings.
+    `log` gets progress lines; `warn` (default `log`) the loader's retry warnings.
+    """
+
+    def __init__(
+        self,
+        spec: PipelineSpec,
+        settings: Settings,
+        spark: Any = None,
+        log: Callable[[str], None] = print,
+        warn: Callable[[str], None] | None = None,
+        spark_factory: Callable[[], Any] | None = None,
+    ):
+        self.spec = spec
+        self.settings = settings
+        self.log = log
+        self.warn = warn or log
+        self._spark = spark
+        self._spark_factory = spark_factory
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def spark(self) -> Any:
+        if self._spark is None:
+            if self._spark_factory is not None:
+                self._spark = self._spark_factory()
+            else:
+                self._spark = get_spark(self.settings.spark_master, conf=self.settings.spark_conf)
+        return self._spark
+
+    # ------------------------------------------------------------------ steps
+    def ingest(
+        self,
+        source: str | None = None,
+        on_batch: Callable[[BatchMetrics], None] | None = None,
+        lock_wait_s: float = 0.0,
+    ) -> IngestResult:
+        """One triggered (availableNow) query of one source (default: the sink's): everything now in Kafka."""
+        sources = [source or self.spec.sink_source_name]
+        return ingest_sources(self.spark, self.spec, self.settings, sources, on_batch, lock_wait_s, self.log)[0]
+
+    def gold(self, window: Window | None = None, drain: bool = False) -> GoldResult | RebuildResult:
+        """Join pipelines: join what arrived (`drain`: close every pending window), or rebuild `window`'s gold."""
+        if not self.spec.is_join:
+            raise PipelineError(f"pipeline {self.name!r} has no join or query: it has no gold table")
+        if window is None:
+            return run_gold(self.spark, self.spec, self.settings, drain=drain)
+        return rebuild_gold(self.spark, self.spec, self.settings, window.start, window.end, log=self.log)
+
+    def rebuild_silver(self, source: str, window: Window) -> RebuildResult:
+        """Recompute `source`'s silver rows of `window` from bronze; one Delta commit if they differ."""
+        return rebuild_silver(self.spark, self.spec, self.settings, source, window.start, window.end, log=self.log)
+
+    def load(self, window: Window | None = None, client: Any = None) -> LoadResult | ReplaceResult:
+        """Load new Delta versions into ClickHouse exactly once, or swap `window`'s days in (after catching up)."""
+        if window is None:
+            return load_sink(self.spec, self.settings, self.warn, client=client, spark=self.spark)
+        return _replace_clickhouse_window(self.spec, self.settings, window.start, window.end, log=self.log)
+
+    def rebuild(self, window: Window) -> WindowRebuild:
+        """Backfill `window`: silver of every source from bronze, then gold, then the ClickHouse days."""
+        out = WindowRebuild(window)
+        for source in self.spec.sources:
+            out.silver[source] = self.rebuild_silver(source, window)
+        if self.spec.is_join:
+            out.gold = rebuild_gold(self.spark, self.spec, self.settings, window.start, window.end, log=self.log)
+        out.clickhouse = _replace_clickhouse_window(self.spec, self.settings, window.start, window.end, log=self.log)
+        return out
+
+    def lag(self, sources: list[str] | None = None) -> PipelineLag:
+        """Records waiting in Kafka behind the committed offsets (raises if Kafka is unreachable)."""
+        return pipeline_lag(self.spec, self.settings, sources)
+
+    def reset_plan(self) -> ResetPlan:
+        return plan_reset(self.spec, self.settings)
+
+    def reset(self) -> ResetPlan:
+        """Forget everything this pipeline wrote (Delta, checkpoints, ClickHouse table and ledger rows)."""
+        return reset_pipeline(self.spec, self.settings, log=self.log)
+
+    # ------------------------------------------------------------ what it holds
+    def silver_rows(self, source: str | None = None) -> int:
+        """Rows in a source's silver table (default: the sink's source)."""
+        layout = TableLayout(self.settings.warehouse, self.name)
+        return delta_row_count(layout.silver(source or self.spec.sink_source_name))
+
+    def clickhouse_stats(self) -> dict[str, int]:
+        """Rows and duplicate keys in the ClickHouse table."""
+        return sink.table_stats(self.settings.clickhouse_dsn, self.spec)
+
+    def join_stats(self, matched_column: str) -> dict[str, int]:
+        """Join pipelines: rows with and without a match (`matched_column` null), duplicate keys, in ClickHouse."""
+        return sink.join_stats(self.settings.clickhouse_dsn, self.spec, matched_column)
+
+    def sample_rows(self, limit: int = 5) -> tuple[list[str], list[tuple[Any, ...]]]:
+        """The first rows of the ClickHouse table in sink.order_by order: (column names, rows)."""
+        return sink.sample_rows(self.settings.clickhouse_dsn, self.spec, limit)
+
+    # ------------------------------------------------- publishing (orchestrators)
+    # What a Dagster asset shows: metadata and check outcomes (riverhouse.platform.publish).
+    def publish_ingest(self, source: str, lock_wait_s: float = 0.0) -> publish.Published:
+        return publish.ingest(self, source, lock_wait_s)
+
+    def publish_silver(
+        self, source: str, window: Window | None, ingested: dict[str, Any] | None = None
+    ) -> publish.Published:
+        return publish.silver(self, source, window, ingested)
+
+    def publish_gold(self, window: Window | None, drain: bool = False) -> publish.Published:
+        return publish.gold(self, window, drain)
+
+    def publish_clickhouse(self, window: Window | None) -> publish.Published:
+        return publish.clickhouse(self, window)
+
+    def check_rejected_rate(self, records: int, rejected: int) -> publish.CheckOutcome:
+        return publish.rejected_rate(self.spec, records, rejected)
+
+    def check_silver(self, source: str, rows: Any) -> publish.CheckOutcome:
+        return publish.silver_expectations(self.spec, source, rows)
+
+    def check_unique_keys(self, source: str) -> publish.CheckOutcome:
+        return publish.unique_keys(self, source)
+
+    def check_one_row_per_left_event(self) -> publish.CheckOutcome:
+        return publish.one_row_per_left_event(self)
+
+    def check_clickhouse(self) -> publish.CheckOutcome:
+        return publish.clickhouse_matches_delta(self.spec, self.settings)
+
+    # ----------------------------------------------------------- streaming runs
+    def _start(self, load: bool) -> SinkLoader | None:
+        """What every streaming run begins with: the Spark session and (unless `load` is off) the loader."""
+        spark = self.spark
+        return SinkLoader(self.spec, self.settings, self.log, spark) if load else None
+
+    def _join(self, drain: bool) -> GoldResult | None:
+        return run_gold(self.spark, self.spec, self.settings, drain=drain) if self.spec.is_join else None
+
+    def run(self, load: bool = True, drain: bool = False) -> dict[str, Any]:
+        """Ingest every source, run the join (join pipelines), load ClickHouse; returns the counts.
+
+        The sources' queries run side by side. A source pipeline loads each batch into
+        ClickHouse as soon as it has committed (SinkLoader); a join pipeline loads after its join.
+        """
+        spec, log = self.spec, self.log
+        started = time.monotonic()
+        resolve_bootstrap(spec, self.settings)  # no Kafka: say so before a Spark start-up
+        loader = self._start(load)
+        if loader is not None:
+            loader.connect()  # opens while the queries start
+        early_loads = loader is not None and not spec.is_join
+
+        def on_batch(m: BatchMetrics) -> None:
+            log(batch_line(spec, m))
+            if early_loads and m.inserted:
+                loader.load_soon()
+
+        summary: dict[str, Any] = {"pipeline": spec.name}
+        totals = dict.fromkeys([*COUNTED, "batches"], 0)
+        stages: dict[str, float] = {}
+        try:
+            queries_started = time.monotonic()
+            results = ingest_sources(self.spark, spec, self.settings, list(spec.sources), on_batch=on_batch)
+            # Starting the streaming queries (checkpoint, the source's planning process, first
+            # offsets) up to the first batch: a fixed cost per run, paid once by a continuous pipeline.
+            first_batch = min((r.batches[0].started_at for r in results if r.batches), default=time.monotonic())
+            for result in results:
+                for key in totals:
+                    totals[key] += result.summary()[key]
+                for stage, seconds in result.stage_seconds().items():
+                    stages[stage] = round(stages.get(stage, 0.0) + seconds, 3)
+                summary[f"silver_version_{result.source}"] = result.silver_version
+            summary.update(totals)
+            summary["stage_seconds"] = stages
+            summary["query_startup_s"] = round(first_batch - queries_started, 3)
+            gold = self._join(drain)
+            if gold is not None:
+                log(
+                    f"join: {gold.processed:,} driving events closed, {gold.emitted:,} emitted "
+                    f"({gold.matched:,} matched, {gold.unmatched_left:,} unmatched left), {gold.rejected:,} "
+                    f"quarantined, {gold.pending:,} waiting for their window to close"
+                )
+                summary.update({f"join_{k}": v for k, v in gold.summary().items()})
+            if loader is not None:
+                sink_version = None if spec.is_join else summary[f"silver_version_{spec.sink_source_name}"]
+                summary.update(loader.finish(up_to=sink_version))
+        finally:
+            if loader is not None:
+                loader.close()
+        summary["seconds"] = round(time.monotonic() - started, 3)
+        return summary
+
+    def continuous(
+        self,
+        stop: threading.Event,
+        load: bool = True,
+        observe: Callable[[BatchMetrics], None] | None = None,
+    ) -> dict[str, Any]:
+        """Keep every source's streaming query running (processing-time trigger) until `stop` is set.
+
+        As soon as a batch lands, the join (non-draining) and the ClickHouse load run, so rows
+        become visible about one batch after they reach Kafka. Stopping lets the batch
+        in flight finish, then publishes what it wrote. The exactly-once machinery is the
+        same as for triggered runs: a kill at any point is repaired by the next run.
+        `observe`, if given, sees every batch's metrics (the benchmark's freshness profile).
+        """
+        spec, log = self.spec, self.log
+        started = time.monotonic()
+        resolve_bootstrap(spec, self.settings)
+        endpoint = metrics.ContinuousMetrics.from_env(spec, self.settings)  # a bad setting fails before Spark starts
+        loader = self._start(load)  # one connection for the session
+        interval = spec.orchestration.trigger_interval
+        totals = dict.fromkeys([*COUNTED, "batches"], 0)
+        counted = threading.Lock()
+        batch_landed = threading.Event()
+
+        def on_batch(m: BatchMetrics) -> None:
+            with counted:
+                totals["batches"] += 1
+                for key in COUNTED:
+                    totals[key] += getattr(m, key)
+            batch_landed.set()
+            if observe is not None:
+                observe(m)
+            if m.read:
+                log(batch_line(spec, m))
+
+        loaded = {"rows": 0}
+        published = {"batches": -1}
+
+        def publish_landed() -> None:
+            with counted:
+                batches = totals["batches"]
+            if batches == published["batches"]:
+                return
+            published["batches"] = batches
+            self._join(drain=False)
+            if loader is not None:
+                began = time.monotonic()
+                result = loader.load_now()
+                if result.rows_loaded:
+                    loaded["rows"] += result.rows_loaded
+                    log(
+                        f"loaded {result.rows_loaded:,} rows into ClickHouse "
+                        f"(Delta version {result.last_loaded_version}, {loaded['rows']:,} this session) "
+                        f"in {time.monotonic() - began:.2f}s"
+                    )
+
+        streams = [prepare_stream(spec, self.settings, source, on_batch) for source in spec.sources]
+        trigger = {"processingTime": f"{max(1, int(interval.total_seconds() * 1000))} milliseconds"}
+        with ExitStack() as locks:
+            for stream in streams:
+                locks.enter_context(pipeline_lock(stream.checkpoint, spec.name))
+            if loader is not None:
+                locks.callback(loader.close)  # before the locks are released
+            endpoint.start(log)
+            locks.callback(endpoint.stop)
+            queries = start_queries(self.spark, streams, trigger)
+            log(
+                f"continuous: pipeline {spec.name} running ({len(queries)} queries, trigger every "
+                f"{interval.total_seconds():g}s); Ctrl-C or SIGTERM stops after the current batch"
+            )
+            try:
+                checked = time.monotonic()
+                while not stop.wait(PUBLISH_POLL_S):
+                    # Publish as soon as a batch lands (freshness), and check on the queries at
+                    # least once per trigger interval either way.
+                    if not batch_landed.is_set() and time.monotonic() - checked < interval.total_seconds():
+                        continue
+                    batch_landed.clear()
+                    checked = time.monotonic()
+                    for stream, query in zip(streams, queries, strict=True):
+                        if not query.isActive:
+                            raise stream.failure(query.exception() or PipelineError("the query stopped"))
+                    publish_landed()
+            finally:
+                for stream, query in zip(streams, queries, strict=True):
+                    stream.stop(query)
+                log("continuous: stopping; the batch in flight finished")
+            for stream in streams:
+                error = stream.writer.error
+                if error is not None and not isinstance(error, StreamStopped):
+                    raise stream.failure(error)
+            published["batches"] = -1
+            publish_landed()
+        return {
+            "pipeline": spec.name,
+            "mode": "continuous",
+            **totals,
+            "clickhouse_rows_loaded": loaded["rows"],
+            "seconds": round(time.monotonic() - started, 3),
+        }

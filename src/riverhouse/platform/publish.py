@@ -1,0 +1,238 @@
+"""What an orchestrator shows of a pipeline step: its metadata, the rows it published, its checks.
+
+Each step takes the window it publishes: `None` for a stream run (what the stream wrote),
+or a `Window` for a backfill (recomputed from bronze). Metadata values are plain (numbers,
+strings; dicts and lists are JSON), never a secret: the Kafka config is redacted and the
+ClickHouse DSN is never part of it. Engine code: no Dagster imports.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from riverhouse.platform.gold.joins import gold_path
+from riverhouse.platform.ingest.stream import BatchMetrics
+from riverhouse.platform.quality.checks import duplicate_keys_within_window, reconcile_per_day
+from riverhouse.platform.quality.expectations import validate_rejected_rate, validate_silver
+from riverhouse.platform.spec import PipelineSpec
+from riverhouse.platform.state.settings import Settings
+from riverhouse.platform.state.tables import TableLayout, open_table, plain_strings, read_inserts, silver_schema
+
+if TYPE_CHECKING:
+    from riverhouse.platform.pipeline import Pipeline, Window
+
+
+@dataclass
+class Published:
+    """One step's outcome as an orchestrator shows it."""
+
+    mode: str  # stream (what the stream wrote) or rebuild (a window recomputed from bronze)
+    metadata: dict[str, Any]
+    # The rows this step published (silver: what its checks validate).
+    rows: pa.Table | None = field(default=None, repr=False)
+    # Metadata of tables written alongside (the ingest step's quarantine).
+    related: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass
+class CheckOutcome:
+    passed: bool
+    metadata: dict[str, Any]
+    description: str | None = None
+
+
+def _version(value: int | None) -> int:
+    return -1 if value is None else value
+
+
+def ingest(pipeline: Pipeline, source: str, lock_wait_s: float) -> Published:
+    """A triggered run of one source into bronze, quarantine and silver."""
+    spec, settings = pipeline.spec, pipeline.settings
+    layout = TableLayout(settings.warehouse, spec.name)
+
+    def log_batch(m: BatchMetrics) -> None:
+        pipeline.log(
+            f"batch {m.batch_id}: read {m.read}, quarantined {m.quarantined}, "
+            f"duplicates dropped {m.duplicates_dropped}, inserted {m.inserted} ({m.seconds:.1f}s)"
+        )
+
+    lag_before = pipeline.lag([source]).total
+    silver = open_table(layout.silver(source))
+    silver_before = silver.version() if silver is not None else -1
+    result = pipeline.ingest(source, on_batch=log_batch, lock_wait_s=lock_wait_s)
+    summary = result.summary()
+    seconds = max(result.seconds, 1e-6)
+    batch_ids = [b.batch_id for b in result.batches]
+    return Published(
+        mode="stream",
+        metadata={
+            "records_in": summary["read"],
+            "inserted": summary["inserted"],
+            "duplicates_dropped": summary["duplicates_dropped"],
+            "quarantined": summary["quarantined"],
+            "replayed": summary["replayed"],
+            "lag_before": lag_before,
+            "batches": summary["batches"],
+            "records_per_second": round(summary["read"] / seconds, 1),
+            "seconds": round(result.seconds, 2),
+            "first_batch_id": min(batch_ids) if batch_ids else -1,
+            "last_batch_id": max(batch_ids) if batch_ids else -1,
+            "silver_version_before": silver_before,
+            "silver_version_after": _version(summary["silver_version"]),
+            "end_offsets": summary["end_offsets"],
+            "path": layout.bronze(source),
+            "kafka_config": spec.kafka.redacted_config(),
+        },
+        related={"quarantine": {"quarantined": summary["quarantined"], "path": layout.quarantine(source)}},
+    )
+
+
+def silver(pipeline: Pipeline, source: str, window: Window | None, ingested: dict[str, Any] | None) -> Published:
+    """Stream run: the rows this run's ingest inserted. Backfill: `window` rebuilt from bronze.
+
+    `ingested`: the metadata of the source's ingest step in this run (`ingest` above), if it ran.
+    """
+    spec, settings = pipeline.spec, pipeline.settings
+    path = TableLayout(settings.warehouse, spec.name).silver(source)
+    schema = silver_schema(spec.sources[source])
+    if window is None:
+        ingested = ingested or {}
+        before = int(ingested.get("silver_version_before", -1))
+        after = int(ingested.get("silver_version_after", -1))
+        rows = read_inserts(path, before + 1, after, schema.names) if after > before else schema.empty_table()
+        return Published(
+            "stream",
+            {
+                "path": path,
+                "mode": "stream",
+                "inserted": rows.num_rows,
+                "duplicates_dropped": int(ingested.get("duplicates_dropped", 0)),
+                "delta_version": after,
+            },
+            rows,
+        )
+    rebuilt = pipeline.rebuild_silver(source, window)
+    rows = rebuilt.published if rebuilt.published is not None else schema.empty_table()
+    return Published("rebuild", {"path": path, **_rebuild_metadata(rebuilt)}, rows)
+
+
+def _rebuild_metadata(rebuilt: Any) -> dict[str, Any]:
+    return {
+        "mode": "rebuild",
+        "window": rebuilt.window,
+        "rows": rebuilt.rows,
+        "rows_before": rebuilt.rows_before,
+        "changed": rebuilt.changed,
+        "delta_version": _version(rebuilt.delta_version),
+    }
+
+
+def gold(pipeline: Pipeline, window: Window | None, drain: bool) -> Published:
+    """Stream run: join what arrived (`drain`: close every window). Backfill: join `window` again."""
+    path = gold_path(TableLayout(pipeline.settings.warehouse, pipeline.spec.name), pipeline.spec)
+    result = pipeline.gold(window, drain=drain)
+    if window is not None:
+        return Published("rebuild", {**_rebuild_metadata(result), "path": path})
+    summary = result.summary()
+    pipeline.log(f"join: {summary}")
+    metadata = {
+        "mode": "stream",
+        "processed": summary["processed"],
+        "emitted": summary["emitted"],
+        "join_hit_rate": summary["hit_rate"],
+        "unmatched_left": summary["unmatched_left"],
+        "unmatched_inner": summary["unmatched_inner"],
+        "late_matches": summary["late_matches"],
+        "quarantined": summary["rejected"],
+        "filtered": summary["filtered"],
+        "pending": summary["pending"],
+        "watermark": summary["watermark"] or "",
+        "engine": summary["engine"] or "none",  # numpy (local mode) or spark; none: nothing to join
+        "delta_version": _version(summary["gold_version"]),
+    }
+    return Published("stream", {**metadata, "path": path})
+
+
+def clickhouse(pipeline: Pipeline, window: Window | None) -> Published:
+    """Stream run: load new Delta versions exactly once. Backfill: swap `window`'s days in."""
+    result = pipeline.load(window)
+    summary = result.summary()
+    if window is None:
+        return Published(
+            "stream",
+            {
+                "mode": "stream",
+                "rows_loaded": summary["rows_loaded"],
+                "delta_versions_loaded": summary["versions_loaded"],
+                "chunks": summary["chunks"],
+                "seconds": summary["seconds"],
+                "delta_version": _version(summary["delta_version"]),
+                "last_loaded_version": _version(summary["last_loaded_version"]),
+            },
+        )
+    return Published(
+        "rebuild",
+        {
+            "mode": "rebuild",
+            "days": ", ".join(summary["days"]),
+            "rows_replaced": summary["rows"],
+            "rows_caught_up": summary["caught_up_rows"],
+            "seconds": summary["seconds"],
+            "delta_version": _version(summary["delta_version"]),
+        },
+    )
+
+
+# ------------------------------------------------------------------------ checks
+def rejected_rate(spec: PipelineSpec, records: int, rejected: int) -> CheckOutcome:
+    outcome = validate_rejected_rate(spec, records, rejected)
+    return CheckOutcome(
+        outcome.success,
+        {
+            "records": records,
+            "rejected": rejected,
+            "rejected_rate": round(rejected / records, 6) if records else 0.0,
+            "max_rejected_rate": spec.quality.max_rejected_rate,
+            "gx": outcome.metadata(),
+        },
+        None if outcome.success else outcome.describe_failures(),
+    )
+
+
+def silver_expectations(spec: PipelineSpec, source: str, rows: pa.Table) -> CheckOutcome:
+    names = silver_schema(spec.sources[source]).names
+    outcome = validate_silver(spec, source, plain_strings(rows).select(names))
+    return CheckOutcome(outcome.success, outcome.metadata(), None if outcome.success else outcome.describe_failures())
+
+
+def unique_keys(pipeline: Pipeline, source: str) -> CheckOutcome:
+    src = pipeline.spec.sources[source]
+    if src.dedup is None:
+        return CheckOutcome(True, {"duplicate_rows": 0, "sample": []})
+    path = TableLayout(pipeline.settings.warehouse, pipeline.spec.name).silver(source)
+    count, sample = duplicate_keys_within_window(path, src.dedup_key, src.dedup.window)
+    return CheckOutcome(count == 0, {"duplicate_rows": count, "sample": sample})
+
+
+def one_row_per_left_event(pipeline: Pipeline) -> CheckOutcome:
+    spec = pipeline.spec
+    plan = spec.plan
+    driving = spec.sources[plan.driving_source]
+    window = driving.dedup.window if driving.dedup else plan.close_after
+    path = gold_path(TableLayout(pipeline.settings.warehouse, spec.name), spec)
+    count, sample = duplicate_keys_within_window(
+        path, ["_left_key"], window, time_column="_left_event_time", emitted_only=True
+    )
+    return CheckOutcome(count == 0, {"duplicate_rows": count, "sample": sample})
+
+
+def clickhouse_matches_delta(spec: PipelineSpec, settings: Settings) -> CheckOutcome:
+    outcome, stats = reconcile_per_day(spec, settings)
+    return CheckOutcome(
+        outcome.success and stats["duplicate_keys"] == 0,
+        {**stats, "gx": outcome.metadata()},
+        None if outcome.success else outcome.describe_failures(),
+    )
