@@ -25,7 +25,7 @@ def freshness(bench: Bench) -> dict[str, Any]:
     percentiles are over the rows produced after the warm-up (a pipeline that runs for
     days is warm), and the warm-up rows' own percentiles are reported beside them.
     """
-    from riverhouse.platform.runner import run_continuous
+    from riverhouse.platform.pipeline import Pipeline
     from riverhouse.platform.state.tables import TableLayout, read_inserts
 
     topic = "bench_fresh"
@@ -47,7 +47,7 @@ def freshness(bench: Bench) -> dict[str, Any]:
 
     spark = bench.spark
     worker = threading.Thread(
-        target=lambda: run_continuous(spec, bench.settings, stop, log=on_log, spark=spark, observe=batches.append),
+        target=lambda: Pipeline(spec, bench.settings, spark=spark, log=on_log).continuous(stop, observe=batches.append),
         daemon=True,
     )
     worker.start()

@@ -21,14 +21,14 @@ if TYPE_CHECKING:
 
 
 def _dedup_run(bench: Bench, name: str, topic: str, messages: int, expected_unique: int) -> dict[str, Any]:
-    from riverhouse.platform.runner import run_once
+    from riverhouse.platform.pipeline import Pipeline
     from riverhouse.platform.state.tables import TableLayout
 
     spec = orders_spec(name, topic)
     spark = bench.spark
     with CpuMeter() as cpu:
         started, began_at = time.monotonic(), time.time()
-        summary = run_once(spec, bench.settings, spark=spark, log=lambda m: None)
+        summary = Pipeline(spec, bench.settings, spark=spark, log=lambda m: None).run()
         seconds = time.monotonic() - started
     with open_client(bench.settings.clickhouse_dsn) as client:
         rows = client.query(f"SELECT count(), uniqExact(order_id) FROM {qualified_table(spec)}").result_rows[0]
@@ -158,7 +158,7 @@ def riverhouse_dedup(bench: Bench, topic: str, messages: int, expected_unique: i
 
 
 def _join_run(bench: Bench, name: str, count: int, seed: int) -> dict[str, Any]:
-    from riverhouse.platform.runner import run_once
+    from riverhouse.platform.pipeline import Pipeline
 
     cfg = bench.orders_config(count, seed)
     records, order_stats = orders(cfg)
@@ -170,7 +170,7 @@ def _join_run(bench: Bench, name: str, count: int, seed: int) -> dict[str, Any]:
     spark = bench.spark
     with CpuMeter() as cpu:
         started = time.monotonic()
-        summary = run_once(spec, bench.settings, spark=spark, log=lambda m: None, drain=True)
+        summary = Pipeline(spec, bench.settings, spark=spark, log=lambda m: None).run(drain=True)
         seconds = time.monotonic() - started
     with open_client(bench.settings.clickhouse_dsn) as client:
         rows = client.query(f"SELECT count(), countIf(user_name IS NOT NULL) FROM {qualified_table(spec)}").result_rows[

@@ -329,7 +329,7 @@ def method_lines() -> list[str]:
         "- `baseline_consumer`: confluent-kafka (the same prefetch) -> `json.loads` -> an in-memory "
         "set for dedup -> clickhouse-connect inserts of 50,000 rows, offsets committed after each "
         "insert (at-least-once, no window, no persistence).",
-        "- `riverhouse_dedup`: `run_once` of a dedup pipeline, Kafka -> bronze/silver Delta -> "
+        "- `riverhouse_dedup`: `Pipeline.run` of a dedup pipeline, Kafka -> bronze/silver Delta -> "
         "ClickHouse. `events/s` is the cold run: a new Spark session, the query start and the JVM "
         "warm-up included. `excl. start-up` is the steady state: five more pipelines of the same "
         "size, each on a fresh topic in the now warm process, each timed from its first batch until "

@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from riverhouse.platform.kafka.generator import GeneratorConfig, orders
-from riverhouse.platform.runner import run_once
+from riverhouse.platform.pipeline import Pipeline
 from riverhouse.platform.state.settings import Settings
 from riverhouse.platform.state.tables import TableLayout, open_table
 from tests.conftest import orders_spec, produce, riverhouse_cmd, subprocess_env
@@ -158,7 +158,7 @@ def test_cluster_run_equals_local_run(
     cluster_summary = json.loads(proc.stdout)
 
     local_settings = Settings.from_env(tmp_path / "local").with_(kafka_bootstrap=kafka)
-    local_summary = run_once(spec, local_settings, spark=spark, log=lambda m: None)
+    local_summary = Pipeline(spec, local_settings, spark=spark, log=lambda m: None).run()
 
     assert silver(cluster_settings, spec) == silver(local_settings, spec)
     assert len(silver(cluster_settings, spec)) == stats.expected_unique

@@ -5,7 +5,7 @@ produced), not from the pipeline, and every scenario must end with exactly those
 rows in silver and in ClickHouse: no duplicate, no loss.
 
 The crashed run is a `riverhouse run` process killed with SIGKILL; the re-run is the
-same `run_once` in the test's own (warm) Spark session, which saves a cold Spark
+same `Pipeline.run` in the test's own (warm) Spark session, which saves a cold Spark
 start per test. CLI re-runs are covered by the continuous-mode test.
 """
 
@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from riverhouse.platform.kafka.generator import GeneratorConfig, orders
-from riverhouse.platform.runner import run_once
+from riverhouse.platform.pipeline import Pipeline
 from riverhouse.platform.sink.clickhouse import last_loaded_version, open_client, qualified_table
 from riverhouse.platform.spec import load_spec
 from riverhouse.platform.state.settings import Settings
@@ -64,7 +64,7 @@ def run_cli(spec_path: Path, settings: Settings, *args: str, **env: str) -> subp
 
 def rerun(spec_path: Path, settings: Settings, spark: Any, drain: bool = False) -> dict[str, Any]:
     """What `riverhouse run <spec>` does after the crash, in this process's Spark session."""
-    return run_once(load_spec(spec_path), settings, spark=spark, drain=drain, log=lambda message: None)
+    return Pipeline(load_spec(spec_path), settings, spark=spark, log=lambda message: None).run(drain=drain)
 
 
 def _group_alive_after(pgid: int, timeout_s: float) -> bool:

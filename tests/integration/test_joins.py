@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from riverhouse.platform.gold.joins import gold_path, gold_quarantine_path
-from riverhouse.platform.runner import run_once
+from riverhouse.platform.pipeline import Pipeline
 from riverhouse.platform.sink.clickhouse import open_client, qualified_table
 from riverhouse.platform.spec import PipelineSpec, parse_spec
 from riverhouse.platform.state.settings import Settings
@@ -124,13 +124,13 @@ def test_left_temporal_join_exact_rows(spark: Any, kafka: str, topic: str, setti
     topics = topics_for(topic)
     semantics_events(kafka, topics)
     spec = join_spec(topics, "left", name="lj")
-    summary = run_once(spec, settings, spark=spark, log=lambda m: None, drain=True)
+    summary = Pipeline(spec, settings, spark=spark, log=lambda m: None).run(drain=True)
     assert ch_rows(settings, spec) == [("o1", "A2"), ("o2", None), ("o3", "C"), ("o4", "D"), ("o5", None)]
     assert (summary["join_processed"], summary["join_matched"], summary["join_unmatched_left"]) == (5, 3, 2)
     assert summary["join_late_matches"] == 1
     assert summary["join_engine"] == "numpy"  # local mode, plain columns: the numpy join
     # Re-running emits nothing again: each left event exactly once.
-    again = run_once(spec, settings, spark=spark, log=lambda m: None, drain=True)
+    again = Pipeline(spec, settings, spark=spark, log=lambda m: None).run(drain=True)
     assert again["join_processed"] == 0 and again["clickhouse_rows_loaded"] == 0
     assert len(ch_rows(settings, spec)) == 5
 
@@ -139,7 +139,7 @@ def test_inner_temporal_join_exact_rows(spark: Any, kafka: str, topic: str, sett
     topics = topics_for(topic)
     semantics_events(kafka, topics)
     spec = join_spec(topics, "inner", name="ij")
-    summary = run_once(spec, settings, spark=spark, log=lambda m: None, drain=True)
+    summary = Pipeline(spec, settings, spark=spark, log=lambda m: None).run(drain=True)
     assert ch_rows(settings, spec) == [("o1", "A2"), ("o3", "C"), ("o4", "D")]
     assert summary["join_unmatched_inner"] == 2 and summary["join_emitted"] == 3
 
@@ -151,19 +151,19 @@ def test_unmatched_left_is_emitted_once_after_its_window_closes(
     spec = join_spec(topics, "left", name="wc")
     produce(kafka, topics["orders"], [o("o1", "ux", "10:00")])
     produce(kafka, topics["users"], [u("e1", "ua", "A", "10:00")])
-    first = run_once(spec, settings, spark=spark, log=lambda m: None)
+    first = Pipeline(spec, settings, spark=spark, log=lambda m: None).run()
     # Watermark 10:00 < 10:00 + 1h: o1's window is open, nothing is emitted yet.
     assert (first["join_processed"], first["join_pending"]) == (0, 1)
     assert ch_rows(settings, spec) == []
     # Both streams move past 11:00: o1's window closes, it is emitted without a match.
     produce(kafka, topics["orders"], [o("o2", "ub", "11:30")])
     produce(kafka, topics["users"], [u("e2", "ub", "B", "11:30")])
-    second = run_once(spec, settings, spark=spark, log=lambda m: None)
+    second = Pipeline(spec, settings, spark=spark, log=lambda m: None).run()
     assert (second["join_processed"], second["join_unmatched_left"], second["join_pending"]) == (1, 1, 1)
     assert ch_rows(settings, spec) == [("o1", None)]
     # A right event for o1 arriving now is too late: o1 was final and is not emitted twice.
     produce(kafka, topics["users"], [u("e3", "ux", "X", "10:10")])
-    third = run_once(spec, settings, spark=spark, log=lambda m: None)
+    third = Pipeline(spec, settings, spark=spark, log=lambda m: None).run()
     assert third["join_processed"] == 0
     assert ch_rows(settings, spec) == [("o1", None)]
 
@@ -173,7 +173,7 @@ def test_require_sends_incomplete_rows_to_quarantine(spark: Any, kafka: str, top
     produce(kafka, topics["orders"], [o("o1", "u1", "10:00"), o("o2", "nobody", "10:00")])
     produce(kafka, topics["users"], [u("e1", "u1", "A", "10:05")])
     spec = join_spec(topics, "left", name="rq", require=["user_name"])
-    summary = run_once(spec, settings, spark=spark, log=lambda m: None, drain=True)
+    summary = Pipeline(spec, settings, spark=spark, log=lambda m: None).run(drain=True)
     assert summary["join_rejected"] == 1
     assert ch_rows(settings, spec) == [("o1", "A")]
     layout = TableLayout(settings.warehouse, spec.name)
@@ -243,7 +243,7 @@ def test_sql_pipeline_with_dimension_and_where(spark: Any, kafka: str, topic: st
             o("o4", "u9", "10:20", amount=5),  # nobody: nulls
         ],
     )
-    summary = run_once(spec, settings, spark=spark, log=lambda m: None, drain=True)
+    summary = Pipeline(spec, settings, spark=spark, log=lambda m: None).run(drain=True)
     with open_client(settings.clickhouse_dsn) as client:
         rows = sorted(client.query(f"SELECT order_id, user_name, tier, total FROM {qualified_table(spec)}").result_rows)
         column_types = {r[0]: r[1] for r in client.query(f"DESCRIBE TABLE {qualified_table(spec)}").result_rows}
@@ -287,7 +287,7 @@ def test_example_sql_spec_against_a_reference(spark: Any, kafka: str, topic: str
     produce(kafka, f"{topic}_user_tiers", list(tier_records))
     produce(kafka, f"{topic}_user_events", list(user_records))
     produce(kafka, f"{topic}_orders", list(order_records))
-    run_once(spec, settings, spark=spark, log=lambda m: None, drain=True)
+    Pipeline(spec, settings, spark=spark, log=lambda m: None).run(drain=True)
 
     names = expected_join(order_stats, user_stats, timedelta(hours=1))["names"]
     latest_tier: dict[str, tuple[str, str]] = {}
@@ -325,7 +325,7 @@ def test_a_failing_source_stops_the_run_and_is_named(spark: Any, kafka: str, top
         TableLayout(settings.warehouse, spec.name).bronze("users"), wrong.empty_table(), partition_by=["_event_date"]
     )
     with pytest.raises(PipelineError, match="source 'users'"):
-        run_once(spec, settings, spark=spark, log=lambda m: None, drain=True)
+        Pipeline(spec, settings, spark=spark, log=lambda m: None).run(drain=True)
     assert [q.name for q in spark.streams.active if q.name and "broken" in q.name] == []
     # Nothing of the join was published: gold was never written, ClickHouse has no table rows.
     assert open_table(gold_path(TableLayout(settings.warehouse, spec.name), spec)) is None
@@ -346,7 +346,7 @@ def test_a_source_that_cannot_start_stops_the_one_that_did(
     )
     try:
         with pytest.raises(PipelineError, match=r"source 'users'.*already active"):
-            run_once(spec, settings, spark=spark, log=lambda m: None, drain=True)
+            Pipeline(spec, settings, spark=spark, log=lambda m: None).run(drain=True)
         assert [q.name for q in spark.streams.active if q.name and "nostart" in q.name] == ["riverhouse_nostart_users"]
     finally:
         holder.stop()

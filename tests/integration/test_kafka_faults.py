@@ -20,7 +20,7 @@ import yaml
 
 from riverhouse.platform.ingest.stream import PipelineError
 from riverhouse.platform.kafka import local_kafka
-from riverhouse.platform.runner import run_once
+from riverhouse.platform.pipeline import Pipeline
 from riverhouse.platform.sink.clickhouse import open_client, qualified_table
 from riverhouse.platform.spec import PipelineSpec
 from riverhouse.platform.state.settings import Settings
@@ -128,11 +128,11 @@ def test_records_deleted_before_they_were_read(spark: Any, broker: str, topic: s
     spec = orders_spec(topic, name="retention")
     local_kafka.create_topic(broker, topic, 1)
     produce(broker, topic, orders(0, 100))
-    run_once(spec, settings, spark=spark, log=lambda m: None)
+    Pipeline(spec, settings, spark=spark, log=lambda m: None).run()
     produce(broker, topic, orders(100, 200))
     delete_records_before(broker, topic, 0, 150)  # what retention does: offsets 100..149 are gone unread
     with pytest.raises(PipelineError) as failure:
-        run_once(spec, settings, spark=spark, log=lambda m: None)
+        Pipeline(spec, settings, spark=spark, log=lambda m: None).run()
     message = str(failure.value)
     assert f"{topic}[0]: offsets 100..149 (50 records) were deleted by retention" in message, message
     assert "fail_on_data_loss: false" in message
@@ -168,11 +168,11 @@ def test_topic_recreated_with_fewer_partitions(spark: Any, broker: str, topic: s
     spec = orders_spec(topic, name="recreated")
     local_kafka.create_topic(broker, topic, 4)
     produce(broker, topic, orders(0, 80))
-    run_once(spec, settings, spark=spark, log=lambda m: None)
+    Pipeline(spec, settings, spark=spark, log=lambda m: None).run()
     recreate_topic(broker, topic, 2)
     produce(broker, topic, orders(1000, 1010))
     with pytest.raises(PipelineError) as failure:
-        run_once(spec, settings, spark=spark, log=lambda m: None)
+        Pipeline(spec, settings, spark=spark, log=lambda m: None).run()
     message = str(failure.value)
     assert "the partition no longer exists" in message and f"{topic}[3]" in message, message
     assert clickhouse_ids(settings, spec) == ids(0, 80)
@@ -202,11 +202,11 @@ def test_topic_recreated_past_the_checkpoints_offsets(spark: Any, broker: str, t
     spec = orders_spec(topic, name="regrown")
     local_kafka.create_topic(broker, topic, 1)
     produce(broker, topic, orders(0, 20))
-    run_once(spec, settings, spark=spark, log=lambda m: None)
+    Pipeline(spec, settings, spark=spark, log=lambda m: None).run()
     recreate_topic(broker, topic, 1)
     produce(broker, topic, orders(500, 550))
     with pytest.raises(PipelineError) as failure:
-        run_once(spec, settings, spark=spark, log=lambda m: None)
+        Pipeline(spec, settings, spark=spark, log=lambda m: None).run()
     message = str(failure.value)
     assert f"{topic}[0]" in message and "topic id" in message and "(20) belongs to the old topic" in message, message
     assert clickhouse_ids(settings, spec) == ids(0, 20)

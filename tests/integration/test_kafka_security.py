@@ -14,7 +14,7 @@ import yaml
 
 from riverhouse.platform.ingest.stream import PipelineError
 from riverhouse.platform.kafka import kafka_tls, local_kafka
-from riverhouse.platform.runner import run_once
+from riverhouse.platform.pipeline import Pipeline
 from riverhouse.platform.sink.clickhouse import open_client, qualified_table
 from riverhouse.platform.spec import parse_spec
 from riverhouse.platform.state.settings import Settings
@@ -173,7 +173,7 @@ def test_an_untrusted_client_certificate_is_refused_clearly(
     security = mtls_security(secure_broker, str(tmp_path / "intruder.pem"), str(tmp_path / "intruder.key"))
     spec = parse_spec(spec_data("intruder", topic, secure_broker.listeners["SSL"], security))
     with pytest.raises(PipelineError) as failure:
-        run_once(spec, settings.with_(kafka_bootstrap=None), spark=spark, log=lambda m: None)
+        Pipeline(spec, settings.with_(kafka_bootstrap=None), spark=spark, log=lambda m: None).run()
     message = str(failure.value)
     assert "cannot reach Kafka" in message and "SSL" in message, message
     assert "Traceback" not in message

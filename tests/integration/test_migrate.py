@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from riverhouse.platform.importers.glassflow import import_glassflow
-from riverhouse.platform.runner import run_once
+from riverhouse.platform.pipeline import Pipeline
 from riverhouse.platform.sink.clickhouse import open_client, qualified_table
 from riverhouse.platform.spec import PipelineSpec, load_spec
 from riverhouse.platform.state.settings import Settings
@@ -114,7 +114,7 @@ def test_glassflow_dedup_config_runs_with_glassflow_results(
     produce_at(kafka, f"{topic}_users", events)
 
     spec = imported_spec(tmp_path, "glassflow_v3_dedup.json", {"users": f"{topic}_users"})
-    summary = run_once(spec, settings, spark=spark, log=lambda m: None)
+    summary = Pipeline(spec, settings, spark=spark, log=lambda m: None).run()
 
     valid = [e for e in events if "event_id" in e[1]]
     expected = sorted(
@@ -156,7 +156,7 @@ def test_glassflow_join_config_runs_with_left_join_results(
 
     topics = {"orders": f"{topic}_orders", "users": f"{topic}_users"}
     spec = imported_spec(tmp_path, "glassflow_v3_join.json", topics)
-    run_once(spec, settings, spark=spark, log=lambda m: None, drain=True)
+    Pipeline(spec, settings, spark=spark, log=lambda m: None).run(drain=True)
 
     # Each kept order with amount > 0 (the config's filter, a keep condition in v3) joins the latest kept
     # profile of its customer within |t_user - t_order| <= 1h; without one it is still emitted (LEFT).
@@ -200,7 +200,7 @@ def test_glassflow_v2_dedup_with_filter_and_renamed_column(
     produce_at(kafka, f"{topic}_clicks", events)
 
     spec = imported_spec(tmp_path, "glassflow_v2_dedup_filter.json", {"clicks": f"{topic}_clicks"})
-    run_once(spec, settings, spark=spark, log=lambda m: None, drain=True)
+    Pipeline(spec, settings, spark=spark, log=lambda m: None).run(drain=True)
 
     # A v2 filter names the rows to DROP (GlassFlow < 3.0): bots and negative durations go.
     expected = sorted(

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from riverhouse.platform.ingest.stream import PipelineError, ingest
-from riverhouse.platform.runner import run_once
+from riverhouse.platform.pipeline import Pipeline
 from riverhouse.platform.sink.clickhouse import open_client, qualified_table
 from riverhouse.platform.state.settings import Settings
 from riverhouse.platform.state.tables import TableLayout, open_table
@@ -83,7 +83,7 @@ def versions(settings: Settings, spec: Any) -> dict[str, int]:
 def test_exact_rows_in_silver_quarantine_and_clickhouse(spark: Any, kafka: str, topic: str, settings: Settings) -> None:
     produce(kafka, topic, EVENTS, partition=0)
     spec = spec_for(topic, max_offsets=4)  # several micro-batches: dedup across batches too
-    summary = run_once(spec, settings, spark=spark, log=lambda m: None)
+    summary = Pipeline(spec, settings, spark=spark, log=lambda m: None).run()
 
     assert summary["batches"] >= 3
     assert silver_rows(settings, spec) == EXPECTED_SILVER
@@ -103,7 +103,7 @@ def test_exact_rows_in_silver_quarantine_and_clickhouse(spark: Any, kafka: str, 
 
     # Re-running with no new data changes nothing anywhere.
     before = versions(settings, spec)
-    again = run_once(spec, settings, spark=spark, log=lambda m: None)
+    again = Pipeline(spec, settings, spark=spark, log=lambda m: None).run()
     assert again["read"] == 0 and again["clickhouse_rows_loaded"] == 0
     assert versions(settings, spec) == before
     assert clickhouse_rows(settings, spec) == sorted(EXPECTED_SILVER)
@@ -114,10 +114,10 @@ def test_new_data_is_deduplicated_against_earlier_batches(
 ) -> None:
     spec = spec_for(topic)
     produce(kafka, topic, [order("a", "2026-02-01T00:00:00Z"), order("b", "2026-02-01T00:00:00Z")])
-    first = run_once(spec, settings, spark=spark, log=lambda m: None)
+    first = Pipeline(spec, settings, spark=spark, log=lambda m: None).run()
     assert first["inserted"] == 2
     produce(kafka, topic, [order("a", "2026-02-01T00:10:00Z", amount=7), order("c", "2026-02-01T00:00:00Z")])
-    second = run_once(spec, settings, spark=spark, log=lambda m: None)
+    second = Pipeline(spec, settings, spark=spark, log=lambda m: None).run()
     assert (second["read"], second["inserted"], second["duplicates_dropped"]) == (2, 1, 1)
     assert second["clickhouse_rows_loaded"] == 1
     assert [r[0] for r in clickhouse_rows(settings, spec)] == ["a", "b", "c"]
@@ -162,7 +162,7 @@ def test_unusable_clickhouse_dsn_fails_the_load_after_ingest_without_its_secret(
     spec = spec_for(topic, max_offsets=2)  # several batches: each would ask for a load
     bad = settings.with_(clickhouse_dsn="ftp://loader:s3cret-pw@ch.example:21/db")
     with pytest.raises(ClickHouseLoadError, match="unsupported ClickHouse DSN") as error:
-        run_once(spec, bad, spark=spark, log=lambda m: None)
+        Pipeline(spec, bad, spark=spark, log=lambda m: None).run()
     assert "s3cret-pw" not in str(error.value)
     # The ingest is not undone: the next run with a good DSN only loads.
     assert silver_rows(settings, spec) == {
@@ -171,6 +171,6 @@ def test_unusable_clickhouse_dsn_fails_the_load_after_ingest_without_its_secret(
         ("o3", "2026-01-01 09:50:00", 3),
         ("o4", "2026-01-01 10:00:00", 4),
     }
-    summary = run_once(spec, settings, spark=spark, log=lambda m: None)
+    summary = Pipeline(spec, settings, spark=spark, log=lambda m: None).run()
     assert summary["read"] == 0
     assert clickhouse_rows(settings, spec) == sorted(silver_rows(settings, spec))
