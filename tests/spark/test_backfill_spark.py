@@ -90,7 +90,7 @@ def test_replay_keeps_the_first_arrival_across_batches(spark: Any) -> None:
     assert kept(got) == [("A", 1), ("B", 3), ("C", 5), ("C", 6), ("E", 10)]
 
 
-def record(oid: str, at: datetime, offset: int, batch: int) -> dict[str, Any]:
+def record(oid: str, at: datetime, batch: int, offset: int) -> dict[str, Any]:
     payload = {"order_id": oid, "user_id": "u", "amount": 1, "price": 1.0, "created_at": at.isoformat()}
     return {
         "_topic": "orders",

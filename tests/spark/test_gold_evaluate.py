@@ -193,7 +193,8 @@ def test_latest_match_in_the_window_edges_and_ties(spark: Any, join: str) -> Non
         assert {k for k, s in statuses.items() if s == "unmatched"} == unmatched
     else:
         assert set(statuses.values()) == {"emitted"}
-        assert {k for k, r in rows.items() if not r["_matched"]} == unmatched
+        # `_matched`: every lookup matched; o2's region has no row, o3's user has no region.
+        assert {k for k, r in rows.items() if not r["_matched"]} == unmatched | {"o2", "o3"}
 
 
 def test_require_rejects_rows_missing_a_field_with_the_first_missing_one(spark: Any) -> None:
