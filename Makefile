@@ -72,8 +72,11 @@ test: $(STAMP) $(JARS_STAMP) chromium ## every test tier: unit, spark, integrati
 ui: $(STAMP) $(JARS_STAMP) ## Dagster UI on http://127.0.0.1:3000 with the local Kafka
 	$(BIN)/riverhouse ui
 
+# The benchmarks are a package of their own in bench/ (not in the installed product's import path).
+# Options: make bench BENCH_ARGS="--events 200000 --scenarios riverhouse_dedup,dedup_state"
+BENCH_ARGS ?=
 bench: $(STAMP) $(JARS_STAMP) ## every benchmark scenario; writes bench/results/ and docs/benchmarks.md
-	$(BIN)/riverhouse bench
+	PYTHONPATH=$(CURDIR)/bench$${PYTHONPATH:+:$$PYTHONPATH} $(BIN)/python -m riverhouse_bench $(BENCH_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests

@@ -287,92 +287,40 @@ def _print_summary(title: str, summary: dict[str, Any]) -> None:
 
 
 # ---------------------------------------------------------------------------- bench
-@app.command()
-def bench(
-    events: Annotated[int, typer.Option(help="Distinct orders per throughput scenario", min=1000)] = 2_000_000,
-    duplicate_rate: Annotated[float, typer.Option(help="Extra duplicate copies, fraction of events", min=0.0)] = 0.1,
-    partitions: Annotated[int, typer.Option(help="Partitions of every topic the bench creates (1-32)", min=1)] = 8,
-    scenarios: Annotated[str, typer.Option(help="Comma-separated scenarios, or all")] = "all",
-    freshness_rate: Annotated[float, typer.Option(help="freshness: events/s produced")] = 20_000.0,
-    freshness_seconds: Annotated[float, typer.Option(help="freshness: seconds of production measured")] = 60.0,
-    freshness_warmup: Annotated[
-        float, typer.Option(help="freshness: seconds of production before the measured ones (not counted)", min=0)
-    ] = 15.0,
-    state_keys: Annotated[
-        str, typer.Option(help="dedup_state: distinct key counts, comma-separated")
-    ] = "1000000,10000000",
-    final_scale: Annotated[
-        str, typer.Option(help="query_vs_final: also on this many generated orders, comma-separated ('none': skip)")
-    ] = "2000000",
-    steady_runs: Annotated[
-        int,
-        typer.Option(help="riverhouse_dedup / _join: warm runs after the first; the median is the steady state", min=1),
-    ] = 5,
-    results: Annotated[Path, typer.Option(help="Folder for <timestamp>.json and latest.json")] = Path("bench/results"),
-    docs: Annotated[Path, typer.Option(help="Markdown page to render (a PNG goes next to it)")] = Path(
-        "docs/benchmarks.md"
-    ),
-    home: HomeOption = None,
-) -> None:
-    """Benchmark every scenario in one run; write bench/results/*.json and docs/benchmarks.md."""
-    from riverhouse.bench import SCENARIOS, BenchConfig, run_bench
-    from riverhouse.bench_report import targets
+BENCH_PACKAGE = "riverhouse_bench"
 
-    chosen = SCENARIOS if scenarios.strip() == "all" else tuple(x.strip() for x in scenarios.split(",") if x.strip())
-    unknown = [x for x in chosen if x not in SCENARIOS]
-    if unknown:
-        fail(f"unknown scenario(s) {', '.join(unknown)}; choose from {', '.join(SCENARIOS)}")
-    try:
-        keys = tuple(int(k) for k in state_keys.split(",") if k.strip())
-    except ValueError:
-        fail(f"--state-keys takes whole numbers separated by commas (e.g. 1000000,10000000), got {state_keys!r}")
-    if not keys or min(keys) < 1000:
-        fail("--state-keys needs at least one count of 1,000 keys or more")
-    scale_text = "" if final_scale.strip().lower() == "none" else final_scale
-    try:
-        scales = tuple(int(n) for n in scale_text.split(",") if n.strip())
-    except ValueError:
-        fail(f"--final-scale takes whole numbers separated by commas, or none, got {final_scale!r}")
-    if scales and min(scales) < 1000:
-        fail("--final-scale needs counts of 1,000 orders or more")
-    cfg = BenchConfig(
-        events=events,
-        duplicate_rate=duplicate_rate,
-        partitions=partitions,
-        scenarios=chosen,
-        freshness_rate=freshness_rate,
-        freshness_seconds=freshness_seconds,
-        freshness_warmup=freshness_warmup,
-        state_keys=keys,
-        final_scale=scales,
-        steady_runs=steady_runs,
-        home=settings_for(home).home / "bench",
-        results_dir=results,
-        docs=docs,
-    )
-    if problems := cfg.problems():
-        fail("; ".join(problems))
-    result, path = _guarded(lambda: run_bench(cfg, log=lambda m: err.print(m, highlight=False)))
-    table = Table(title="riverhouse bench", show_header=True, header_style="bold")
-    for column in ("scenario", "events", "seconds", "events/s", "excl. start-up", "exact"):
-        table.add_column(column, justify="left" if column == "scenario" else "right")
-    for name, r in result["scenarios"].items():
 
-        def num(value: Any, spec: str = "{:,.0f}") -> str:
-            return spec.format(value) if isinstance(value, int | float) else "-"
+def bench_folder() -> Path | None:
+    """The repository's bench/ folder (it holds the riverhouse_bench package), or None outside a clone.
 
-        table.add_row(
-            name,
-            num(r.get("events")),
-            num(r.get("seconds"), "{:,.1f}"),
-            num(r.get("events_per_s")),
-            num(r.get("events_per_s_excluding_startup")),
-            "yes" if r.get("exact") else "NO",
+    The benchmarks are not part of the installed product: a source checkout (editable
+    install) has them next to src/, and the current folder may be a clone too.
+    """
+    for repo in (Path.cwd(), Path(__file__).resolve().parents[2]):
+        if (repo / "bench" / BENCH_PACKAGE / "__main__.py").is_file():
+            return repo / "bench"
+    return None
+
+
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
+)
+def bench(ctx: typer.Context) -> None:
+    """Benchmark every scenario (= make bench); options: riverhouse bench --help. Needs a clone's bench/ folder."""
+    folder = bench_folder()
+    if folder is None:
+        fail(
+            "the benchmarks are not part of the installed riverhouse package: they live in the repository's "
+            f"bench/ folder ({BENCH_PACKAGE}). Run `make bench` in a clone of the repository, or "
+            f"`python -m {BENCH_PACKAGE}` with that folder on PYTHONPATH."
         )
-    out.print(table)
-    for name, measured, verdict, _ in targets(result):
-        out.print(f"  {name}: {measured} {verdict}", highlight=False)
-    out.print(f"results: {path} (and {path.parent / 'latest.json'}); page: {docs}")
+        return
+    import subprocess
+
+    path = os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH", "")) if p)
+    # A process of its own: the product never imports the bench; every option is the bench's.
+    ran = subprocess.run([sys.executable, "-m", BENCH_PACKAGE, *ctx.args], env={**os.environ, "PYTHONPATH": path})
+    raise typer.Exit(ran.returncode)
 
 
 # ---------------------------------------------------------------------------- demo

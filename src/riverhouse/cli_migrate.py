@@ -67,7 +67,7 @@ def import_glassflow_cmd(
     """Write a spec from a GlassFlow pipeline config; print what could not be mapped, and why."""
     from riverhouse.platform.importers.glassflow import import_glassflow
 
-    _import(lambda: import_glassflow(config), output, strict, force)
+    _import(lambda: import_glassflow(config, output), output, strict, force)
 
 
 @import_app.command("kaflowsql")
@@ -100,11 +100,23 @@ def _import(run_import: Any, output: Path | None, strict: bool, force: bool) -> 
     if strict and result.unmapped:
         fail(f"{len(result.unmapped)} setting(s) could not be carried over (--strict): nothing written")
     if output is None:
+        # Nothing to place files beside: the importer reported the certificates it could not write.
+        assert not result.files
         print(result.to_yaml(), end="")
-    else:
-        output.write_text(result.to_yaml())
-        err.print(
-            f"[green]wrote[/] {escape(str(output))} from {result.origin} {escape(result.path)}: "
-            f"{len(result.unmapped)} setting(s) not carried over; check it with `riverhouse validate {output}`",
-            highlight=False,
-        )
+        return
+    taken = [path for path in result.files if Path(path).exists()]
+    if taken and not force:
+        fail(f"{', '.join(taken)} exist(s); pass --force to overwrite")
+    # The certificates first: a spec on disk always names files that exist (but the client key, see the note).
+    for path, text in [*result.files.items(), (str(output), result.to_yaml())]:
+        try:
+            Path(path).write_text(text)
+        except OSError as exc:
+            fail(f"cannot write {path}: {exc.strerror or exc}")
+    for path in result.files:
+        err.print(f"[green]wrote[/] {escape(path)} (a certificate named in kafka.security)", highlight=False)
+    err.print(
+        f"[green]wrote[/] {escape(str(output))} from {result.origin} {escape(result.path)}: "
+        f"{len(result.unmapped)} setting(s) not carried over; check it with `riverhouse validate {output}`",
+        highlight=False,
+    )

@@ -141,7 +141,9 @@ def test_cluster_run_equals_local_run(
     conf_dir.mkdir()
     events_dir.mkdir()
     (conf_dir / "spark-defaults.conf").write_text(
-        f"spark.eventLog.enabled true\nspark.eventLog.dir file://{events_dir}\nspark.cores.max 2\n"
+        # Uncompressed: Spark 4 compresses event logs with zstd by default.
+        f"spark.eventLog.enabled true\nspark.eventLog.compress false\nspark.eventLog.dir file://{events_dir}\n"
+        "spark.cores.max 2\n"
     )
     proc = subprocess.run(
         [*riverhouse_cmd(), "run", str(spec_path), "--json"],
@@ -166,17 +168,22 @@ def test_cluster_run_equals_local_run(
     for worker in ("worker1", "worker2"):
         assert list((work_dir / worker).glob("app-*/*/stderr")), f"no executor was launched on {worker}"
     executors_of = tasks_by_job(events_dir)
-    merge = {e for description, e in executors_of.items() if "MERGE" in description.upper()}
-    writes = {e for description, e in executors_of.items() if "WRITE" in description.upper()}
+    merge = {e for label, e in executors_of.items() if "MERGE" in label.split(" :: ")[0].upper()}
+    writes = {e for label, e in executors_of.items() if ":: save at" in label.lower()}
     assert merge and writes, sorted(executors_of)
-    merge_executors = set().union(*merge)
-    assert merge_executors and "driver" not in merge_executors, merge_executors
+    merge_executors, write_executors = set().union(*merge), set().union(*writes)
+    assert "driver" not in merge_executors | write_executors, (merge_executors, write_executors)
     assert len(set().union(*executors_of.values()) - {"driver"}) == 2  # both workers' executors had tasks
 
 
 def tasks_by_job(events_dir: Path) -> dict[str, frozenset[str]]:
-    """From Spark's event log: each job's description (Delta names its MERGE and writes) -> executors of its tasks."""
+    """From Spark's event log: "<job description> :: <stage name>" -> executors of the stage's tasks.
+
+    Delta names its MERGE in the job description; an append's stages are named after the
+    `save` call that wrote them (`save at ...`).
+    """
     stage_job: dict[int, str] = {}
+    stage_name: dict[int, str] = {}
     executors: dict[str, set[str]] = {}
     # Spark 4 writes a rolling event log: a folder per application holding the event files.
     for log in sorted(p for p in events_dir.rglob("events_*") if p.is_file()):
@@ -187,7 +194,11 @@ def tasks_by_job(events_dir: Path) -> dict[str, frozenset[str]]:
                 description = props.get("spark.job.description") or props.get("callSite.short") or ""
                 for stage in event["Stage IDs"]:
                     stage_job[stage] = description
+            elif event["Event"] == "SparkListenerStageSubmitted":
+                info = event["Stage Info"]
+                stage_name[info["Stage ID"]] = info.get("Stage Name") or ""
             elif event["Event"] == "SparkListenerTaskEnd":
-                description = stage_job.get(event["Stage ID"], "")
-                executors.setdefault(description, set()).add(event["Task Info"]["Executor ID"])
+                stage = event["Stage ID"]
+                label = f"{stage_job.get(stage, '')} :: {stage_name.get(stage, '')}"
+                executors.setdefault(label, set()).add(event["Task Info"]["Executor ID"])
     return {d: frozenset(e) for d, e in executors.items()}

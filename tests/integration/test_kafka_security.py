@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 from collections.abc import Iterator
@@ -216,3 +217,88 @@ def test_the_password_is_redacted_from_plans_progress_and_the_environment(
         assert creds["password"] not in text, where
     # The options are in the plan, redacted (not merely absent).
     assert "*********(redacted)" in shown["analyzed plan"]
+
+
+def glassflow_config(topic: str, table: str, connection: dict[str, Any]) -> dict[str, Any]:
+    """A GlassFlow v2 pipeline config in its documented form: one deduplicated topic into ClickHouse."""
+    fields = [("order_id", "string", "String"), ("amount", "int64", "Int64")]
+    return {
+        "version": "v2",
+        "pipeline_id": table.replace("_", "-"),
+        "source": {
+            "type": "kafka",
+            "connection_params": connection,
+            "topics": [
+                {
+                    "consumer_group_initial_offset": "earliest",
+                    "name": topic,
+                    "deduplication": {"enabled": True, "id_field": "order_id", "time_window": "1h"},
+                }
+            ],
+        },
+        "join": {"enabled": False},
+        "sink": {"type": "clickhouse", "host": "clickhouse.internal", "port": "9000", "table": table},
+        "schema": {
+            "fields": [
+                {"source_id": topic, "name": n, "type": t, "column_name": n, "column_type": c} for n, t, c in fields
+            ]
+        },
+    }
+
+
+def b64(path: str) -> str:
+    return base64.b64encode(Path(path).read_bytes()).decode()
+
+
+@pytest.mark.parametrize("listener", ["SASL_SSL", "SSL"])
+def test_an_imported_glassflow_pipeline_runs_through_the_secure_listener(
+    secure_broker: local_kafka.LocalKafkaState, topic: str, settings: Settings, tmp_path: Path, listener: str
+) -> None:
+    """`riverhouse import` states GlassFlow's Kafka security in kafka.security, and the spec runs as written:
+    the CA (and client certificate) written beside it, the password from the environment, the client key
+    put where the import says (it is never copied)."""
+    creds, files = secure_files(secure_broker)
+    produce(secure_broker.listeners["SASL_SSL"], topic, events(40), config=producer_config(secure_broker))
+    connection = {"brokers": [secure_broker.listeners[listener]], "protocol": listener, "root_ca": b64(files["ca"])}
+    if listener == "SASL_SSL":
+        connection |= {"mechanism": "SCRAM-SHA-512", "username": creds["username"], "password": creds["password"]}
+    else:
+        connection |= {"client_cert": b64(files["certificate"]), "client_key": b64(files["key"])}
+    table = f"imported_{listener.lower()}"
+    config_path = tmp_path / "glassflow.json"
+    config_path.write_text(json.dumps(glassflow_config(topic, table, connection)))
+    spec_file = tmp_path / "specs" / "imported.yaml"
+    spec_file.parent.mkdir()
+    env = subprocess_env(settings, RIVERHOUSE_KAFKA_BOOTSTRAP="")
+    common: dict[str, Any] = {"capture_output": True, "text": True, "timeout": 600}
+    imported = subprocess.run(
+        [*riverhouse_cmd(), "import", "glassflow", str(config_path), "-o", str(spec_file), "--strict"],
+        **common,
+        env=env,
+    )
+    assert imported.returncode == 0, imported.stderr[-3000:]
+    data = yaml.safe_load(spec_file.read_text())
+    assert "config" not in data["kafka"]
+    security = data["kafka"]["security"]
+    assert security["ca"] == str(spec_file.parent / "imported.kafka-ca.pem")
+    assert Path(security["ca"]).read_bytes().strip() == Path(files["ca"]).read_bytes().strip()
+    key_text = Path(files["key"]).read_text()
+    assert key_text not in spec_file.read_text() + imported.stdout + imported.stderr
+    run_env = env
+    if listener == "SASL_SSL":
+        run_env = env | {
+            "RIVERHOUSE_SECRET_KAFKA_USERNAME": creds["username"],
+            "RIVERHOUSE_SECRET_KAFKA_PASSWORD": creds["password"],
+        }
+    else:
+        assert security["certificate"] == str(spec_file.parent / "imported.kafka-client.pem")
+        assert not Path(security["key"]).exists()  # the user puts the secret there, as the note says
+        assert security["key"] in " ".join(imported.stderr.split())
+        Path(security["key"]).write_text(key_text)
+    # From another directory: the paths in the spec do not depend on where the run starts.
+    ran = subprocess.run(
+        [*riverhouse_cmd(), "run", str(spec_file), "--json"], **common, env=run_env, cwd=settings.home.parent
+    )
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert clickhouse_ids(settings, parse_spec(data)) == sorted(f"o{i}" for i in range(40))
+    assert creds["password"] not in ran.stdout + ran.stderr

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from riverhouse.bench_cpu import CpuMeter
+from riverhouse_bench.metering import CpuMeter
 
 pytestmark = pytest.mark.unit
 

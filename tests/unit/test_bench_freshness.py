@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from riverhouse.bench import _freshness_profile, _percentiles
 from riverhouse.platform.ingest.stream import BatchMetrics
+from riverhouse_bench.freshness import freshness_profile, percentiles
 
 pytestmark = pytest.mark.unit
 
 
 def test_percentiles_are_nearest_rank_of_the_sorted_values() -> None:
     values = [float(v) for v in range(100, 0, -1)]  # 100 .. 1, unsorted on purpose
-    assert _percentiles(values) == {"p50": 51.0, "p95": 96.0, "p99": 100.0}
-    assert _percentiles([]) == {}
+    assert percentiles(values) == {"p50": 51.0, "p95": 96.0, "p99": 100.0}
+    assert percentiles([]) == {}
 
 
 def test_profile_reports_batch_sizes_times_and_the_gaps_between_batches() -> None:
@@ -22,7 +22,7 @@ def test_profile_reports_batch_sizes_times_and_the_gaps_between_batches() -> Non
         BatchMetrics(batch_id=2, read=30_000, started_at=11.5, seconds=2.0, stage_seconds={"read_parse": 1.5}),
         BatchMetrics(batch_id=3, read=10_000, started_at=13.75, seconds=0.5, stage_seconds={"read_parse": 0.2}),
     ]
-    profile = _freshness_profile(batches, loads=[0.2, 0.4])
+    profile = freshness_profile(batches, loads=[0.2, 0.4])
     assert profile["batches"] == 3
     assert profile["records"] == {"p50": 20_000.0, "p95": 30_000.0, "p99": 30_000.0, "max": 30_000.0}
     # gaps: 11.5 - (10 + 1) = 0.5 and 13.75 - (11.5 + 2) = 0.25
@@ -31,4 +31,16 @@ def test_profile_reports_batch_sizes_times_and_the_gaps_between_batches() -> Non
     assert profile["stage_s"]["read_parse"]["max"] == 1.5
     assert profile["load_s"]["max"] == 0.4
     assert [row[0] for row in profile["per_batch"]] == [20_000, 30_000, 10_000]
-    assert _freshness_profile([], [])["batch_s"] is None
+    assert freshness_profile([], [])["batch_s"] is None
+
+
+def test_the_page_renders_a_freshness_run_whose_measured_stretch_had_one_batch() -> None:
+    """One batch after the warm-up has no gap to a next one: the page says the rest, it does not fail."""
+    from riverhouse_bench.report import _scenario_lines
+
+    batch = BatchMetrics(batch_id=1, read=5_000, started_at=10.0, seconds=1.5, stage_seconds={"read_parse": 0.5})
+    profile = freshness_profile([batch], loads=[0.3])
+    assert profile["between_batches_s"] is None
+    run = {"events": 5_000, "exact": True, "p50_s": 1.0, "p95_s": 2.0, "p99_s": 2.5, "rate": 1000.0, "profile": profile}
+    [row] = [line for line in _scenario_lines({"freshness": run}) if line.startswith("| freshness")]
+    assert "batches of 5,000 records took 1.50 s (p95 1.50 s), loads 0.30 s" in row, row

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from datetime import timedelta
 from pathlib import Path
@@ -16,6 +17,7 @@ from riverhouse.platform.importers.expr import translate_expr
 from riverhouse.platform.importers.glassflow import import_glassflow
 from riverhouse.platform.importers.kaflowsql import import_kaflowsql
 from riverhouse.platform.importers.report import ImporterError, ImportResult, parse_go_duration, spec_window
+from riverhouse.platform.kafka.client import connector_options, librdkafka_config
 from riverhouse.platform.spec import load_spec
 
 pytestmark = pytest.mark.unit
@@ -157,7 +159,8 @@ def test_v3_stateless_transform_in_a_join_becomes_a_projection(tmp_path: Path) -
 
 # ---------------------------------------------------------------------------- GlassFlow v2
 def test_v2_join_config_maps_like_its_v3_form_and_never_copies_credentials(tmp_path: Path) -> None:
-    v2 = import_glassflow(FIXTURES / "glassflow_v2_join.json")
+    out = tmp_path / "orders.yaml"
+    v2 = import_glassflow(FIXTURES / "glassflow_v2_join.json", out)
     v3 = import_glassflow(FIXTURES / "glassflow_v3_join.json")
     assert v2.spec["sources"] == v3.spec["sources"]
     assert settings_of(v2) == {
@@ -179,13 +182,17 @@ def test_v2_join_config_maps_like_its_v3_form_and_never_copies_credentials(tmp_p
         "email": "users.email",
     }
     assert spec.kafka.bootstrap_servers == "broker-0.example.com:9092,broker-1.example.com:9092"
-    assert spec.kafka.config == {
-        "security.protocol": "SASL_SSL",
-        "sasl.mechanism": "SCRAM-SHA-256",
-        "sasl.username": "${env:RIVERHOUSE_SECRET_KAFKA_USERNAME}",
-        "sasl.password": "${env:RIVERHOUSE_SECRET_KAFKA_PASSWORD}",
-        "ssl.ca.pem": "-----BEGIN-----",  # the CA is public: v2's base64 decoded into the spec
+    assert spec.kafka.config == {}  # security is stated for both Kafka clients, in kafka.security
+    assert spec.kafka.security is not None
+    ca = str(tmp_path / "orders.kafka-ca.pem")  # beside the spec, absolute
+    assert spec.kafka.security.model_dump(exclude_none=True) == {
+        "protocol": "SASL_SSL",
+        "mechanism": "SCRAM-SHA-256",
+        "username": "${env:RIVERHOUSE_SECRET_KAFKA_USERNAME}",
+        "password": "${env:RIVERHOUSE_SECRET_KAFKA_PASSWORD}",
+        "ca": ca,
     }
+    assert v2.files == {ca: "-----BEGIN-----\n"}  # the CA is public: v2's base64 decoded into its file
     text = v2.to_yaml()
     for secret in ("do-not-copy-me", "pipeline-user", "c2VjcmV0", "loader"):
         assert secret not in text
@@ -364,30 +371,169 @@ def test_cli_writes_validates_and_is_strict(tmp_path: Path) -> None:
     assert bad.exit_code == 1 and "cannot read file" in bad.output and "Traceback" not in bad.output
 
 
-def test_kafka_security_settings(tmp_path: Path) -> None:
+# ---------------------------------------------------------------------------- Kafka security
+SECURITY_PREFIXES = ("security.", "sasl.", "ssl.")  # what a run refuses in kafka.config without kafka.security
+MTLS = FIXTURES / "glassflow_v2_mtls.json"
+
+
+def fixture_params(fixture: Path) -> dict[str, Any]:
+    return dict(json.loads(fixture.read_text())["source"]["connection_params"])
+
+
+def every_file_text(folder: Path) -> str:
+    return "".join(p.read_text() for p in sorted(folder.rglob("*")) if p.is_file())
+
+
+def test_mtls_import_writes_certificate_files_beside_the_spec_and_never_the_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    params = fixture_params(MTLS)
+    ca_text, cert_text, key_text = (
+        base64.b64decode(params[k]).decode() for k in ("root_ca", "client_cert", "client_key")
+    )
+    monkeypatch.chdir(tmp_path)
+    runner = CliRunner()
+    ran = runner.invoke(app, ["import", "glassflow", str(MTLS), "-o", "pipelines/clicks.yaml"])
+    assert ran.exit_code == 1 and "cannot write" in ran.output and "Traceback" not in ran.output  # no such folder
+    (tmp_path / "pipelines").mkdir()
+    ran = runner.invoke(app, ["import", "glassflow", str(MTLS), "-o", "pipelines/clicks.yaml", "--strict"])
+    assert ran.exit_code == 0, ran.output  # everything carried over: the key is placed by hand, not lost
+    folder = tmp_path / "pipelines"
+    assert runner.invoke(app, ["validate", str(folder / "clicks.yaml")]).exit_code == 0
+    spec = load_spec(folder / "clicks.yaml")
+    assert spec.kafka.config == {}
+    assert spec.kafka.security is not None
+    # Absolute: the clients open them relative to the run's working directory, not to the spec.
+    ca, cert, key = (str(folder / f"clicks.kafka-{n}") for n in ("ca.pem", "client.pem", "client.key"))
+    assert spec.kafka.security.model_dump(exclude_none=True) == {
+        "protocol": "SSL",
+        "ca": ca,
+        "certificate": cert,
+        "key": key,
+    }
+    assert Path(ca).read_text().strip() == ca_text.strip() and "BEGIN CERTIFICATE" in ca_text
+    assert Path(cert).read_text().strip() == cert_text.strip() and "BEGIN CERTIFICATE" in cert_text
+    assert not Path(key).exists()
+    assert "not-a-real-key" in key_text and "not-a-real-key" not in every_file_text(tmp_path) + ran.output
+    assert "put the client key (PKCS#8 PEM" in ran.output and f"at {key} before running" in " ".join(ran.output.split())
+    assert f"wrote {ca}" in " ".join(ran.output.split())
+
+    # Once the user has put the key there, a run's Kafka options are complete for both clients.
+    Path(key).write_text(key_text)
+    options = connector_options(spec.kafka, "kafka-tls.internal:9093", ["clicks"])
+    assert options["kafka.security.protocol"] == "SSL"
+    assert options["kafka.ssl.truststore.location"] == ca
+    assert options["kafka.ssl.keystore.certificate.chain"].strip() == cert_text.strip()
+    assert librdkafka_config(spec.kafka, "kafka-tls.internal:9093")["ssl.key.location"] == key
+
+    again = runner.invoke(app, ["import", "glassflow", str(MTLS), "-o", "pipelines/other.yaml"])
+    assert again.exit_code == 0, again.output  # other files: nothing in the way
+    (folder / "other.yaml").unlink()
+    kept = runner.invoke(app, ["import", "glassflow", str(MTLS), "-o", "pipelines/other.yaml"])
+    assert kept.exit_code == 1 and "other.kafka-ca.pem" in kept.output and "--force" in kept.output
+    assert not (folder / "other.yaml").exists()
+    forced = runner.invoke(app, ["import", "glassflow", str(MTLS), "-o", "pipelines/other.yaml", "--force"])
+    assert forced.exit_code == 0 and (folder / "other.yaml").exists()
+
+
+def test_sasl_import_gives_both_kafka_clients_the_login(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = json.loads((FIXTURES / "glassflow_v3_dedup.json").read_text())
+    params = config["sources"][0]["connection_params"]
+    params.update(protocol="SASL_SSL", mechanism="SCRAM-SHA-512", username="app", password="hunter2-not-copied")
+    result = import_glassflow(config_file(tmp_path, config), tmp_path / "users.yaml")
+    assert result.unmapped == [] and result.files == {}  # no root_ca: the system's trust store
+    spec = written(result, tmp_path)
+    assert spec.kafka.config == {}
+    assert spec.kafka.security is not None
+    assert spec.kafka.security.model_dump(exclude_none=True) == {
+        "protocol": "SASL_SSL",
+        "mechanism": "SCRAM-SHA-512",
+        "username": "${env:RIVERHOUSE_SECRET_KAFKA_USERNAME}",
+        "password": "${env:RIVERHOUSE_SECRET_KAFKA_PASSWORD}",
+    }
+    assert "hunter2" not in result.to_yaml() and "app" not in str(spec.kafka.security)
+    monkeypatch.setenv("RIVERHOUSE_SECRET_KAFKA_USERNAME", "app")
+    monkeypatch.setenv("RIVERHOUSE_SECRET_KAFKA_PASSWORD", "pw")
+    jaas = connector_options(spec.kafka, "kafka:9092", ["users"])["kafka.sasl.jaas.config"]
+    assert jaas.startswith("org.apache.kafka.common.security.scram.ScramLoginModule required")
+
+
+def test_printed_spec_says_which_certificates_it_cannot_name(tmp_path: Path) -> None:
+    """Without -o there is no file to write a certificate beside: each is reported, and the spec still validates."""
+    result = import_glassflow(MTLS)
+    assert result.files == {}
+    assert {u.setting: u.reason for u in result.unmapped if "connection_params" in u.setting}.keys() == {
+        "source.connection_params.root_ca",
+        "source.connection_params.client_cert",
+        "source.connection_params.client_key",
+    }
+    assert all("-o FILE" in u.reason for u in result.unmapped if u.setting.endswith(("root_ca", "client_cert")))
+    spec = written(result, tmp_path)
+    assert spec.kafka.config == {} and spec.kafka.security is not None
+    assert spec.kafka.security.model_dump(exclude_none=True) == {"protocol": "SSL"}
+    assert "not-a-real-key" not in result.to_yaml() and "BEGIN" not in result.to_yaml()
+    printed = CliRunner().invoke(app, ["import", "glassflow", str(MTLS), "--strict"])
+    assert printed.exit_code == 1 and "root_ca" in printed.output and "name: clicks_mtls" not in printed.output
+
+
+@pytest.mark.parametrize("mechanism", ["GSSAPI", "OAUTHBEARER", "AWS_MSK_IAM"])
+def test_mechanisms_kafka_security_cannot_state_are_dropped_with_reasons(tmp_path: Path, mechanism: str) -> None:
     config = json.loads((FIXTURES / "glassflow_v2_join.json").read_text())
     params = config["source"]["connection_params"]
-    params.update(
-        protocol="SASL_SSL",
-        mechanism="GSSAPI",
-        kerberos_service_name="kafka",
-        kerberos_keytab="/etc/keytabs/app.keytab",
-        kerberos_realm="EXAMPLE.COM",
-        skip_tls_verification=True,
-        client_cert="-----BEGIN CERTIFICATE-----",
-        client_key="-----BEGIN PRIVATE KEY-----",
+    params.update(mechanism=mechanism, skip_tls_verification=True)
+    if mechanism == "GSSAPI":
+        params.update(
+            kerberos_service_name="kafka",
+            kerberos_keytab="/etc/keytabs/app.keytab",
+            kerberos_realm="EXAMPLE.COM",
+            kerberos_config="/etc/krb5.conf",
+        )
+    result = import_glassflow(config_file(tmp_path, config), tmp_path / "orders.yaml")
+    reasons = {u.setting: u.reason for u in result.unmapped if "connection_params" in u.setting}
+    where = "source.connection_params."
+    expected = {"mechanism", "username", "password", "skip_tls_verification"}
+    if mechanism == "GSSAPI":
+        expected |= {"kerberos_service_name", "kerberos_keytab", "kerberos_realm", "kerberos_config"}
+    assert reasons.keys() == {where + name for name in expected}
+    assert mechanism in reasons[where + "mechanism"] and "kafka.security" in reasons[where + "mechanism"]
+    assert "verifies" in reasons[where + "skip_tls_verification"]
+    spec = written(result, tmp_path)
+    assert not [k for k in spec.kafka.config if k.startswith(SECURITY_PREFIXES)]
+    assert spec.kafka.security is not None
+    # TLS is kept (the broker's CA still applies); the login is not stated, so SASL is not either.
+    assert spec.kafka.security.protocol == "SSL" and spec.kafka.security.mechanism is None
+    assert spec.kafka.security.ca == str(tmp_path / "orders.kafka-ca.pem")
+    for value in ("/etc/keytabs", "EXAMPLE.COM", "krb5", "pipeline-user", "do-not-copy-me"):
+        assert value not in result.to_yaml()
+
+
+def test_connection_settings_without_their_protocol(tmp_path: Path) -> None:
+    config = json.loads((FIXTURES / "glassflow_v2_join.json").read_text())
+    params = config["source"]["connection_params"]
+    params.update(protocol="SASL_PLAINTEXT", mechanism="PLAIN")  # a CA without TLS
+    result = import_glassflow(config_file(tmp_path, config), tmp_path / "orders.yaml")
+    assert "TLS" in {u.setting: u.reason for u in result.unmapped}["source.connection_params.root_ca"]
+    security = written(result, tmp_path).kafka.security
+    assert security is not None and (security.protocol, security.mechanism, security.ca) == (
+        "SASL_PLAINTEXT",
+        "PLAIN",
+        None,
     )
-    result = import_glassflow(config_file(tmp_path, config))
-    config_out = written(result, tmp_path).kafka.config
-    assert config_out["sasl.mechanism"] == "GSSAPI" and config_out["sasl.kerberos.service.name"] == "kafka"
-    assert config_out["sasl.kerberos.keytab"] == "${env:RIVERHOUSE_SECRET_KAFKA_KERBEROS_KEYTAB_PATH}"
-    assert config_out["ssl.key.pem"] == "${env:RIVERHOUSE_SECRET_KAFKA_CLIENT_KEY_PEM}"
-    assert config_out["ssl.certificate.pem"] == "-----BEGIN CERTIFICATE-----"  # public, in the spec
-    assert config_out["enable.ssl.certificate.verification"] is False
-    assert "source.connection_params.kerberos_realm" in settings_of(result)
-    assert "PRIVATE KEY" not in result.to_yaml() and "/etc/keytabs" not in result.to_yaml()
+    assert result.files == {}
 
     params.update(protocol="SSL", mechanism="PLAIN")  # a mechanism without SASL authenticates nothing
-    result = import_glassflow(config_file(tmp_path, config))
+    result = import_glassflow(config_file(tmp_path, config), tmp_path / "orders.yaml")
     assert "source.connection_params.mechanism" in settings_of(result)
-    assert "sasl.mechanism" not in written(result, tmp_path).kafka.config
+    security = written(result, tmp_path).kafka.security
+    assert security is not None and (security.protocol, security.mechanism) == ("SSL", None)
+
+    params.update(protocol="SASL_SSL", mechanism="NO_AUTH")  # GlassFlow's "no authentication"
+    result = import_glassflow(config_file(tmp_path, config), tmp_path / "orders.yaml")
+    assert not [s for s in settings_of(result) if "connection_params" in s]
+    assert any("written as SSL" in n for n in result.notes)
+    security = written(result, tmp_path).kafka.security
+    assert security is not None and (security.protocol, security.mechanism) == ("SSL", None)
+
+    params.update(root_ca="not a certificate")
+    result = import_glassflow(config_file(tmp_path, config), tmp_path / "orders.yaml")
+    assert "PEM" in {u.setting: u.reason for u in result.unmapped}["source.connection_params.root_ca"]

@@ -8,14 +8,13 @@ equivalent is recorded with its path and the reason.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import re
 from pathlib import Path
 from typing import Any
 
 from riverhouse.platform.importers import glassflow_models as gf
 from riverhouse.platform.importers.expr import translate_expr
+from riverhouse.platform.importers.glassflow_kafka import kafka_block
 from riverhouse.platform.importers.glassflow_read import (
     Column,
     Pipeline,
@@ -31,7 +30,6 @@ from riverhouse.platform.importers.report import (
     ImportResult,
     identifier,
     parse_go_duration,
-    secret_ref,
     spec_window,
 )
 from riverhouse.platform.sink.clickhouse import CLICKHOUSE_TYPES
@@ -62,7 +60,9 @@ SPARK_CASTS |= {"float": "DOUBLE", "float64": "DOUBLE", "float32": "FLOAT", "boo
 
 
 # ---------------------------------------------------------------------------- mapping
-def import_glassflow(path: str | Path) -> ImportResult:
+def import_glassflow(path: str | Path, output: str | Path | None = None) -> ImportResult:
+    """The spec for the config at `path`; `output` is where it will be written (None: printed), which
+    places the certificate files `kafka.security` names beside it (in `result.files`)."""
     path = Path(path)
     data = read_config(path)
     version = detect_version(data, str(path))
@@ -73,17 +73,17 @@ def import_glassflow(path: str | Path) -> ImportResult:
         pipeline = from_v2(validate_config(gf.PipelineV2, data, str(path)), result)
     if not pipeline.sources:
         raise ImporterError(str(path), [("sources", "no Kafka source to import", "Riverhouse reads Kafka topics")])
-    result.spec = build_spec(pipeline, result)
+    result.spec = build_spec(pipeline, result, None if output is None else Path(output))
     result.validate()
     return result
 
 
-def build_spec(p: Pipeline, result: ImportResult) -> dict[str, Any]:
+def build_spec(p: Pipeline, result: ImportResult, output: Path | None) -> dict[str, Any]:
     if str(p.sink.type).lower() != "clickhouse":
         raise ImporterError(result.path, [("sink.type", f"{p.sink.type!r}: Riverhouse loads ClickHouse", "")])
     spec: dict[str, Any] = {"name": identifier(p.pipeline_id.replace("-", "_"), "pipeline_id", result)}
     spec["description"] = f"{p.name or p.pipeline_id} (imported from GlassFlow pipeline {p.pipeline_id})"
-    spec["kafka"] = kafka_block(p, result)
+    spec["kafka"] = kafka_block(p, result, output)
     names = {s.sid: identifier(s.sid, "source", result) for s in p.sources}
     if p.join is None:
         if len(p.sources) != 1:
@@ -108,63 +108,6 @@ def build_spec(p: Pipeline, result: ImportResult) -> dict[str, Any]:
                 del spec[key]
     sink_settings(p, spec, result)
     return spec
-
-
-def kafka_block(p: Pipeline, result: ImportResult) -> dict[str, Any]:
-    first = p.sources[0]
-    conn = first.connection
-    assert conn is not None
-    for s in p.sources[1:]:
-        if s.connection != conn:
-            result.drop(f"{s.path}.connection_params", f"differs from {first.path}'s: a spec has one Kafka connection")
-        if s.offset != first.offset:
-            result.drop(f"{s.path}.consumer_group_initial_offset", f"a spec starts every source at {first.offset}")
-    where = f"{first.path}.connection_params" if p.version == "v3" else "source.connection_params"
-    brokers = []
-    for b in conn.brokers:
-        bare = re.sub(r"^[a-z]+://", "", b.strip())
-        if bare != b.strip():
-            result.note(f"{where}.brokers: {b} written as {bare} (Kafka bootstrap servers carry no scheme)")
-        brokers.append(bare)
-    config: dict[str, Any] = {}
-    protocol = conn.protocol.upper()
-    if protocol != "PLAINTEXT":
-        config["security.protocol"] = protocol
-    mechanism = (conn.mechanism or "").upper()
-    if protocol.startswith("SASL") and mechanism and mechanism != "NO_AUTH" and not conn.skip_auth:
-        config["sasl.mechanism"] = mechanism
-        if conn.username is not None:
-            config["sasl.username"] = secret_ref("KAFKA_USERNAME")
-        if conn.password is not None:
-            config["sasl.password"] = secret_ref("KAFKA_PASSWORD")
-    elif mechanism and mechanism != "NO_AUTH" and not conn.skip_auth:
-        result.drop(f"{where}.mechanism", f"{mechanism} without a SASL protocol ({protocol}) authenticates nothing")
-    # Certificates are public: they go into the spec as PEM text (v2 carries them base64-encoded).
-    # Only the client's private key is a secret, and stays in the environment.
-    if conn.root_ca:
-        config["ssl.ca.pem"] = _pem_text(conn.root_ca)
-    if conn.client_cert:
-        config["ssl.certificate.pem"] = _pem_text(conn.client_cert)
-    if conn.client_key:
-        config["ssl.key.pem"] = secret_ref("KAFKA_CLIENT_KEY_PEM")
-    if conn.skip_tls_verification:
-        config["enable.ssl.certificate.verification"] = False
-    if conn.kerberos_service_name:
-        config["sasl.kerberos.service.name"] = conn.kerberos_service_name
-    if conn.kerberos_keytab:
-        config["sasl.kerberos.keytab"] = secret_ref("KAFKA_KERBEROS_KEYTAB_PATH")
-        result.note(f"{where}.kerberos_keytab: point RIVERHOUSE_SECRET_KAFKA_KERBEROS_KEYTAB_PATH at the keytab file")
-    for name in ("kerberos_realm", "kerberos_config"):
-        if getattr(conn, name):
-            result.drop(f"{where}.{name}", "librdkafka takes the realm and krb5.conf from the host's Kerberos setup")
-    refs = sorted({v[len("${env:") : -1] for v in config.values() if isinstance(v, str) and v.startswith("${env:")})
-    if refs:
-        result.note(f"credentials are not copied: export {', '.join(refs)} before running")
-    return {
-        "bootstrap_servers": ",".join(brokers),
-        "starting_offsets": first.offset,
-        **({"config": config} if config else {}),
-    }
 
 
 def field_type(src: Source, name: str, column_type: str | None, result: ImportResult) -> str | None:
@@ -426,15 +369,3 @@ def sink_settings(p: Pipeline, spec: dict[str, Any], result: ImportResult) -> No
         )
         if conn.skip_certificate_verification:
             result.drop(f"{where}.skip_certificate_verification", "Riverhouse always verifies ClickHouse's certificate")
-
-
-def _pem_text(value: str) -> str:
-    """A certificate as PEM text, decoding GlassFlow v2's base64 form when that is what it is."""
-    text = value.strip()
-    if text.startswith("-----BEGIN"):
-        return text
-    try:
-        decoded = base64.b64decode(text, validate=True).decode()
-    except (binascii.Error, UnicodeDecodeError):
-        return text
-    return decoded.strip() if decoded.lstrip().startswith("-----BEGIN") else text

@@ -197,7 +197,7 @@ def build_spec(p: KaflowPipeline, result: ImportResult) -> dict[str, Any]:
     }
     result.note(
         "kafka: KaflowSQL keeps brokers in its global config.yaml (kafka.brokers): set kafka.bootstrap_servers "
-        "or RIVERHOUSE_KAFKA_BOOTSTRAP"
+        "or RIVERHOUSE_KAFKA_BOOTSTRAP, and a secure broker's settings in kafka.security (not kafka.config)"
     )
     spec["state"], spec["dimensions"] = state_block(p, names, result)
     spec["require"] = emission_block(p, outputs, result)

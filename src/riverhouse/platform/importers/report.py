@@ -60,6 +60,8 @@ class ImportResult:
     unmapped: list[Unmapped] = field(default_factory=list)
     # Things that were carried over but behave differently; they do not fail --strict.
     notes: list[str] = field(default_factory=list)
+    # Public files the spec names (certificates for kafka.security): absolute path -> text, written beside the spec.
+    files: dict[str, str] = field(default_factory=dict)
 
     def drop(self, setting: str, reason: str) -> None:
         self.unmapped.append(Unmapped(setting, reason))

@@ -29,6 +29,8 @@ from typing import Any
 from riverhouse.platform.envrefs import resolve_env_refs
 
 METADATA_TIMEOUT_S = 15.0
+# Beside Spark's checkpoint of a source: the Kafka topic ids its offsets belong to.
+TOPIC_IDS_FILE = "kafka_topic_ids.json"
 # Java client options that carry a secret once `${env:...}` is resolved (jaas: the password;
 # keystore.key: the client's private key). Spark redacts options whose key or value matches.
 SECRET_OPTIONS_REGEX = r"(?i)jaas|password|secret|token|keystore\.key|ssl\.key"
@@ -206,23 +208,50 @@ def _best_reason(reasons: list[str]) -> str:
     return reasons[-1] if reasons else ""
 
 
-def lost_offsets(start: Offsets, low: Offsets, high: Offsets) -> list[str]:
+def lost_offsets(
+    start: Offsets, low: Offsets, high: Offsets, skipping: bool = False, recreated: frozenset[str] = frozenset()
+) -> list[str]:
     """What Kafka no longer holds of what the checkpoint says comes next, one line per partition.
 
     Records deleted by retention (the next offset is below the low watermark), partitions that
     disappeared and offsets that went backwards (the topic was deleted or recreated).
+    `skipping` (fail_on_data_loss false) adds what Spark's connector will also pass over: a
+    partition whose offsets went backwards resumes at its end when the batch is planned
+    (`KafkaOffsetReader` drops a range whose end is below its start), so the records the
+    recreated partition already holds are not read either. `recreated` names topics whose
+    Kafka topic id changed since the checkpoint was written: their offsets belong to another
+    topic even where they still look in range.
     """
     lost = []
     for topic, parts in sorted(start.items()):
         for partition, offset in sorted(parts.items(), key=lambda kv: int(kv[0])):
             name = f"{topic}[{partition}]"
-            if partition not in high.get(topic, {}):
+            if topic in recreated and partition in high.get(topic, {}) and offset <= high[topic][partition]:
+                first = low[topic][partition]
+                line = (
+                    f"{name}: the topic was deleted and recreated since the last batch (its Kafka topic id "
+                    f"changed), so the next offset to read ({offset}) belongs to the old topic"
+                )
+                if skipping and offset > first:
+                    line += (
+                        f"; the connector reads on from offset {offset}, so the new topic's records "
+                        f"{first}..{offset - 1} ({offset - first} records) are skipped"
+                    )
+                lost.append(line)
+            elif partition not in high.get(topic, {}):
                 lost.append(f"{name}: the partition no longer exists (the topic was deleted or recreated with fewer)")
             elif offset > high[topic][partition]:
-                lost.append(
-                    f"{name}: Kafka's offsets end at {high[topic][partition]}, before the next offset to read "
-                    f"({offset}): the topic was deleted and recreated"
+                end, first = high[topic][partition], low[topic][partition]
+                line = (
+                    f"{name}: Kafka's offsets end at {end}, before the next offset to read ({offset}): "
+                    "the topic was deleted and recreated"
                 )
+                if skipping and end > first:
+                    line += (
+                        f"; the connector resumes it at offset {end}, so its records {first}..{end - 1} "
+                        f"({end - first} records) are skipped too"
+                    )
+                lost.append(line)
             elif offset < low[topic][partition]:
                 lost.append(
                     f"{name}: offsets {offset}..{low[topic][partition] - 1} "
@@ -264,13 +293,21 @@ def check_data_loss(config: dict[str, Any], topics: list[str], spark_checkpoint:
     # untrusted certificate is named here in one line, within METADATA_TIMEOUT_S, rather
     # than by a Java client's trace minutes later.
     marks = watermarks(config, topics)
+    ids_file = spark_checkpoint.parent / TOPIC_IDS_FILE
+    ids_now = topic_ids(config, topics)
     start = committed_offsets(spark_checkpoint)
     if not start:
+        _save_topic_ids(ids_file, ids_now)
         return []
+    ids_before = _load_topic_ids(ids_file)
+    recreated = frozenset(t for t, i in ids_now.items() if ids_before.get(t) not in (None, i))
     low = {t: {str(p): lo for p, (lo, _) in parts.items()} for t, parts in marks.items()}
     high = {t: {str(p): hi for p, (_, hi) in parts.items()} for t, parts in marks.items()}
-    lost = lost_offsets({t: parts for t, parts in start.items() if t in topics}, low, high)
+    lost = lost_offsets(
+        {t: parts for t, parts in start.items() if t in topics}, low, high, skipping=not fail, recreated=recreated
+    )
     if not lost:
+        _save_topic_ids(ids_file, ids_now)
         return []
     if fail:
         raise KafkaSourceError(
@@ -281,4 +318,37 @@ def check_data_loss(config: dict[str, Any], topics: list[str], spark_checkpoint:
         )
     print("riverhouse: skipping records lost in Kafka (fail_on_data_loss is false): " + "; ".join(lost),
           file=sys.stderr, flush=True)  # fmt: skip
+    _save_topic_ids(ids_file, ids_now)  # the skip is decided: from here on the new topic is the one read
     return lost
+
+
+def topic_ids(config: dict[str, Any], topics: list[str]) -> dict[str, str]:
+    """Kafka's id of each existing topic. Offsets cannot tell a recreated topic that has grown past
+    the checkpoint's offsets from the old one; its id can (Kafka gives every topic a new UUID)."""
+    from confluent_kafka import KafkaException, TopicCollection
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(config)
+    out: dict[str, str] = {}
+    for name, future in admin.describe_topics(TopicCollection(topics), request_timeout=METADATA_TIMEOUT_S).items():
+        try:
+            out[name] = str(future.result().topic_id)
+        except KafkaException:
+            continue  # a missing topic: the watermarks already said what there is
+    return out
+
+
+def _load_topic_ids(path: Path) -> dict[str, str]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}  # a checkpoint from before the ids were kept: offsets are all there is to compare
+    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+
+
+def _save_topic_ids(path: Path, ids: dict[str, str]) -> None:
+    if ids and ids != _load_topic_ids(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(ids, sort_keys=True))
+        tmp.replace(path)

@@ -1,112 +1,21 @@
-"""The bench's results: the JSON files, the targets' verdicts and docs/benchmarks.md with its plot.
+"""docs/benchmarks.md with its plot, rendered from a run's results.
 
-Rendering only: `riverhouse.bench` measures, this module writes up what it measured.
+Rendering only: the scenario modules measure, `results` keeps the figures and the
+targets' verdicts, this module (and `sections`) writes up what was measured.
 """
 
 from __future__ import annotations
 
-import json
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from riverhouse.platform.spec import KafkaSpec
+from riverhouse_bench.common import REPO
+from riverhouse_bench.metering import CPU_ROLES
+from riverhouse_bench.results import THROUGHPUT, targets
+from riverhouse_bench.sections import spark_lines, state_lines
 
-# Processes of the bench's tree by what they do (bench.CpuMeter sorts them).
-CPU_ROLES = ("driver", "jvm", "spark_python", "kafka", "other")
-
-
-THROUGHPUT = (
-    "kafka_produce_limit",
-    "kafka_read_limit",
-    "clickhouse_insert_limit",
-    "baseline_consumer",
-    "riverhouse_dedup",
-    "riverhouse_dedup_join",
-)
-
-
-def write_results(result: dict[str, Any], results_dir: Path) -> Path:
-    """`<timestamp>.json` and `latest.json`; the run before (when there is one) is summarized in `previous`."""
-    results_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        before = json.loads((results_dir / "latest.json").read_text())
-        result["previous"] = {
-            "started_at": before.get("started_at"),
-            "calibration": before.get("machine", {}).get("calibration"),
-            "events_per_s": {
-                name: r.get("events_per_s_excluding_startup") or r.get("events_per_s")
-                for name, r in before.get("scenarios", {}).items()
-                if name in THROUGHPUT
-            },
-        }
-    except (OSError, ValueError, AttributeError):
-        pass
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    path = results_dir / f"{stamp}.json"
-    text = json.dumps(result, indent=2, default=str)
-    path.write_text(text)
-    (results_dir / "latest.json").write_text(text)
-    return path
-
-
-def targets(result: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
-    """(target, measured, verdict text, met?) for each target of the benchmark issue."""
-    s = result["scenarios"]
-
-    def get(name: str, key: str) -> float | None:
-        value = s.get(name, {}).get(key)
-        return float(value) if isinstance(value, int | float) else None
-
-    rows: list[tuple[str, str, str, bool | None]] = []
-    dedup = get("riverhouse_dedup", "events_per_s_excluding_startup")
-    base = get("baseline_consumer", "events_per_s")
-    join = get("riverhouse_dedup_join", "events_per_s_excluding_startup")
-    limit = min(
-        filter(None, [get("kafka_read_limit", "events_per_s"), get("clickhouse_insert_limit", "events_per_s")]),
-        default=None,
-    )
-    p95 = get("freshness", "p95_s")
-    speedup = get("query_vs_final", "speedup")
-    # The target is set at 10M keys: use the largest key count measured.
-    largest = max(
-        (n for n in s if n.startswith("dedup_state") and "keys" in s[n]),
-        key=lambda n: s[n]["keys"],
-        default="dedup_state",
-    )
-    per_key = get(largest, "bytes_per_key")
-
-    def row(name: str, value: float | None, goal: float, fmt: str, higher: bool = True) -> None:
-        if value is None:
-            rows.append((name, "not measured", "", None))
-            return
-        met = value >= goal if higher else value <= goal
-        ratio = value / goal if higher else goal / value if value else 0
-        rows.append((name, fmt.format(value), "met" if met else f"missed: {ratio:.0%} of the target", met))
-
-    row("riverhouse_dedup >= 100,000 events/s (steady state)", dedup, 100_000, "{:,.0f} events/s")
-    row("riverhouse_dedup >= 2x baseline_consumer", (dedup / base) if dedup and base else None, 2.0, "{:.2f}x")
-    row("riverhouse_dedup_join >= 50,000 events/s", join, 50_000, "{:,.0f} events/s")
-    row(
-        "end to end >= 50% of min(kafka_read_limit, clickhouse_insert_limit)",
-        (dedup / limit) if dedup and limit else None,
-        0.5,
-        "{:.0%}",
-    )
-    row("freshness p95 <= 3 s", p95, 3.0, "{:.2f} s", higher=False)
-    row("query_vs_final: clean >= 3x faster than FINAL", speedup, 3.0, "{:.1f}x")
-    keys = s.get(largest, {}).get("keys")
-    row(
-        f"dedup_state <= 100 bytes of RAM per key (at {keys or 0:,} keys)",
-        per_key,
-        100.0,
-        "{:,.0f} bytes/key",
-        higher=False,
-    )
-    return rows
-
-
-ANALYSIS = Path(__file__).resolve().parents[2] / "bench" / "analysis.md"
+ANALYSIS = REPO / "bench" / "analysis.md"
 
 
 def _plot(result: dict[str, Any], png: Path) -> None:
@@ -160,10 +69,13 @@ def _scenario_lines(s: dict[str, Any]) -> list[str]:
                     f"p95 {warm['p95']:.2f} s)"
                 )
             if profile.get("batch_s") and profile.get("load_s"):
+                # One measured batch has no gap to the next one.
+                gap = (profile.get("between_batches_s") or {}).get("p50")
                 notes.append(
                     f"batches of {profile['records']['p50']:,.0f} records took {profile['batch_s']['p50']:.2f} s "
-                    f"(p95 {profile['batch_s']['p95']:.2f} s), {profile['between_batches_s']['p50']:.2f} s "
-                    f"between batches, loads {profile['load_s']['p50']:.2f} s"
+                    f"(p95 {profile['batch_s']['p95']:.2f} s), "
+                    + (f"{gap:.2f} s between batches, " if gap is not None else "")
+                    + f"loads {profile['load_s']['p50']:.2f} s"
                 )
         if name.startswith("query_vs_final") and r.get("final_s") is not None:
             notes.append(
@@ -171,18 +83,28 @@ def _scenario_lines(s: dict[str, Any]) -> list[str]:
                 f"{r['clean_s'] * 1000:.1f} ms (exact: {r['clean_exact']}): {r['speedup']:.1f}x; "
                 f"{r.get('rmt_parts', '?')} unmerged parts"
             )
-        if name.startswith("dedup_state"):
+        if name.startswith("dedup_state") and r.get("keys"):
             notes.append(
-                f"{r['keys']:,} keys: the dedup process peaked at {r['peak_rss_bytes'] / 2**20:,.0f} MiB "
-                f"RSS, {r['baseline_rss_bytes'] / 2**20:,.0f} MiB before the first key, so "
-                f"{r['bytes_per_key']:,.1f} bytes/key; silver {r['delta_bytes'] / 2**20:,.1f} MiB "
-                "(generated straight into the dedup stage)"
+                f"{r['keys']:,} keys in silver ({r['delta_bytes_per_key']:,.1f} bytes/key on disk); one "
+                f"{r['batch_events']:,}-event batch's MERGE took {r['merge_s']:.1f} s: the JVM peaked at "
+                f"{r['jvm_peak_rss_bytes'] / 2**20:,.0f} MiB RSS, {r['jvm_baseline_rss_bytes'] / 2**20:,.0f} MiB "
+                f"before, so {r['bytes_per_key']:,.1f} bytes/key (live heap after: "
+                f"{r['live_heap_bytes_per_key']:,.1f} bytes/key)"
             )
             if r.get("marginal_bytes_per_key") is not None:
                 notes.append(
-                    f"{r['marginal_bytes_per_key']:,.1f} bytes of peak RSS per key added since the "
+                    f"{r['marginal_bytes_per_key']:,.1f} bytes of MERGE peak RSS per key added since the "
                     f"{r['marginal_from_keys']:,}-key run"
                 )
+        if name == "scale_local" and r.get("ratio") is not None:
+            one, two = r["local[1]"], r["local[2]"]
+            notes.append(
+                f"local[1] {one['steady_seconds']:.1f} s, local[2] {two['steady_seconds']:.1f} s from the first "
+                f"batch to every row in ClickHouse: {r['ratio']:.2f}x"
+            )
+        if name == "cluster" and r.get("tasks_by_executor"):
+            tasks = ", ".join(f"{e}: {n:,}" for e, n in r["tasks_by_executor"].items())
+            notes.append(f"{r.get('workers', 2)} workers of 1 core; tasks by executor: {tasks}")
         if r.get("startup_s") is not None:
             notes.append(f"start-up {r['startup_s']:.1f} s")
         lines.append(
@@ -219,9 +141,10 @@ def _cpu_lines(s: dict[str, Any]) -> list[str]:
         "## Where the CPU goes",
         "",
         "CPU microseconds per event, by process (user + system time read from /proc every 0.1 s): "
-        "`driver` is the Python process (Delta writes with delta-rs, the dedup lookup, the embedded "
-        "ClickHouse engine), `jvm` is Spark's driver and executors (including its JIT and GC threads), "
-        "`spark_python` the Python workers that run the Kafka source, `kafka` the local broker. "
+        "`driver` is the Python process (it plans through py4j and runs the embedded ClickHouse engine "
+        "and its inserts), `jvm` is Spark's driver and executors: Spark's Kafka source, the parse, the "
+        "Delta writes and the MERGE (including its JIT and GC threads); `spark_python` Spark's Python "
+        "workers (the in-batch dedup's walk of keys that span more than a window), `kafka` the local broker. "
         "`use of cores` is CPU time over wall time x cores.",
         "",
         f"| run | events | wall s | {' | '.join(CPU_ROLES)} | total | use of cores |",
@@ -250,8 +173,7 @@ def _stage_lines(dedup: dict[str, Any]) -> list[str]:
         "",
         f"Start-up of the cold run: {dedup.get('spark_session_s') or 0:.1f} s for the Spark session and "
         f"{dedup.get('query_startup_s') or 0:.1f} s to start the streaming query (the checkpoint, the "
-        "source's planning process, the first offsets); the JVM and the Python workers also warm up "
-        "during the first batch. The median warm run "
+        "Kafka connector's first offsets); the JVM also warms up (JIT) during the first batches. The median warm run "
         f"(of {', '.join(f'{x:.2f}' for x in dedup.get('steady_runs_seconds') or [wall])} s) of "
         f"{steady.get('events', 0):,} events took {wall:.2f} s from its first batch to every row "
         f"in ClickHouse, in {steady.get('batches')} batch(es) of up to "
@@ -357,7 +279,8 @@ def render_docs(
     lines = [
         "# Benchmarks",
         "",
-        "Measured by `make bench` (`riverhouse bench`): every scenario in one run against the same local",
+        "Measured by `make bench` (the `riverhouse_bench` package in `bench/`, `python -m riverhouse_bench`):",
+        "every scenario in one run against the same local",
         "Apache Kafka broker (KRaft, one node, on the same 2 cores) and the same embedded ClickHouse engine",
         "(chDB), so ratios are fair.",
         f"Rendered from `{source}` (run of {result['started_at'][:16]} UTC); each run's raw figures are in "
@@ -379,21 +302,31 @@ def render_docs(
         lines.append(f"| {name} | {measured} | {verdict} |")
     lines += _cpu_lines(s)
     lines += _stage_lines(s.get("riverhouse_dedup", {}))
+    lines += spark_lines(s)
+    lines += state_lines(s)
     lines += _final_lines(s)
     if analysis.exists():
         lines += ["", analysis.read_text().strip()]
-    lines += [
+    lines += method_lines()
+    docs.write_text("\n".join(lines))
+    return docs
+
+
+def method_lines() -> list[str]:
+    """How each figure is measured: the end of the page."""
+    return [
         "",
         "## How each figure is measured",
         "",
         "- `kafka_produce_limit`: producing the bench's orders (generator included) with one "
         "librdkafka producer (lz4, acks=all) to the local broker: the broker's produce limit as one "
         "Python client reaches it.",
-        "- `kafka_read_limit`: one librdkafka consumer reading the topic from the broker (the source's limit here), "
-        "with the same prefetch tuning as Riverhouse's source (`queued.min.messages` 1,000,000).",
+        "- `kafka_read_limit`: one librdkafka consumer reading the topic from the broker, with a deep "
+        "prefetch (`queued.min.messages` 1,000,000): the broker's read limit as one Python client reaches "
+        "it. Riverhouse reads with Spark's Kafka connector (the Java client, one task per partition).",
         "- `clickhouse_insert_limit`: the same number of rows inserted from prebuilt Arrow batches "
         "of 100,000 (the sink's limit).",
-        "- `baseline_consumer`: confluent-kafka (same read tuning) -> `json.loads` -> an in-memory "
+        "- `baseline_consumer`: confluent-kafka (the same prefetch) -> `json.loads` -> an in-memory "
         "set for dedup -> clickhouse-connect inserts of 50,000 rows, offsets committed after each "
         "insert (at-least-once, no window, no persistence).",
         "- `riverhouse_dedup`: `run_once` of a dedup pipeline, Kafka -> bronze/silver Delta -> "
@@ -421,13 +354,29 @@ def render_docs(
         "the generator's distinct events; median of runs. `query_vs_final_<N>`: the same on N "
         "generated orders (+10% duplicates) built straight into ClickHouse, the clean table with the "
         "loader's DDL and one row per order, to show how the ratio moves with the table's size.",
-        "- `dedup_state`: N distinct keys (plus 10% duplicates) through the dedup stage in a process "
-        "of its own; bytes/key = (its peak RSS, the kernel's high-water mark, minus its RSS before the "
-        "first key) / N. Spark is not in this process: the Spark stage's memory follows the batch size, "
-        "not the keys in the window.",
+        "- `scale_local`: the dedup pipeline on the bench's topic, `riverhouse run` in a process of its "
+        "own, once with Spark on `local[1]` and once on `local[2]`; the ratio of their times from the "
+        "first batch to every row in ClickHouse (start-up excluded) says whether the work uses both "
+        "cores. Both runs must load exactly the generator's distinct orders.",
+        "- `cluster`: the same run against a Spark standalone cluster started from pip's pyspark (a "
+        "master and two workers of one core each, `spark.cores.max` 2, on loopback). Exact only if the "
+        "rows are the generator's and both workers' executors ran tasks (Spark's event log). On this "
+        "machine the workers share the same two cores with the driver and the broker: the figure is the "
+        "distributed plan's cost next to `local[2]`, not a speed-up.",
+        "- `dedup_state`: silver built by Spark with N distinct keys in one day (inside one dedup "
+        "window, so every MERGE reads all of them); then a fresh process starts Spark, warms the MERGE up "
+        "on a small table, collects garbage and reads the JVM's RSS (driver and executor are one JVM in "
+        "local mode), resets the kernel's peak-RSS mark (`/proc/<pid>/clear_refs`), and runs one batch "
+        "(10% duplicates of stored keys, 90% new) through the engine's dedup (window functions + the "
+        "window-bounded insert-only MERGE). bytes/key = (the JVM's peak RSS during the MERGE - its RSS "
+        "before) / N. Beside it: the heap in use at its peak and after a GC, the whole JVM's peak RSS / N, "
+        "and silver's Parquet bytes on disk / N.",
+        "- Spark's own metrics: the bench's Spark sessions write Spark's event log; each completed "
+        "stage's wall time and its tasks' executor run and CPU time are summed by what the job did "
+        "(Delta names its MERGE, OPTIMIZE and log replay in the job description; the stage's name says "
+        "which call asked for it). The MERGE's metrics are "
+        "the silver table's `DESCRIBE HISTORY` operationMetrics, summed over the run's MERGE commits.",
         "- CPU: user + system seconds of each process below the bench (read from /proc), sampled "
         "every 0.1 s; a process that ends counts up to its last sample.",
         "",
     ]
-    docs.write_text("\n".join(lines))
-    return docs

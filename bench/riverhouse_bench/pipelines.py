@@ -1,0 +1,223 @@
+"""Riverhouse's own runs: dedup and dedup + join (cold, then warm), local[1] vs local[2], a standalone cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from riverhouse.platform.kafka.generator import expected_join, orders, user_events
+from riverhouse.platform.sink.clickhouse import open_client, qualified_table
+from riverhouse_bench.common import join_spec, median_run, orders_spec
+from riverhouse_bench.metering import CpuMeter
+from riverhouse_bench.spark_metrics import merge_history, read_events, stage_times
+
+if TYPE_CHECKING:
+    from riverhouse_bench.harness import Bench
+
+
+def _dedup_run(bench: Bench, name: str, topic: str, messages: int, expected_unique: int) -> dict[str, Any]:
+    from riverhouse.platform.runner import run_once
+    from riverhouse.platform.state.tables import TableLayout
+
+    spec = orders_spec(name, topic)
+    spark = bench.spark
+    with CpuMeter() as cpu:
+        started, began_at = time.monotonic(), time.time()
+        summary = run_once(spec, bench.settings, spark=spark, log=lambda m: None)
+        seconds = time.monotonic() - started
+    with open_client(bench.settings.clickhouse_dsn) as client:
+        rows = client.query(f"SELECT count(), uniqExact(order_id) FROM {qualified_table(spec)}").result_rows[0]
+    silver = TableLayout(bench.settings.warehouse, spec.name).silver("orders")
+    first_batch_at = began_at + summary["query_startup_s"]
+    return {
+        "events": summary["read"],
+        "seconds": seconds,
+        "query_startup_s": summary["query_startup_s"],
+        "batches": summary["batches"],
+        "stage_seconds": {**summary["stage_seconds"], "clickhouse_load": float(summary.get("load_seconds") or 0.0)},
+        "exact": tuple(rows) == (expected_unique, expected_unique) and summary["read"] == messages,
+        "rows": rows[0],
+        "expected_unique": expected_unique,
+        "table": spec.sink.table,
+        # From the first batch to every row in ClickHouse (the steady part of the run).
+        "cpu": cpu.window(started + summary["query_startup_s"], started + seconds),
+        # Spark's own account of the same stretch, and the MERGE's (a fresh table: every MERGE is this run's).
+        "spark_stages": stage_times(read_events(bench.spark_events), first_batch_at, began_at + seconds),
+        "merge_metrics": merge_history(spark, silver),
+    }
+
+
+def cli_run(
+    bench: Bench, name: str, topic: str, master: str, extra_env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """`riverhouse run --json` of a dedup pipeline in a process of its own, on Spark `master`.
+
+    Its Spark event log goes to <home>/spark-events (spark-defaults.conf in its own
+    SPARK_CONF_DIR), so the page can say where its time went.
+    """
+    import yaml
+
+    home = bench.home / name
+    conf_dir, events = home / "spark-conf", home / "spark-events"
+    for folder in (conf_dir, events):
+        folder.mkdir(parents=True, exist_ok=True)
+    (conf_dir / "spark-defaults.conf").write_text(
+        f"spark.eventLog.enabled true\nspark.eventLog.dir {events.as_uri()}\nspark.eventLog.compress false\n"
+        + "".join(f"{k} {v}\n" for k, v in (extra_env or {}).items() if k.startswith("spark."))
+    )
+    spec_file = home / "spec.yaml"
+    spec_file.write_text(yaml.safe_dump(orders_spec(name, topic).model_dump(mode="json", by_alias=True)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RIVERHOUSE_")}
+    env.update(
+        RIVERHOUSE_HOME=str(home),
+        RIVERHOUSE_KAFKA_BOOTSTRAP=bench.state.bootstrap,
+        RIVERHOUSE_SPARK_MASTER=master,
+        SPARK_CONF_DIR=str(conf_dir),
+        **{k: v for k, v in (extra_env or {}).items() if not k.startswith("spark.")},
+    )
+    began_at = time.time()
+    ran = subprocess.run(
+        [sys.executable, "-m", "riverhouse.cli", "run", str(spec_file), "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=3600,
+    )
+    if ran.returncode != 0:
+        raise RuntimeError(f"{master}: {ran.stderr.strip()[-500:]}")
+    summary = json.loads(ran.stdout)
+    steady = summary["seconds"] - summary["query_startup_s"]
+    return {
+        "seconds": summary["seconds"],
+        "steady_seconds": steady,
+        "events_per_s": summary["read"] / steady if steady > 0 else None,
+        "read": summary["read"],
+        "inserted": summary["inserted"],
+        "stage_seconds": summary["stage_seconds"],
+        "spark_stages": stage_times(read_events(events), began_at + summary["query_startup_s"]),
+    }
+
+
+def scale_local(bench: Bench, topic: str, messages: int, expected_unique: int) -> dict[str, Any]:
+    """The same run (`riverhouse run`, a process each) with Spark on `local[1]` and on `local[2]`.
+
+    The ratio of their times from the first batch to every row in ClickHouse says whether
+    the work uses both cores (the executors read, parse, dedup and write; the driver plans).
+    """
+    out: dict[str, Any] = {"events": messages}
+    for master in ("local[1]", "local[2]"):
+        out[master] = cli_run(bench, f"bench_scale_{master[6]}", topic, master)
+    out["ratio"] = out["local[1]"]["steady_seconds"] / out["local[2]"]["steady_seconds"]
+    out["exact"] = all(
+        out[m]["inserted"] == expected_unique and out[m]["read"] == messages for m in ("local[1]", "local[2]")
+    )
+    return out
+
+
+def riverhouse_dedup(bench: Bench, topic: str, messages: int, expected_unique: int) -> dict[str, Any]:
+    """A cold run (Spark session, query start, JVM warm-up) and steady runs of the same size.
+
+    Steady state is what a running pipeline sustains: more pipelines, each on a fresh topic
+    in the now warm process, each timed from its first batch to all rows visible in
+    ClickHouse; the median run is reported (the JIT is still warming during the first ones).
+    """
+    bench.spark  # noqa: B018 - start the session inside this scenario's time
+    cold = _dedup_run(bench, "bench_dedup", topic, messages, expected_unique)
+    total = cold["seconds"] + (bench.spark_startup_s or 0.0)
+    runs = []
+    for i in range(bench.cfg.steady_runs):
+        name = f"bench_dedup_steady_{i + 1}"
+        stats = bench.produce_orders(name, bench.cfg.events, seed=2 + i)
+        run = _dedup_run(bench, name, name, stats.messages, stats.unique)
+        run["steady_seconds"] = run["seconds"] - run["query_startup_s"]
+        runs.append(run)
+    steady = median_run(runs, "steady_seconds")
+    steady_seconds = steady["steady_seconds"]
+    return {
+        "events": cold["events"],
+        "seconds": total,
+        "events_per_s": cold["events"] / total,
+        "events_per_s_excluding_startup": steady["events"] / steady_seconds,
+        "startup_s": (bench.spark_startup_s or 0.0) + cold["query_startup_s"],
+        "spark_session_s": bench.spark_startup_s,
+        "query_startup_s": cold["query_startup_s"],
+        "batches": steady["batches"],
+        "stage_seconds": steady["stage_seconds"],
+        "steady": steady,
+        "steady_runs_seconds": [round(r["steady_seconds"], 3) for r in runs],
+        "exact": cold["exact"] and all(r["exact"] for r in runs),
+        "rows": cold["rows"],
+        "expected_unique": expected_unique,
+        "table": cold["table"],
+    }
+
+
+def _join_run(bench: Bench, name: str, count: int, seed: int) -> dict[str, Any]:
+    from riverhouse.platform.runner import run_once
+
+    cfg = bench.orders_config(count, seed)
+    records, order_stats = orders(cfg)
+    bench.produce(f"{name}_orders", records)
+    user_records, user_stats = user_events(replace(cfg, count=max(10, count // 10)))
+    bench.produce(f"{name}_users", user_records)
+    spec = join_spec(name, f"{name}_orders", f"{name}_users")
+    reference = expected_join(order_stats, user_stats, spec.join.window)
+    spark = bench.spark
+    with CpuMeter() as cpu:
+        started = time.monotonic()
+        summary = run_once(spec, bench.settings, spark=spark, log=lambda m: None, drain=True)
+        seconds = time.monotonic() - started
+    with open_client(bench.settings.clickhouse_dsn) as client:
+        rows = client.query(f"SELECT count(), countIf(user_name IS NOT NULL) FROM {qualified_table(spec)}").result_rows[
+            0
+        ]
+    exact = (
+        rows[0] == reference["expected_joined"] + reference["expected_unmatched"]
+        and rows[1] == reference["expected_joined"]
+    )
+    return {
+        "events": order_stats.messages + user_stats.messages,
+        "seconds": seconds,
+        "startup_s": summary["query_startup_s"],
+        "work_seconds": seconds - summary["query_startup_s"],
+        "join_seconds": summary.get("join_seconds"),
+        "load_seconds": summary.get("load_seconds"),
+        "stage_seconds": summary["stage_seconds"],
+        "exact": exact,
+        "rows": rows[0],
+        "joined": rows[1],
+        "expected_joined": reference["expected_joined"],
+        "expected_unmatched": reference["expected_unmatched"],
+        # The whole run: the two queries start side by side, then the join and the load.
+        "cpu_whole_run": cpu.window(started, started + seconds),
+    }
+
+
+def riverhouse_dedup_join(bench: Bench, count: int) -> dict[str, Any]:
+    """The first join pipeline in the process, then warm runs on fresh topics (median), as for dedup.
+
+    The first run also pays for the first join in the JVM (operators loaded, code generated).
+    """
+    first = _join_run(bench, "bench_join", count, seed=7)
+    runs = [_join_run(bench, f"bench_join_steady_{i + 1}", count, seed=8 + i) for i in range(bench.cfg.steady_runs)]
+    steady = median_run(runs, "work_seconds")
+    return {
+        "events": first["events"],
+        "seconds": first["seconds"],
+        "events_per_s": first["events"] / first["seconds"],
+        "events_per_s_excluding_startup": steady["events"] / steady["work_seconds"],
+        "first_excluding_startup": first["events"] / first["work_seconds"],
+        "startup_s": first["startup_s"],
+        "steady": steady,
+        "steady_runs_seconds": [round(r["work_seconds"], 3) for r in runs],
+        "exact": first["exact"] and all(r["exact"] for r in runs),
+        "rows": first["rows"],
+        "joined": first["joined"],
+        "expected_joined": first["expected_joined"],
+        "expected_unmatched": first["expected_unmatched"],
+    }

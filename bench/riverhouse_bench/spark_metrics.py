@@ -1,0 +1,144 @@
+"""Spark's own account of a run: stage times from its event log, the MERGE's metrics from the Delta history.
+
+The bench's timings say how long a run took; these say where Spark spent it. Stage times
+come from the event log (`spark.eventLog.enabled`, JSON lines): each completed stage's
+wall time and its tasks' executor run and CPU time, grouped by what the job did (Delta
+names its MERGE, writes and OPTIMIZE in the job description; the rest of a streaming
+batch is the Kafka read, the parse and the batch's counts). The MERGE's own metrics
+(scan, rewrite and execution times, rows and files) are in silver's `DESCRIBE HISTORY`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+# Delta's operationMetrics of a MERGE that the page reports, summed over a run's commits.
+MERGE_METRICS = (
+    "numSourceRows",
+    "numTargetRowsInserted",
+    "numTargetFilesAdded",
+    "numTargetFilesRemoved",
+    "numTargetBytesAdded",
+    "executionTimeMs",
+    "scanTimeMs",
+    "rewriteTimeMs",
+)
+
+
+KAFKA_READ = "Kafka read + parse + batch counts"
+LOG_REPLAY = "Delta log replay (snapshot, files to read)"
+
+
+def job_kind(description: str, stage_name: str = "") -> str:
+    """What a stage did, from its job's description (Delta names its operations there) and the stage's name.
+
+    A streaming batch's jobs all carry the batch's description (`... batch = N`); Delta adds
+    its operation to it, and the stage name says where the driver asked for the job.
+    """
+    text, name = description.upper(), stage_name.upper()
+    if "COMPUTE SNAPSHOT" in text or "FILTERING FILES" in text:
+        return LOG_REPLAY
+    if "MERGE" in text:
+        return "silver MERGE (dedup + insert-only merge)"
+    if "OPTIMIZE" in text or "COMPACT" in text:
+        return "silver compaction (OPTIMIZE)"
+    if "CLICKHOUSE" in name or "TOARROW" in name:
+        return "ClickHouse load (change data feed read)"
+    if name.startswith("SAVE AT"):
+        return "Delta appends (bronze, quarantine)"
+    if "GETHISTORY" in name:
+        return "Delta history (table versions)"
+    if "BATCH = " in text:
+        return KAFKA_READ
+    return "other"
+
+
+def _accumulated(stage_info: dict[str, Any], name: str) -> float:
+    for acc in stage_info.get("Accumulables") or []:
+        if acc.get("Name") == name:
+            try:
+                return float(acc.get("Value") or 0)
+            except (TypeError, ValueError):
+                return 0.0
+    return 0.0
+
+
+def read_events(events_dir: Path) -> list[dict[str, Any]]:
+    """Every event of every application logged under `events_dir`.
+
+    A rolling log is a folder per application of `events_<n>_<app id>` files; a plain one is
+    one file named after the application (`local-...` in local mode, `app-...` on a cluster).
+    """
+    events: list[dict[str, Any]] = []
+    logs = (p for p in events_dir.rglob("*") if p.is_file() and p.name.startswith(("events_", "app-", "local-")))
+    for log in sorted(logs):
+        for line in log.read_text(errors="replace").splitlines():
+            try:
+                events.append(json.loads(line))
+            except ValueError:  # the last line of a log still being written
+                continue
+    return events
+
+
+def stage_times(events: list[dict[str, Any]], since_s: float = 0.0, until_s: float = float("inf")) -> dict[str, Any]:
+    """Completed stages submitted in [since_s, until_s] (epoch seconds), grouped by job kind.
+
+    Per kind: stages, tasks, the stages' wall time (submission to completion; stages of one
+    job can overlap, so this may exceed the job's time), and the tasks' executor run and
+    CPU time (summed over tasks: with two cores it can reach twice the wall time).
+    """
+    description_of_stage: dict[int, str] = {}
+    for event in events:
+        if event.get("Event") == "SparkListenerJobStart":
+            description = (event.get("Properties") or {}).get("spark.job.description") or ""
+            for stage in event.get("Stage IDs") or []:
+                description_of_stage[stage] = description
+    out: dict[str, dict[str, float]] = {}
+    for event in events:
+        if event.get("Event") != "SparkListenerStageCompleted":
+            continue
+        info = event.get("Stage Info") or {}
+        submitted, completed = info.get("Submission Time"), info.get("Completion Time")
+        if submitted is None or completed is None or not since_s * 1000 <= submitted <= until_s * 1000:
+            continue
+        kind = job_kind(description_of_stage.get(info.get("Stage ID"), ""), info.get("Stage Name") or "")
+        row = out.setdefault(kind, {"stages": 0, "tasks": 0, "stage_s": 0.0, "executor_run_s": 0.0, "cpu_s": 0.0})
+        row["stages"] += 1
+        row["tasks"] += int(info.get("Number of Tasks") or 0)
+        row["stage_s"] += (completed - submitted) / 1000
+        row["executor_run_s"] += _accumulated(info, "internal.metrics.executorRunTime") / 1000
+        row["cpu_s"] += _accumulated(info, "internal.metrics.executorCpuTime") / 1e9
+    return {kind: {k: round(v, 3) for k, v in row.items()} for kind, row in out.items()}
+
+
+def merge_history(spark: Any, path: str | Path, since_version: int = -1) -> dict[str, Any]:
+    """Every MERGE commit's operationMetrics in silver's history after `since_version`, summed by name.
+
+    All of Delta's metrics are kept (their names vary between Delta versions); the page
+    shows MERGE_METRICS. Times are milliseconds, as Delta records them.
+    """
+    from delta.tables import DeltaTable
+
+    history = DeltaTable.forPath(spark, str(path)).history().select("version", "operation", "operationMetrics")
+    totals: dict[str, int] = {}
+    merges = 0
+    for row in history.collect():
+        if row["operation"] != "MERGE" or row["version"] <= since_version:
+            continue
+        merges += 1
+        for name, value in (row["operationMetrics"] or {}).items():
+            if str(value).lstrip("-").isdigit():
+                totals[name] = totals.get(name, 0) + int(value)
+    return {"merges": merges, **dict(sorted(totals.items()))}
+
+
+def tasks_by_executor(events: list[dict[str, Any]]) -> dict[str, int]:
+    """Tasks each executor ran ("driver" in local mode): on a cluster, which workers did the work."""
+    out: dict[str, int] = {}
+    for event in events:
+        if event.get("Event") == "SparkListenerTaskEnd":
+            executor = str((event.get("Task Info") or {}).get("Executor ID"))
+            out[executor] = out.get(executor, 0) + 1
+    return dict(sorted(out.items()))
