@@ -1,4 +1,4 @@
-"""Gold: temporal joins and SQL pipelines over silver, each driving event emitted exactly once.
+"""Gold: temporal joins and SQL pipelines over silver, in Spark, each driving event emitted exactly once.
 
 When is a result final? A driving (left) event at time t is *closed* once the
 event-time watermark passes t + the longest stream window. The watermark is the
@@ -6,58 +6,72 @@ smallest "latest event time" among the stream sources (dimensions excluded): a
 stalled stream holds results back instead of emitting them without their matches.
 Closed events are joined with, per lookup, the latest row with equal keys whose
 event time is within the window of t (dimensions: the latest row, no window),
-then projected and filtered by the query. The result does not depend on arrival
-order, so replays after a crash give the same rows.
+then projected and filtered by the query (`evaluate.py`). The result does not
+depend on arrival order, so replays after a crash give the same rows.
 
 `drain=True` closes every pending window now (for bounded replays, demos and
 backfills): Flink's "stop with drain".
 
-Exactly once: gold rows are keyed by the driving event's Kafka coordinates. Under
-the gold lock (one writer), events whose key gold already holds are left out, and
-the rest are appended in one commit together with the progress (the driving
-silver version read and the watermark), so a crash anywhere re-runs to the same
-gold table. Quarantined results use MERGE insert-if-absent: they are committed
-before gold, so a crash in between replays them.
+Where the work runs: Spark reads the driving candidates from silver's change data
+feed (plus the still-open events since the last watermark), the lookups from silver
+pruned to the candidates' days (dimensions whole, latest row per key), joins, and
+writes gold with delta-spark. Every read is pinned to the table versions taken at the
+start of the run. The driver plans, and receives versions, a few aggregates (counts,
+the watermark, date bounds) and commit metrics: never rows.
+
+Exactly once: gold rows are keyed by the driving event's Kafka coordinates. Under the
+gold lock (one writer) events gold already holds are left out, and the rest go in by
+`MERGE ... WHEN NOT MATCHED THEN INSERT` (insert-if-absent) in one commit that also
+records the progress (the driving silver version read, the watermark, the run number)
+and a Delta app transaction (`txnAppId`/`txnVersion` = the run number), so a retried
+commit of the same run is skipped and a crash anywhere re-runs to the same gold table.
+Quarantined results go in by an insert-if-absent MERGE first, so a crash between the
+two commits replays them without doubling them.
 """
 
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-from deltalake import CommitProperties, write_deltalake
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from riverhouse.platform.faults import crash_point
-from riverhouse.platform.gold.arrow_join import evaluate_arrow, plain_gold_schema
+from riverhouse.platform.gold.evaluate import IDENTITY, evaluate, gold_schema, latest_per_key
+from riverhouse.platform.ingest.dedup import merge_insert_only
 from riverhouse.platform.ingest.stream import pipeline_lock
-from riverhouse.platform.runtime.spark import local_fast_path
 from riverhouse.platform.spec import PipelineSpec
-from riverhouse.platform.sql import JoinPlan, flat
+from riverhouse.platform.state.delta_spark import (
+    between,
+    commit_metadata,
+    conform,
+    insert_absent,
+    inserts_between,
+    latest_metadata_with,
+    read_at,
+    spark_time,
+    table_version,
+)
 from riverhouse.platform.state.settings import Settings
 from riverhouse.platform.state.tables import (
     KAFKA_IDENTITY,
     TableLayout,
-    ensure_table,
-    open_table,
-    plain_strings,
-    read_inserts,
+    ensure_delta_table,
     silver_schema,
+    spark_schema,
 )
 
-IDENTITY = ["_left_topic", "_left_partition", "_left_offset"]
+__all__ = ["IDENTITY", "GoldResult", "gold_lock", "gold_path", "gold_quarantine_path", "gold_schema", "run_gold"]
+
 STATE_VERSION = "riverhouse.left_version"
 STATE_WATERMARK = "riverhouse.watermark"
+STATE_RUN = "riverhouse.gold_run"
 STATUSES = ("emitted", "unmatched", "filtered", "rejected")
 
 
@@ -74,7 +88,7 @@ class GoldResult:
     pending: int = 0  # driving events whose window has not closed yet
     watermark: str | None = None
     gold_version: int | None = None
-    engine: str = ""  # what ran the join: numpy (local mode, plain columns) or spark
+    engine: str = ""  # what ran the join: spark ("" when there was nothing to join)
     seconds: float = 0.0
 
     @property
@@ -85,6 +99,21 @@ class GoldResult:
         return {**asdict(self), "hit_rate": round(self.hit_rate, 4), "seconds": round(self.seconds, 3)}
 
 
+@dataclass(frozen=True)
+class GoldState:
+    """The stream's progress, recorded in gold's commits: what the next run starts from."""
+
+    left_version: int = -1
+    watermark: datetime | None = None
+    run: int = 0
+
+    def metadata(self) -> dict[str, str]:
+        meta = {STATE_VERSION: str(self.left_version), STATE_RUN: str(self.run)}
+        if self.watermark is not None:
+            meta[STATE_WATERMARK] = self.watermark.astimezone(UTC).isoformat()
+        return meta
+
+
 def gold_path(layout: TableLayout, spec: PipelineSpec) -> str:
     return layout.path("gold", spec.sink.table)
 
@@ -93,278 +122,73 @@ def gold_quarantine_path(layout: TableLayout, spec: PipelineSpec) -> str:
     return layout.path("gold_quarantine", spec.sink.table)
 
 
-def _empty(schema: pa.Schema) -> pa.Table:
-    return schema.empty_table()
+def gold_app_id(spec: PipelineSpec) -> str:
+    return f"riverhouse:{spec.name}:gold:{spec.sink.table}"
 
 
-def _to_spark(spark: Any, table: pa.Table) -> DataFrame:
-    return spark.createDataFrame(plain_strings(table))
+def read_state(spark: Any, path: str) -> GoldState:
+    """The progress of the newest gold commit that records one (stream runs and rebuilds both do)."""
+    meta = latest_metadata_with(spark, path, STATE_VERSION)
+    if meta is None:
+        return GoldState()
+    wm = meta.get(STATE_WATERMARK)
+    return GoldState(int(meta[STATE_VERSION]), datetime.fromisoformat(wm) if wm else None, int(meta.get(STATE_RUN, 0)))
 
 
-def _with_prefix(df: DataFrame, alias: str, columns: list[str]) -> DataFrame:
-    return df.select(
-        *[F.col(c).alias(flat(alias, c)) for c in columns],
-        F.col("_event_time").alias(flat(alias, "_t")),
-        F.col("_kafka_timestamp").alias(flat(alias, "_kts")),
-        F.col("_partition").alias(flat(alias, "_p")),
-        F.col("_offset").alias(flat(alias, "_o")),
-    )
+def ensure_gold_tables(spark: Any, spec: PipelineSpec, layout: TableLayout) -> Any:
+    """Create gold (change data feed on: the loader reads it), its quarantine and the silver tables it reads."""
+    schema = gold_schema(spark, spec)
+    ensure_delta_table(spark, gold_path(layout, spec), schema, ["_left_event_date"], cdf=True)
+    ensure_delta_table(spark, gold_quarantine_path(layout, spec), schema, ["_left_event_date"])
+    for name, src in spec.sources.items():
+        ensure_delta_table(spark, layout.silver(name), silver_schema(src), ["_event_date"], cdf=True)
+    return spark_schema(schema)
 
 
-def evaluate(
-    spark: Any, spec: PipelineSpec, plan: JoinPlan, driving: pa.Table, lookups: dict[str, pa.Table]
-) -> DataFrame:
-    """The join itself: driving rows (closed, unprocessed) + lookup rows -> gold rows."""
-    sources = spec.sources
-    base_fields = [f.name for f in sources[plan.driving_source].fields]
-    base = _to_spark(spark, driving)
-    left_key = sources[plan.driving_source].dedup_key
-    base = base.select(
-        *[F.col(c).alias(flat(plan.driving_alias, c)) for c in base_fields],
-        F.col("_topic").alias("_left_topic"),
-        F.col("_partition").alias("_left_partition"),
-        F.col("_offset").alias("_left_offset"),
-        F.col("_event_time").alias("_left_event_time"),
-        F.col("_event_date").alias("_left_event_date"),
-        F.col("_kafka_timestamp").alias("_left_kts"),
-        F.concat_ws("\u0001", *[F.col(c).cast("string") for c in left_key]).alias("_left_key"),
-    )
-    matched_flags, inner_flags, late_flags = [], [], []
-    for step in plan.steps:
-        fields = [f.name for f in sources[step.source].fields]
-        right = _with_prefix(_to_spark(spark, lookups[step.alias]), step.alias, fields)
-        cond = None
-        for key in step.keys:
-            term = F.col(flat(key.base_alias, key.base_column)) == F.col(flat(step.alias, key.column))
-            cond = term if cond is None else cond & term
-        rt = F.col(flat(step.alias, "_t"))
-        if step.window is not None:
-            seconds = int(step.window.total_seconds())
-            lt = F.col("_left_event_time")
-            cond = (
-                cond
-                & (rt >= lt - F.expr(f"INTERVAL {seconds} SECONDS"))
-                & (rt <= lt + F.expr(f"INTERVAL {seconds} SECONDS"))
-            )
-        joined = base.join(right, cond, "left")
-        latest_first = Window.partitionBy(*IDENTITY).orderBy(
-            rt.desc_nulls_last(),
-            F.col(flat(step.alias, "_p")).desc_nulls_last(),
-            F.col(flat(step.alias, "_o")).desc_nulls_last(),
-        )
-        base = joined.withColumn("_rn", F.row_number().over(latest_first)).filter("_rn = 1").drop("_rn")
-        flag = rt.isNotNull()
-        matched_flags.append(flag)
-        if step.kind == "inner":
-            inner_flags.append(flag)
-        late_flags.append(flag & (F.col(flat(step.alias, "_kts")) > F.col("_left_kts")))
-        base = base.drop(flat(step.alias, "_p"), flat(step.alias, "_o"))
-
-    def all_of(flags: list[Any]) -> Any:
-        out = F.lit(True)
-        for f in flags:
-            out = out & f
-        return out
-
-    def any_of(flags: list[Any]) -> Any:
-        out = F.lit(False)
-        for f in flags:
-            out = out | f
-        return out
-
-    base = base.withColumn("_matched", all_of(matched_flags)).withColumn("_inner_ok", all_of(inner_flags))
-    base = base.withColumn("_late_match", any_of(late_flags))
-    view = f"rh_gold_{uuid.uuid4().hex[:12]}"
-    base.createOrReplaceTempView(view)
-    projections = ", ".join(f"{expr} AS `{name}`" for name, expr in plan.projections)
-    where = f"COALESCE(({plan.where}), false)" if plan.where else "true"
-    meta = ", ".join(
-        [
-            "_left_topic",
-            "_left_partition",
-            "_left_offset",
-            "_left_event_time",
-            "_left_event_date",
-            "_left_key",
-            "_matched",
-            "_inner_ok",
-            "_late_match",
-        ]
-    )
-    result = spark.sql(f"SELECT {projections}, {meta}, {where} AS _where_ok FROM `{view}`")
-    missing = [
-        F.when(F.col(f"`{name}`").isNull(), F.lit(f"required field '{name}' is missing when the join window closed"))
-        for name in plan.require
-    ]
-    reason = F.coalesce(*missing) if missing else F.lit(None).cast("string")
-    status = (
-        F.when(~F.col("_inner_ok"), "unmatched")
-        .when(~F.col("_where_ok"), "filtered")
-        .when(reason.isNotNull(), "rejected")
-        .otherwise("emitted")
-    )
-    result = result.withColumn("_reason", F.when(status == "rejected", reason)).withColumn("_status", status)
-    return result.drop("_inner_ok", "_where_ok")
+def max_event_time(spark: Any, path: str, version: int) -> datetime | None:
+    """Latest event time in a silver snapshot: one aggregate (Delta answers it from file statistics when it can)."""
+    return spark_time(read_at(spark, path, version).agg(F.max("_event_time").alias("t")).first()["t"])
 
 
-def join_rows(
-    spark: Any, spec: PipelineSpec, plan: JoinPlan, driving: pa.Table, lookups: dict[str, pa.Table]
-) -> tuple[pa.Table, str]:
-    """The join's rows as Arrow, and what computed them.
+def lookup_frames(
+    spark: Any, spec: PipelineSpec, layout: TableLayout, versions: dict[str, int], lo: datetime, hi: datetime
+) -> dict[str, DataFrame]:
+    """Per lookup alias, the silver rows that can match driving events with times in [lo, hi].
 
-    In local mode a plan of plain columns without WHERE is joined with numpy on the driver,
-    which already holds every row (arrow_join.py); everything else, and every plan on a
-    cluster, runs in Spark.
+    Windowed lookups are pruned to the days (and times) within their window of [lo, hi];
+    dimensions are read whole and reduced to the latest row per join key.
     """
-    if local_fast_path(spark):
-        rows = evaluate_arrow(spec, plan, driving, lookups)
-        if rows is not None:
-            return rows, "numpy"
-    return evaluate(spark, spec, plan, driving, lookups).toArrow(), "spark"
-
-
-_GOLD_SCHEMAS: dict[str, pa.Schema] = {}
-
-
-def gold_schema(spark: Any, spec: PipelineSpec) -> pa.Schema:
-    """The gold table's schema, once per spec and process.
-
-    A plan of plain columns needs no analysis (arrow_join.plain_gold_schema); any other
-    is analysed by Spark (`spark_gold_schema`).
-    """
-    key = spec.model_dump_json()
-    if key not in _GOLD_SCHEMAS:
-        _GOLD_SCHEMAS[key] = plain_gold_schema(spec, spec.plan) or spark_gold_schema(spark, spec)
-    return _GOLD_SCHEMAS[key]
-
-
-def spark_gold_schema(spark: Any, spec: PipelineSpec) -> pa.Schema:
-    """The query analysed by Spark on empty inputs (no job runs)."""
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    plan = spec.plan
-    driving = _empty(silver_schema(spec.sources[plan.driving_source]))
-    lookups = {s.alias: _empty(silver_schema(spec.sources[s.source])) for s in plan.steps}
-    # The Arrow types `toArrow()` gives these columns (timestamps in UTC).
-    schema = to_arrow_schema(evaluate(spark, spec, plan, driving, lookups).schema, timezone="UTC")
-    # Gold columns are nullable: a LEFT JOIN leaves lookup columns empty.
-    return pa.schema([pa.field(f.name, f.type, nullable=True) for f in schema])
-
-
-def _state(gold: Any) -> tuple[int, datetime | None]:
-    for commit in gold.history(50):
-        if STATE_VERSION in commit:
-            wm = commit.get(STATE_WATERMARK)
-            return int(commit[STATE_VERSION]), (datetime.fromisoformat(wm) if wm else None)
-    return -1, None
-
-
-def _max_event_time(path: str) -> datetime | None:
-    """Latest event time in a silver table, from the Delta log's per-file statistics.
-
-    Cost follows the number of files, not rows. Delta stores these statistics at
-    millisecond precision (rounded down), which only makes the watermark more
-    conservative. Files written without statistics fall back to a column scan.
-    """
-    table = open_table(path)
-    if table is None:
-        return None
-    actions = pa.table(table.get_add_actions(flatten=True))
-    if actions.num_rows == 0:
-        return None
-    column = "max._event_time"
-    if column in actions.column_names and actions.column(column).null_count == 0:
-        return pc.max(actions.column(column)).as_py()
-    scanned = table.to_pyarrow_dataset().to_table(columns=["_event_time"]).column("_event_time")
-    return pc.max(scanned).as_py() if len(scanned) else None
-
-
-def _cdf_inserts(path: str, start: int, end: int, schema: pa.Schema) -> pa.Table:
-    return read_inserts(path, start, end, schema.names).select(schema.names).cast(schema)
-
-
-def _read_range(path: str, schema: pa.Schema, lo: datetime | None, hi: datetime | None) -> pa.Table:
-    table = open_table(path)
-    if table is None:
-        return _empty(schema)
-    flt = None
-    if lo is not None:
-        flt = (pc.field("_event_date") >= pa.scalar(lo.date(), pa.date32())) & (pc.field("_event_time") >= lo)
-    if hi is not None:
-        upper = (pc.field("_event_date") <= pa.scalar(hi.date(), pa.date32())) & (pc.field("_event_time") <= hi)
-        flt = upper if flt is None else flt & upper
-    rows = table.to_pyarrow_dataset().to_table(columns=schema.names, filter=flt)
-    return plain_strings(rows).cast(schema)
-
-
-def _numbered_identities(rows: pa.Table) -> pa.Table:
-    """`rows`' Kafka identities with each row's position (`_row`), for Arrow's group-by and joins."""
-    return plain_strings(rows.select(KAFKA_IDENTITY)).append_column("_row", pa.array(np.arange(rows.num_rows)))
-
-
-def _keep_rows(rows: pa.Table, kept: pa.ChunkedArray) -> pa.Table:
-    """The rows at the positions `kept`, in their original order."""
-    return rows if len(kept) == rows.num_rows else rows.take(pa.array(np.sort(kept.to_numpy())))
-
-
-def _dedupe_identity(rows: pa.Table) -> pa.Table:
-    """Rows that came both as new (change feed) and as pending (date range) appear once (the first)."""
-    if rows.num_rows == 0:
-        return rows
-    numbered = _numbered_identities(rows)
-    return _keep_rows(
-        rows, numbered.group_by(KAFKA_IDENTITY, use_threads=False).aggregate([("_row", "min")]).column("_row_min")
-    )
-
-
-def _not_processed(closed: pa.Table, gold_path_: str) -> pa.Table:
-    """The driving events of `closed` that gold does not hold yet (by Kafka identity), in order."""
-    table = open_table(gold_path_)
-    if table is None or closed.num_rows == 0:
-        return closed
-    lo_date = pc.min(closed.column("_event_date")).as_py()
-    done = table.to_pyarrow_dataset().to_table(
-        columns=IDENTITY, filter=pc.field("_left_event_date") >= pa.scalar(lo_date, pa.date32())
-    )
-    if done.num_rows == 0:
-        return closed
-    numbered = _numbered_identities(closed)
-    done = plain_strings(done).rename_columns(KAFKA_IDENTITY).cast(numbered.select(KAFKA_IDENTITY).schema)
-    return _keep_rows(
-        closed, numbered.join(done, keys=KAFKA_IDENTITY, join_type="left anti", use_threads=False).column("_row")
-    )
-
-
-def _merge_by_identity(table: Any, rows: pa.Table) -> int:
-    lo = pc.min(rows.column("_left_event_date")).as_py()
-    hi = pc.max(rows.column("_left_event_date")).as_py()
-    predicate = " AND ".join(
-        [
-            *(f't."{c}" = s."{c}"' for c in IDENTITY),
-            f"t.\"_left_event_date\" >= '{lo.isoformat()}'",
-            f"t.\"_left_event_date\" <= '{hi.isoformat()}'",
-        ]
-    )
-    metrics = (
-        table.merge(source=rows, predicate=predicate, source_alias="s", target_alias="t")
-        .when_not_matched_insert(updates={c: f's."{c}"' for c in rows.column_names})
-        .execute()
-    )
-    return int(metrics.get("num_target_rows_inserted", 0))
-
-
-def lookup_rows(spec: PipelineSpec, layout: TableLayout, lo: datetime, hi: datetime) -> dict[str, pa.Table]:
-    """Per lookup alias, the silver rows that can match driving events with times in [lo, hi]."""
-    lookups: dict[str, pa.Table] = {}
+    lookups: dict[str, DataFrame] = {}
     for step in spec.plan.steps:
-        src_schema = silver_schema(spec.sources[step.source])
+        rows = read_at(spark, layout.silver(step.source), versions[step.source])
         if step.window is None:
-            lookups[step.alias] = _read_range(layout.silver(step.source), src_schema, None, None)
+            lookups[step.alias] = latest_per_key(rows, step)
         else:
-            lookups[step.alias] = _read_range(
-                layout.silver(step.source), src_schema, lo - step.window, hi + step.window
-            )
+            lookups[step.alias] = rows.where(between("_event_time", "_event_date", lo - step.window, hi + step.window))
     return lookups
+
+
+def dedupe_identity(rows: DataFrame) -> DataFrame:
+    """Rows that came both as new (change feed) and as pending (re-read) appear once."""
+    return rows.dropDuplicates(KAFKA_IDENTITY)
+
+
+def not_processed(closed: DataFrame, gold: DataFrame, first_day: date) -> DataFrame:
+    """The driving events of `closed` that gold does not hold yet (by Kafka identity).
+
+    Gold is read from `first_day` (the earliest closed event's date) on: partitions before
+    it cannot hold these events.
+    """
+    done = gold.where(F.col("_left_event_date") >= F.lit(first_day)).select(
+        *[F.col(g).alias(k) for g, k in zip(IDENTITY, KAFKA_IDENTITY, strict=True)]
+    )
+    return closed.join(done, KAFKA_IDENTITY, "left_anti")
+
+
+def identity_condition(lo: date, hi: date) -> str:
+    """Gold row t is driving event s: the same Kafka coordinates, within s's days (Delta prunes the rest)."""
+    same = " AND ".join(f"t.`{c}` = s.`{c}`" for c in IDENTITY)
+    return f"{same} AND t._left_event_date >= DATE'{lo.isoformat()}' AND t._left_event_date <= DATE'{hi.isoformat()}'"
 
 
 @contextmanager
@@ -380,91 +204,138 @@ def run_gold(spark: Any, spec: PipelineSpec, settings: Settings, drain: bool = F
         return _run_gold(spark, spec, settings, drain)
 
 
+def _candidates(
+    spark: Any, spec: PipelineSpec, layout: TableLayout, state: GoldState, current: int, since: datetime | None
+) -> DataFrame | None:
+    """Driving events to consider: inserted since the last run, plus the still-open ones since `since`."""
+    plan = spec.plan
+    path = layout.silver(plan.driving_source)
+    columns = silver_schema(spec.sources[plan.driving_source]).names
+    parts = []
+    if state.left_version < current:
+        parts.append(inserts_between(spark, path, state.left_version + 1, current, columns))
+    if since is not None:
+        parts.append(read_at(spark, path, current).where(between("_event_time", "_event_date", since, None)))
+    if not parts:
+        return None
+    rows = parts[0].select(*columns)
+    for part in parts[1:]:
+        rows = rows.unionByName(part.select(*columns))
+    return dedupe_identity(rows)
+
+
 def _run_gold(spark: Any, spec: PipelineSpec, settings: Settings, drain: bool) -> GoldResult:
     started = time.monotonic()
     plan = spec.plan
     layout = TableLayout(settings.warehouse, spec.name)
-    schema = gold_schema(spark, spec)
-    gold = ensure_table(gold_path(layout, spec), schema, ["_left_event_date"], cdf=True)
-    quarantine = ensure_table(gold_quarantine_path(layout, spec), schema, ["_left_event_date"])
-    for name, src in spec.sources.items():
-        ensure_table(layout.silver(name), silver_schema(src), ["_event_date"], cdf=True)
-    driving_path = layout.silver(plan.driving_source)
-    driving_schema = silver_schema(spec.sources[plan.driving_source])
+    target = ensure_gold_tables(spark, spec, layout)
+    path = gold_path(layout, spec)
     close_after = plan.close_after
     result = GoldResult()
 
-    last_version, last_watermark = _state(gold)
-    current = open_table(driving_path).version()
-    latest = [_max_event_time(layout.silver(s)) for s in plan.stream_sources]
+    state = read_state(spark, path)
+    gold_version = table_version(spark, path)
+    versions = {name: table_version(spark, layout.silver(name)) for name in spec.sources}
+    current = versions[plan.driving_source]
+    latest = [max_event_time(spark, layout.silver(s), versions[s]) for s in plan.stream_sources]
     stream_watermark = None if any(t is None for t in latest) else min(t for t in latest if t is not None)
     result.watermark = stream_watermark.isoformat() if stream_watermark else None
 
-    parts = []
-    if last_version < current:
-        parts.append(_cdf_inserts(driving_path, last_version + 1, current, driving_schema))
-    if last_watermark is not None:
-        parts.append(_read_range(driving_path, driving_schema, last_watermark - close_after, None))
-    candidates = _dedupe_identity(pa.concat_tables(parts)) if parts else _empty(driving_schema)
+    since = state.watermark - close_after if state.watermark is not None else None
+    candidates = _candidates(spark, spec, layout, state, current, since)
     if drain:
-        closed_mask = pa.array([True] * candidates.num_rows, pa.bool_())
+        is_closed = F.lit(True)
     elif stream_watermark is None:
-        closed_mask = pa.array([False] * candidates.num_rows, pa.bool_())
+        is_closed = F.lit(False)
     else:
-        limit = pa.scalar(stream_watermark - close_after, candidates.schema.field("_event_time").type)
-        closed_mask = pc.less_equal(candidates.column("_event_time"), limit)
-    closed = candidates.filter(closed_mask)
-    result.pending = candidates.num_rows - closed.num_rows
-    closed = _not_processed(closed, gold_path(layout, spec))
+        is_closed = F.col("_event_time") <= F.lit(stream_watermark - close_after)
+    counts = None
+    if candidates is not None:
+        candidates = candidates.withColumn("_closed", is_closed)
+        closed_time = F.when(F.col("_closed"), F.col("_event_time"))
+        counts = candidates.agg(
+            F.count(F.lit(1)).alias("candidates"),
+            F.count(closed_time).alias("closed"),
+            F.min(F.when(F.col("_closed"), F.col("_event_date"))).alias("first_day"),
+            F.min(closed_time).alias("lo"),
+            F.max(closed_time).alias("hi"),
+            F.max("_event_time").alias("max_t"),
+        ).first()
+        result.pending = int(counts["candidates"]) - int(counts["closed"])
     # What the next run must look at again: events not closed yet.
     if drain:
-        max_t = pc.max(candidates.column("_event_time")).as_py() if candidates.num_rows else None
+        max_t = spark_time(counts["max_t"]) if counts is not None else None
         next_watermark = max(
-            filter(None, [last_watermark, (max_t + close_after) if max_t else None, stream_watermark]), default=None
+            filter(None, [state.watermark, (max_t + close_after) if max_t else None, stream_watermark]), default=None
         )
     else:
-        next_watermark = max(filter(None, [last_watermark, stream_watermark]), default=None)
-    if closed.num_rows == 0:
+        next_watermark = max(filter(None, [state.watermark, stream_watermark]), default=None)
+    result.gold_version = gold_version
+    if candidates is None or counts is None or not counts["closed"]:
         result.seconds = time.monotonic() - started
-        result.gold_version = gold.version()
         return result
 
-    lo = pc.min(closed.column("_event_time")).as_py()
-    hi = pc.max(closed.column("_event_time")).as_py()
-    lookups = lookup_rows(spec, layout, lo, hi)
-    rows, result.engine = join_rows(spark, spec, plan, closed, lookups)
-    rows = plain_strings(rows).select(schema.names).cast(schema)
-    status = rows.column("_status")
-    result.processed = rows.num_rows
-    for name in STATUSES:
-        count = pc.sum(pc.equal(status, name)).as_py() or 0
-        if name == "emitted":
-            result.emitted = count
-        elif name == "unmatched":
-            result.unmatched_inner = count
-        elif name == "filtered":
-            result.filtered = count
-        else:
-            result.rejected = count
-    matched = rows.column("_matched")
-    result.matched = pc.sum(pc.cast(matched, pa.int64())).as_py() or 0
-    emitted = pc.equal(status, "emitted")
-    result.unmatched_left = pc.sum(pc.cast(pc.and_(emitted, pc.invert(matched)), pa.int64())).as_py() or 0
-    result.late_matches = pc.sum(pc.cast(rows.column("_late_match"), pa.int64())).as_py() or 0
-
-    rejected = rows.filter(pc.equal(status, "rejected"))
-    if rejected.num_rows:
-        # Insert-if-absent: a crash after this commit and before gold's replays these rows.
-        _merge_by_identity(quarantine, rejected)
-    crash_point("after_gold_quarantine")
-    metadata = {STATE_VERSION: str(current)}
-    if next_watermark is not None:
-        metadata[STATE_WATERMARK] = next_watermark.astimezone(UTC).isoformat()
-    # A plain append: `closed` already left out every identity gold holds, read under the
-    # gold lock (the only writer), and the rows and the progress are one commit. A MERGE
-    # would check again, and write every row twice (data and change-data files).
-    write_deltalake(gold, rows, mode="append", commit_properties=CommitProperties(custom_metadata=metadata))
-    crash_point("after_gold_commit")
-    result.gold_version = open_table(gold_path(layout, spec)).version()
+    closed = candidates.where("_closed").drop("_closed")
+    fresh = not_processed(closed, read_at(spark, path, gold_version), counts["first_day"])
+    lo, hi = spark_time(counts["lo"]), spark_time(counts["hi"])
+    assert lo is not None and hi is not None  # some events are closed, so both bounds exist
+    lookups = lookup_frames(spark, spec, layout, versions, lo, hi)
+    rows = conform(evaluate(spark, spec, plan, fresh, lookups), target)
+    # Read by the counts and both MERGEs: joined once.
+    rows = rows.persist()
+    try:
+        tally = _tally(rows, result)
+        if not result.processed:
+            result.seconds = time.monotonic() - started
+            return result
+        result.engine = "spark"
+        condition = identity_condition(tally["first_day"], tally["last_day"])
+        if result.rejected:
+            # Insert-if-absent: a crash after this commit and before gold's replays these rows.
+            insert_absent(spark, gold_quarantine_path(layout, spec), rows.where("_status = 'rejected'"), condition)
+        crash_point("after_gold_quarantine")
+        progress = GoldState(current, next_watermark, state.run + 1)
+        with commit_metadata(spark, progress.metadata()):
+            outcome = merge_insert_only(spark, path, rows, condition, gold_app_id(spec), progress.run)
+        if outcome.replayed:
+            # Gold holds this run number already, yet its commits' progress said otherwise: writing
+            # on would skip these rows silently.
+            raise RuntimeError(
+                f"gold table {path} already records run {progress.run} of {gold_app_id(spec)} but not its "
+                f"progress metadata ({STATE_VERSION}); reset the pipeline (`riverhouse reset {spec.name}`)"
+            )
+        crash_point("after_gold_commit")
+    finally:
+        rows.unpersist()
+    result.gold_version = table_version(spark, path)
     result.seconds = time.monotonic() - started
     return result
+
+
+def _tally(rows: DataFrame, result: GoldResult) -> Any:
+    """Count the joined rows by outcome into `result` (one aggregate); returns it (with the date bounds)."""
+    status = F.col("_status")
+
+    def count_of(cond: Any) -> Any:
+        return F.sum(F.when(cond, 1).otherwise(0))
+
+    tally = rows.agg(
+        F.count(F.lit(1)).alias("processed"),
+        *[count_of(status == name).alias(name) for name in STATUSES],
+        count_of(F.col("_matched")).alias("matched"),
+        count_of((status == "emitted") & ~F.col("_matched")).alias("unmatched_left"),
+        count_of(F.col("_late_match")).alias("late_matches"),
+        F.min("_left_event_date").alias("first_day"),
+        F.max("_left_event_date").alias("last_day"),
+    ).first()
+    result.processed = int(tally["processed"])
+    if not result.processed:
+        return tally
+    result.emitted = int(tally["emitted"])
+    result.unmatched_inner = int(tally["unmatched"])
+    result.filtered = int(tally["filtered"])
+    result.rejected = int(tally["rejected"])
+    result.matched = int(tally["matched"])
+    result.unmatched_left = int(tally["unmatched_left"])
+    result.late_matches = int(tally["late_matches"])
+    return tally

@@ -16,6 +16,7 @@ opened late and closed early (`open_client` is a context manager).
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
@@ -380,9 +381,20 @@ def rebuild_versions(table: Any, first: int, last: int) -> set[int]:
     out = set()
     for commit in table.history(last - first + 1):
         version = commit.get("version")
-        if version is not None and first <= int(version) <= last and REBUILD_KEY in commit:
+        if version is not None and first <= int(version) <= last and _is_rebuild(commit):
             out.add(int(version))
     return out
+
+
+def _is_rebuild(commit: dict[str, Any]) -> bool:
+    """delta-spark keeps Riverhouse's commit metadata as JSON in `userMetadata` (delta-rs: top-level keys)."""
+    if REBUILD_KEY in commit:
+        return True
+    try:
+        meta = json.loads(commit.get("userMetadata") or "{}")
+    except ValueError:
+        return False
+    return isinstance(meta, dict) and REBUILD_KEY in meta
 
 
 def _changes(spark: Any, path: str, start: int, end: int, columns: list[str], emitted_only: bool) -> Any:

@@ -1,26 +1,22 @@
-"""Local mode's numpy join gives exactly the rows of Spark's `joins.evaluate`.
+"""The gold join's semantics in Spark (`evaluate`), on silver-shaped rows with hand-written expectations.
 
-The driving rows and lookup rows are silver-shaped Arrow tables with the cases that
-decide a temporal lookup: several versions of a key (the latest in the window wins),
-window edges to the microsecond, ties on event time (partition, then offset, decides),
-right rows after the left one, null keys, keys nobody has, chained lookups keyed on an
-earlier lookup's column, a dimension, inner and left joins, `require`, Kafka times that
-are missing. Both paths must give the same rows, cast to the gold schema.
+The cases decide a temporal lookup: several versions of a key (the latest in the window
+wins), window edges to the microsecond, ties on event time (partition, then offset,
+decides), right rows after the left one, null keys, keys nobody has, a lookup keyed on an
+earlier lookup's column, a dimension (latest row per key), inner and left joins, `require`.
 """
 
 from __future__ import annotations
 
-import random
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import pyarrow as pa
 import pytest
 
-from riverhouse.platform.gold.arrow_join import evaluate_arrow, plain_gold_schema
-from riverhouse.platform.gold.joins import evaluate, gold_schema, spark_gold_schema
+from riverhouse.platform.gold.evaluate import evaluate, gold_schema, latest_per_key
 from riverhouse.platform.spec import PipelineSpec, parse_spec
-from riverhouse.platform.state.tables import silver_schema
+from riverhouse.platform.state.tables import silver_schema, spark_schema
 
 pytestmark = pytest.mark.spark
 T0 = datetime(2026, 1, 1, 10, 0, tzinfo=UTC)
@@ -156,107 +152,67 @@ def cases(spec: PipelineSpec) -> tuple[pa.Table, dict[str, pa.Table]]:
     return silver(spec, "orders", orders), {"u": silver(spec, "users", users), "r": silver(spec, "regions", regions)}
 
 
-def both(spark: Any, spec: PipelineSpec, driving: pa.Table, lookups: dict[str, pa.Table]) -> tuple[list, list]:
-    schema = gold_schema(spark, spec)
-    reference = evaluate(spark, spec, spec.plan, driving, lookups).toArrow().select(schema.names).cast(schema)
-    fast = evaluate_arrow(spec, spec.plan, driving, lookups)
-    assert fast is not None
-    fast = fast.select(schema.names).cast(schema)
-    order = [("_left_partition", "ascending"), ("_left_offset", "ascending")]
-    return fast.sort_by(order).to_pylist(), reference.sort_by(order).to_pylist()
+def frame(spark: Any, spec: PipelineSpec, source: str, table: pa.Table) -> Any:
+    return spark.createDataFrame(table.to_pylist(), spark_schema(silver_schema(spec.sources[source])))
+
+
+def joined(spark: Any, spec: PipelineSpec, dimension_reduced: bool = True) -> dict[str, dict[str, Any]]:
+    driving, lookups = cases(spec)
+    frames = {
+        alias: frame(spark, spec, spec.plan.steps[i].source, lookups[alias]) for i, alias in enumerate(["u", "r"])
+    }
+    if dimension_reduced:
+        frames["r"] = latest_per_key(frames["r"], spec.plan.steps[1])
+    rows = evaluate(spark, spec, spec.plan, frame(spark, spec, "orders", driving), frames).collect()
+    return {r["order_id"]: r.asDict() for r in rows}
 
 
 @pytest.mark.parametrize("join", ["LEFT JOIN", "JOIN"])
-@pytest.mark.parametrize("require", [[], ["user_name", "manager"]])
-def test_the_numpy_join_gives_sparks_rows(spark: Any, join: str, require: list[str]) -> None:
-    spec = sql_spec(join, require)
-    driving, lookups = cases(spec)
-    fast, reference = both(spark, spec, driving, lookups)
-    assert fast == reference
-    names = {r["order_id"]: r["user_name"] for r in reference}
-    # The cases really decide something: the latest in the window, the tie-break, the edges.
-    assert names["o1"] == "A2" and names["o2"] == "B" and names["o7"] == "p1-high" and names["o6"] == "in"
-    assert names["o10"] == "lower-in"
-    assert {r["_status"] for r in reference} >= ({"emitted", "unmatched"} if join == "JOIN" else {"emitted"})
-
-
-def test_random_streams_give_sparks_rows(spark: Any) -> None:
-    spec = sql_spec("LEFT JOIN", users_window="10m")
-    rng = random.Random(5)
-    orders = [
-        {"order_id": f"o{i}", "user_id": f"u{rng.randrange(40)}", "amount": i, "created_at": at(rng.randrange(0, 300))}
-        for i in range(600)
-    ]
-    users = [
-        {
-            "event_id": f"e{i}",
-            "uid": f"u{rng.randrange(40)}",
-            "name": f"n{i}",
-            "region": rng.choice(["west", "east", None]),
-            "created_at": at(rng.randrange(-20, 320)),
-            "_partition": rng.randrange(4),
-            "_offset": i,
-        }
-        for i in range(400)
-    ]
-    lookups = {"u": silver(spec, "users", users), "r": cases(spec)[1]["r"]}
-    fast, reference = both(spark, spec, silver(spec, "orders", orders), lookups)
-    assert fast == reference
-    assert 100 < sum(r["_matched"] for r in reference) < 600
-
-
-def test_plans_the_numpy_join_does_not_take() -> None:
-    base = sql_spec("LEFT JOIN").model_dump(mode="json", exclude={"plan"})
-    join = "FROM orders o LEFT JOIN users u ON o.user_id = u.uid"
-    specs = [
-        parse_spec({**base, "dimensions": [], "query": query})
-        for query in (
-            f"SELECT o.order_id {join} WHERE o.amount > 1",
-            f"SELECT o.order_id, o.amount * 2 AS twice {join}",
-            "SELECT o.order_id FROM orders o LEFT JOIN users u ON o.amount = u.uid",  # types differ: Spark casts
-        )
-    ]
-    for spec in specs:
-        driving, lookups = cases(spec)
-        assert evaluate_arrow(spec, spec.plan, driving, {"u": lookups["u"]}) is None
-
-
-def test_plain_gold_schema_is_the_one_spark_analyses(spark: Any) -> None:
-    every_type = {
-        "id": "string",
-        "i": "int",
-        "l": "long",
-        "f": "float",
-        "d": "double",
-        "b": "boolean",
-        "t": "timestamp",
-        "day": "date",
+def test_latest_match_in_the_window_edges_and_ties(spark: Any, join: str) -> None:
+    rows = joined(spark, sql_spec(join))
+    names = {k: r["user_name"] for k, r in rows.items()}
+    assert names == {
+        "o1": "A2",  # A3 is 65 min after: outside; A1 and A2 inside, A2 the latest
+        "o2": "B",  # 50 min after the order: inside
+        "o3": "C",
+        "o4": None,  # null key matches nothing
+        "o5": None,
+        "o6": "in",  # exactly +1h is inside, +1h+1us and -1h-1us are not
+        "o7": "p1-high",  # same time: higher partition, then higher offset
+        "o8": None,  # u1's versions are all more than 1h before
+        "o9": None,  # matched, with a null name
+        "o10": "lower-in",  # exactly -1h is inside
     }
-    spec = parse_spec(
-        {
-            "name": "types",
-            "sources": {
-                "a": {"topic": "a", "fields": every_type, "key": ["id"], "event_time": {"field": "t"}},
-                "b": {"topic": "b", "fields": every_type, "key": ["id"], "event_time": {"field": "t"}},
-            },
-            "query": "SELECT a.id, a.i, a.l, a.f, a.d, a.b, a.t, a.day, b.i AS b_i, b.f AS b_f, b.day AS b_day "
-            "FROM a LEFT JOIN b ON a.id = b.id",
-            "state": {"ttl": "1h"},
-            "sink": {"table": "types_out", "order_by": ["id"]},
-        }
-    )
-    where = parse_spec(
-        {
-            **spec.model_dump(mode="json", exclude={"plan"}),
-            "query": "SELECT a.id, b.t FROM a LEFT JOIN b ON a.id = b.id WHERE a.i > 1",
-        }
-    )
-    for each in (spec, where, sql_spec("LEFT JOIN", ["user_name"]), sql_spec("JOIN")):
-        assert plain_gold_schema(each, each.plan) == spark_gold_schema(spark, each)
-    computed = parse_spec(
-        {
-            **spec.model_dump(mode="json", exclude={"plan"}),
-            "query": "SELECT a.id, a.i + 1 AS j FROM a LEFT JOIN b ON a.id = b.id",
-        }
-    )
-    assert plain_gold_schema(computed, computed.plan) is None
+    managers = {k: r["manager"] for k, r in rows.items()}
+    # The dimension is joined on the user's region: its latest row per key, no window.
+    assert managers["o1"] == "E" and managers["o6"] == "W" and managers["o2"] is None and managers["o4"] is None
+    assert rows["o3"]["_late_match"] is None or rows["o3"]["_late_match"] is False  # o3 has no Kafka time
+    statuses = {k: r["_status"] for k, r in rows.items()}
+    unmatched = {"o4", "o5", "o8"}
+    if join == "JOIN":
+        assert {k for k, s in statuses.items() if s == "unmatched"} == unmatched
+    else:
+        assert set(statuses.values()) == {"emitted"}
+        # `_matched`: every lookup matched; o2's region has no row, o3's user has no region.
+        assert {k for k, r in rows.items() if not r["_matched"]} == unmatched | {"o2", "o3"}
+
+
+def test_require_rejects_rows_missing_a_field_with_the_first_missing_one(spark: Any) -> None:
+    rows = joined(spark, sql_spec("LEFT JOIN", ["user_name", "manager"]))
+    rejected = {k: r["_reason"] for k, r in rows.items() if r["_status"] == "rejected"}
+    assert rejected == {
+        k: "required field 'user_name' is missing when the join window closed" for k in ("o4", "o5", "o8", "o9")
+    } | {k: "required field 'manager' is missing when the join window closed" for k in ("o2", "o3")}
+
+
+def test_the_dimension_reduced_to_its_latest_rows_gives_the_same_join(spark: Any) -> None:
+    spec = sql_spec("LEFT JOIN")
+    assert joined(spark, spec, dimension_reduced=True) == joined(spark, spec, dimension_reduced=False)
+
+
+def test_gold_schema_types_follow_the_query(spark: Any) -> None:
+    schema = gold_schema(spark, sql_spec("LEFT JOIN"))
+    assert schema.field("order_id").type == pa.string() and schema.field("amount").type == pa.int32()
+    assert schema.field("seen_at").type == pa.timestamp("us", tz="UTC") and schema.field("n").type == pa.int64()
+    assert {"_left_topic", "_left_partition", "_left_offset", "_status", "_reason", "_matched"} <= set(schema.names)
+    assert all(f.nullable for f in schema)

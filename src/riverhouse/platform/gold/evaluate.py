@@ -1,0 +1,170 @@
+"""The gold join as one Spark plan: temporal lookups, the user's SQL, `require` -> a status per row.
+
+This is the one implementation of the join's semantics; `joins.py` decides which driving
+events it runs on and writes its rows, `backfill.py` runs it again over a window.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, Window
+from pyspark.sql import functions as F
+
+from riverhouse.platform.spec import PipelineSpec
+from riverhouse.platform.sql import JoinPlan, JoinStep, flat
+from riverhouse.platform.state.tables import silver_schema, spark_schema
+
+IDENTITY = ["_left_topic", "_left_partition", "_left_offset"]
+
+
+def _with_prefix(df: DataFrame, alias: str, columns: list[str]) -> DataFrame:
+    return df.select(
+        *[F.col(c).alias(flat(alias, c)) for c in columns],
+        F.col("_event_time").alias(flat(alias, "_t")),
+        F.col("_kafka_timestamp").alias(flat(alias, "_kts")),
+        F.col("_partition").alias(flat(alias, "_p")),
+        F.col("_offset").alias(flat(alias, "_o")),
+    )
+
+
+def evaluate(
+    spark: Any, spec: PipelineSpec, plan: JoinPlan, driving: DataFrame, lookups: dict[str, DataFrame]
+) -> DataFrame:
+    """The join itself, as one Spark plan: driving rows (closed, unprocessed) + lookup rows -> gold rows.
+
+    Per lookup step, each driving event keeps the latest matching row (event time, then
+    Kafka partition and offset, descending) within the step's window; then the user's
+    projections and WHERE run as Spark SQL over the flat columns, and `require` names
+    the first missing field of a row that goes to quarantine.
+    """
+    sources = spec.sources
+    base_fields = [f.name for f in sources[plan.driving_source].fields]
+    base = driving
+    left_key = sources[plan.driving_source].dedup_key
+    base = base.select(
+        *[F.col(c).alias(flat(plan.driving_alias, c)) for c in base_fields],
+        F.col("_topic").alias("_left_topic"),
+        F.col("_partition").alias("_left_partition"),
+        F.col("_offset").alias("_left_offset"),
+        F.col("_event_time").alias("_left_event_time"),
+        F.col("_event_date").alias("_left_event_date"),
+        F.col("_kafka_timestamp").alias("_left_kts"),
+        F.concat_ws("\u0001", *[F.col(c).cast("string") for c in left_key]).alias("_left_key"),
+    )
+    matched_flags, inner_flags, late_flags = [], [], []
+    for step in plan.steps:
+        fields = [f.name for f in sources[step.source].fields]
+        right = _with_prefix(lookups[step.alias], step.alias, fields)
+        cond = None
+        for key in step.keys:
+            term = F.col(flat(key.base_alias, key.base_column)) == F.col(flat(step.alias, key.column))
+            cond = term if cond is None else cond & term
+        rt = F.col(flat(step.alias, "_t"))
+        if step.window is not None:
+            seconds = int(step.window.total_seconds())
+            lt = F.col("_left_event_time")
+            cond = (
+                cond
+                & (rt >= lt - F.expr(f"INTERVAL {seconds} SECONDS"))
+                & (rt <= lt + F.expr(f"INTERVAL {seconds} SECONDS"))
+            )
+        joined = base.join(right, cond, "left")
+        latest_first = Window.partitionBy(*IDENTITY).orderBy(
+            rt.desc_nulls_last(),
+            F.col(flat(step.alias, "_p")).desc_nulls_last(),
+            F.col(flat(step.alias, "_o")).desc_nulls_last(),
+        )
+        base = joined.withColumn("_rn", F.row_number().over(latest_first)).filter("_rn = 1").drop("_rn")
+        flag = rt.isNotNull()
+        matched_flags.append(flag)
+        if step.kind == "inner":
+            inner_flags.append(flag)
+        late_flags.append(flag & (F.col(flat(step.alias, "_kts")) > F.col("_left_kts")))
+        base = base.drop(flat(step.alias, "_p"), flat(step.alias, "_o"))
+
+    def all_of(flags: list[Any]) -> Any:
+        out = F.lit(True)
+        for f in flags:
+            out = out & f
+        return out
+
+    def any_of(flags: list[Any]) -> Any:
+        out = F.lit(False)
+        for f in flags:
+            out = out | f
+        return out
+
+    base = base.withColumn("_matched", all_of(matched_flags)).withColumn("_inner_ok", all_of(inner_flags))
+    base = base.withColumn("_late_match", any_of(late_flags))
+    view = f"rh_gold_{uuid.uuid4().hex[:12]}"
+    base.createOrReplaceTempView(view)
+    projections = ", ".join(f"{expr} AS `{name}`" for name, expr in plan.projections)
+    where = f"COALESCE(({plan.where}), false)" if plan.where else "true"
+    meta = ", ".join(
+        [
+            "_left_topic",
+            "_left_partition",
+            "_left_offset",
+            "_left_event_time",
+            "_left_event_date",
+            "_left_key",
+            "_matched",
+            "_inner_ok",
+            "_late_match",
+        ]
+    )
+    result = spark.sql(f"SELECT {projections}, {meta}, {where} AS _where_ok FROM `{view}`")
+    missing = [
+        F.when(F.col(f"`{name}`").isNull(), F.lit(f"required field '{name}' is missing when the join window closed"))
+        for name in plan.require
+    ]
+    reason = F.coalesce(*missing) if missing else F.lit(None).cast("string")
+    status = (
+        F.when(~F.col("_inner_ok"), "unmatched")
+        .when(~F.col("_where_ok"), "filtered")
+        .when(reason.isNotNull(), "rejected")
+        .otherwise("emitted")
+    )
+    result = result.withColumn("_reason", F.when(status == "rejected", reason)).withColumn("_status", status)
+    return result.drop("_inner_ok", "_where_ok")
+
+
+def latest_per_key(rows: DataFrame, step: JoinStep) -> DataFrame:
+    """A dimension's latest row per join key: the only row `evaluate` could pick for any driving event.
+
+    The lookup keeps, per driving event, the latest row with equal keys (no window), so
+    reducing the dimension first gives the same rows and keeps the join one-to-one.
+    """
+    keys = [k.column for k in step.keys]
+    latest = Window.partitionBy(*keys).orderBy(
+        F.col("_event_time").desc_nulls_last(),
+        F.col("_partition").desc_nulls_last(),
+        F.col("_offset").desc_nulls_last(),
+    )
+    return rows.withColumn("_rn", F.row_number().over(latest)).where("_rn = 1").drop("_rn")
+
+
+_GOLD_SCHEMAS: dict[str, pa.Schema] = {}
+
+
+def gold_schema(spark: Any, spec: PipelineSpec) -> pa.Schema:
+    """The gold table's schema: the query analysed by Spark on empty inputs (no job runs), once per spec."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    key = spec.model_dump_json()
+    if key not in _GOLD_SCHEMAS:
+        plan = spec.plan
+
+        def empty(source: str) -> DataFrame:
+            return spark.createDataFrame([], spark_schema(silver_schema(spec.sources[source])))
+
+        lookups = {s.alias: empty(s.source) for s in plan.steps}
+        schema = to_arrow_schema(
+            evaluate(spark, spec, plan, empty(plan.driving_source), lookups).schema, timezone="UTC"
+        )
+        # Gold columns are nullable: a LEFT JOIN leaves lookup columns empty.
+        _GOLD_SCHEMAS[key] = pa.schema([pa.field(f.name, f.type, nullable=True) for f in schema])
+    return _GOLD_SCHEMAS[key]
