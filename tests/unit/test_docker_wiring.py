@@ -34,7 +34,6 @@ NOT_FOR_PRODUCTION = {
     "RIVERHOUSE_KAFKA_HEAP": "the local development broker's heap",
     "RIVERHOUSE_CRASH_AT": "fault injection for the crash tests",
     "RIVERHOUSE_CRASH_ON": "fault injection for the crash tests",
-    "RIVERHOUSE_FAST_PATH": "local-mode only switch (the numpy join); a cluster never takes it",
     "RIVERHOUSE_COMPACT_AT_FILES": "tuning knob with a default",
     "RIVERHOUSE_METRICS_PORT": "continuous mode only: set on riverhouse-stream, not on run workers",
     "RIVERHOUSE_METRICS_HOST": "continuous mode only: set on riverhouse-stream",

@@ -150,7 +150,7 @@ def gold(pipeline: Pipeline, window: Window | None, drain: bool) -> Published:
         "filtered": summary["filtered"],
         "pending": summary["pending"],
         "watermark": summary["watermark"] or "",
-        "engine": summary["engine"] or "none",  # numpy (local mode) or spark; none: nothing to join
+        "engine": summary["engine"] or "none",  # spark; none: nothing to join
         "delta_version": _version(summary["gold_version"]),
     }
     return Published("stream", {**metadata, "path": path})

@@ -129,20 +129,6 @@ def _launch_env(master: str) -> Iterator[None]:
         os.environ.pop("SPARK_HOME", None)
 
 
-def local_fast_path(spark: Any) -> bool:
-    """Run the local-mode numpy join (joins.py, until the gold issue moves joins into Spark)?
-
-    Only with a `local[...]` master, where the driver and the workers share a disk and the
-    driver's memory is the whole machine's anyway; RIVERHOUSE_FAST_PATH=0 turns it off.
-    """
-    if os.environ.get("RIVERHOUSE_FAST_PATH", "1") == "0":
-        return False
-    try:
-        return str(spark.sparkContext.master).startswith("local")
-    except Exception:  # Spark Connect has no SparkContext: its workers are elsewhere
-        return False
-
-
 def get_spark(master: str = "local[2]", app_name: str = "riverhouse", conf: dict[str, str] | None = None) -> Any:
     """Get (or create) the process's SparkSession: the pinned jars (Kafka connector, Delta), redaction."""
     check_java()
