@@ -22,6 +22,10 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.driver.memory": "2g",
+    # Delta rebuilds a table's snapshot (log replay) in 50 tasks by default: on a 2-core
+    # machine that was the largest share of a batch (make bench: 25 s of 61 s); 4 tasks
+    # replay the same log in 5 s. A cluster with large logs may raise it in its settings.
+    "spark.databricks.delta.snapshotPartitions": "4",
     # Spec SQL runs in these sessions: no `SELECT ... FROM text.`/path`` reads of the driver's files.
     "spark.sql.runSQLOnFiles": "false",
 }
