@@ -32,7 +32,7 @@ from riverhouse.platform.importers.report import (
     parse_go_duration,
     spec_window,
 )
-from riverhouse.platform.sink.clickhouse import CLICKHOUSE_TYPES
+from riverhouse.platform.types import clickhouse_type
 
 SCALAR_TYPES = {
     "string": "string",
@@ -157,7 +157,7 @@ def source_block(src: Source, fields: dict[str, str], key: str, result: ImportRe
 
 
 def check_column_type(column: Column, typ: str, result: ImportResult) -> None:
-    made = CLICKHOUSE_TYPES[typ]
+    made = clickhouse_type(typ)
     declared = column.column_type.replace(" ", "")
     if declared != made.replace(" ", ""):
         result.note(f"{column.path}: column {column.column} is created as {made} (GlassFlow: {column.column_type})")
