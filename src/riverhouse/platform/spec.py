@@ -35,9 +35,11 @@ from riverhouse.platform.fields import (
 from riverhouse.platform.spec_base import (
     IDENTIFIER_RE,
     SYSTEM_COLUMN_PREFIX,
+    NotUtf8Error,
     StrictModel,
     check_column_name,
     check_identifier,
+    read_utf8,
 )
 from riverhouse.platform.types import NUMERIC
 
@@ -551,9 +553,11 @@ def parse_spec(data: Any, source: str = "<spec>") -> PipelineSpec:
 def load_spec(path: str | Path) -> PipelineSpec:
     path = Path(path)
     try:
-        text = path.read_text()
+        text = read_utf8(path)
     except OSError as exc:
         raise SpecError(str(path), [("", f"cannot read file: {exc.strerror}", "check the path")]) from None
+    except NotUtf8Error as exc:
+        raise SpecError(str(path), [("", str(exc), "")]) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

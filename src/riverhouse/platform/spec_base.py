@@ -7,6 +7,7 @@ without re-checking.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
@@ -39,3 +40,24 @@ def check_column_name(value: str, what: str = "field") -> str:
             "columns (_topic, _offset, _event_date, ...): rename it"
         )
     return value
+
+
+class NotUtf8Error(ValueError):
+    """A config file that is not UTF-8 text; the message says where and what to do."""
+
+
+def read_utf8(path: Path) -> str:
+    """A config file's text. UTF-8, with or without a byte-order mark (editors on Windows write one);
+    anything else raises NotUtf8Error naming the first bad byte's line and column. OSError passes through."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        bad = data[exc.start : exc.start + 1].hex()
+        encoding = "UTF-16" if data[:2] in (b"\xff\xfe", b"\xfe\xff") else "another encoding (e.g. Latin-1)"
+        raise NotUtf8Error(
+            f"not UTF-8 text: byte 0x{bad} at line {line}, column {column}; the file looks like {encoding}: "
+            "save it as UTF-8 (e.g. `iconv -f LATIN1 -t UTF-8 in > out`)"
+        ) from None
