@@ -214,12 +214,16 @@ def path_aliases(raw_fields: Any) -> dict[str, str]:
     return aliases
 
 
-def resolve_refs(refs: Any, names: set[str], aliases: dict[str, str]) -> Any:
-    """Field references as written (names or paths) -> names; anything else is left for validation to report."""
+def resolve_refs(refs: Any, names: set[str], aliases: dict[str, str], where: str = "") -> Any:
+    """Field references as written (names or paths) -> names. A dotted reference that is no field's path is
+    refused here, naming the paths there are; anything else is left for validation to report."""
     if isinstance(refs, str):
-        return refs if refs in names else aliases.get(refs, refs)
+        if refs in names or refs in aliases or "." not in refs:
+            return refs if refs in names else aliases.get(refs, refs)
+        known = ", ".join(sorted(aliases)) or "none: declare the field with a path"
+        raise ValueError(f"{where}{refs!r} is not a field, nor the path of one (paths: {known})")
     if isinstance(refs, list):
-        return [resolve_refs(r, names, aliases) for r in refs]
+        return [resolve_refs(r, names, aliases, where) for r in refs]
     return refs
 
 
@@ -241,16 +245,16 @@ def resolve_source_refs(data: Any) -> Any:
     if not isinstance(data, dict):
         return data
     aliases = path_aliases(data.get("fields"))
-    if not aliases:
-        return data
     names = field_names(data.get("fields"))
     data = dict(data)
     if "key" in data:
-        data["key"] = resolve_refs(data["key"], names, aliases)
+        data["key"] = resolve_refs(data["key"], names, aliases, "key: ")
     if isinstance(data.get("dedup"), dict) and "key" in data["dedup"]:
-        data["dedup"] = {**data["dedup"], "key": resolve_refs(data["dedup"]["key"], names, aliases)}
+        key = resolve_refs(data["dedup"]["key"], names, aliases, "dedup.key: ")
+        data["dedup"] = {**data["dedup"], "key": key}
     if isinstance(data.get("event_time"), dict) and "field" in data["event_time"]:
-        data["event_time"] = {**data["event_time"], "field": resolve_refs(data["event_time"]["field"], names, aliases)}
+        field = resolve_refs(data["event_time"]["field"], names, aliases, "event_time.field: ")
+        data["event_time"] = {**data["event_time"], "field": field}
     return data
 
 
@@ -260,8 +264,6 @@ def resolve_pipeline_refs(data: Any) -> Any:
         return data
     sources = {n: s.get("fields") for n, s in data["sources"].items() if isinstance(s, dict)}
     aliases = {n: path_aliases(f) for n, f in sources.items()}
-    if not any(aliases.values()):
-        return data
     names = {n: field_names(f) for n, f in sources.items()}
     data = dict(data)
     join = data.get("join")
@@ -275,14 +277,14 @@ def resolve_pipeline_refs(data: Any) -> Any:
             on = dict(on)
             for side, source in (("left", left), ("right", right)):
                 if isinstance(source, str) and source in aliases and side in on:
-                    on[side] = resolve_refs(on[side], names[source], aliases[source])
+                    on[side] = resolve_refs(on[side], names[source], aliases[source], f"join.on.{side}: ")
             join["on"] = on
         if isinstance(join.get("select"), dict):
             select = {}
             for out, ref in join["select"].items():
                 source, dot, column = ref.partition(".") if isinstance(ref, str) else ("", "", "")
                 if dot and isinstance(source, str) and source in aliases:
-                    ref = f"{source}.{resolve_refs(column, names[source], aliases[source])}"
+                    ref = f"{source}.{resolve_refs(column, names[source], aliases[source], f'join.select.{out}: ')}"
                 select[out] = ref
             join["select"] = select
         data["join"] = join
@@ -290,5 +292,6 @@ def resolve_pipeline_refs(data: Any) -> Any:
     if join is None and data.get("query") is None and isinstance(sink, dict) and "order_by" in sink:
         source = sink.get("source") or (next(iter(sources)) if len(sources) == 1 else None)
         if isinstance(source, str) and source in aliases:
-            data["sink"] = {**sink, "order_by": resolve_refs(sink["order_by"], names[source], aliases[source])}
+            order_by = resolve_refs(sink["order_by"], names[source], aliases[source], "sink.order_by: ")
+            data["sink"] = {**sink, "order_by": order_by}
     return data

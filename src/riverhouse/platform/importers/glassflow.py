@@ -99,6 +99,8 @@ def build_spec(p: Pipeline, result: ImportResult, output: Path | None) -> dict[s
         raise ImporterError(result.path, [("sink.type", f"{p.sink.type!r}: Riverhouse loads ClickHouse", "")])
     spec: dict[str, Any] = {"name": identifier(p.pipeline_id.replace("-", "_"), "pipeline_id", result)}
     spec["description"] = f"{p.name or p.pipeline_id} (imported from GlassFlow pipeline {p.pipeline_id})"
+    if p.join is not None and p.sink_source:
+        result.note(f"sink.source_id {p.sink_source!r}: the sink loads the join's output")
     if p.join is None and len(p.sources) > 1 and p.sink_source:
         chosen = [s for s in p.sources if s.sid == p.sink_source]
         for s in p.sources:

@@ -126,7 +126,7 @@ def rewrite_nested(select: exp.Select, aliases: dict[str, str], driving_alias: s
                     )
                 ],
             )
-        if isinstance(node, exp.EQ | exp.NEQ) and isinstance(node.expression, exp.Anonymous | exp.Any | exp.All):
+        if isinstance(node, COMPARISONS) and isinstance(node.expression, exp.Anonymous | exp.Any | exp.All):
             call = node.expression
             name = (
                 "ANY" if isinstance(call, exp.Any) else "ALL" if isinstance(call, exp.All) else str(call.name).upper()
