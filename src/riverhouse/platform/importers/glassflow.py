@@ -123,16 +123,12 @@ def build_spec(p: Pipeline, result: ImportResult, output: Path | None) -> dict[s
         )
     if p.join is None:
         if len(p.sources) != 1:
-            raise ImporterError(
-                result.path,
-                [
-                    (
-                        "sources",
-                        f"{len(p.sources)} Kafka sources and no join",
-                        "a GlassFlow pipeline without a join has one",
-                    )
-                ],
+            hint = (
+                "join.enabled is false, though join describes the streams: set it to true to import the join"
+                if p.join_disabled
+                else "a GlassFlow pipeline without a join reads one topic (v2: sink.source_id names it)"
             )
+            raise ImporterError(result.path, [("sources", f"{len(p.sources)} Kafka sources and no join", hint)])
         spec["sources"], sink, query = single_source(p, p.sources[0], names, result)
         if query is not None:
             spec["query"] = query
@@ -242,7 +238,7 @@ def record_key(
     result: ImportResult,
     which: str = "the first mapped field that is not an array or map",
 ) -> str:
-    """The dedup key, else the first of `mapped` that can be a key (a scalar), named in a note."""
+    """The dedup key, else the first of `mapped` (then of the schema) that can be a key (a scalar), named in a note."""
     if src.dedup is not None:
         if src.dedup[0] not in src.fields:
             raise ImporterError(
@@ -250,9 +246,11 @@ def record_key(
                 [(src.dedup[2], f"dedup key {src.dedup[0]!r} is not declared in the source's schema", "declare it")],
             )
         return src.dedup[0]
-    for gf_name in mapped:
+    for gf_name in [*mapped, *(f for f in src.fields if f not in mapped)]:
         found = spec_type(src.fields[gf_name][0], None) if gf_name in src.fields else None
         if found is not None and not parse_type(found[0]).is_container:
+            if gf_name not in mapped:
+                which = "no mapped field can be a key: the first field of the schema that is not an array or map"
             result.note(
                 f"{src.path}: no dedup; {gf_name!r} ({which}) becomes the record key: records without it go to "
                 "quarantine"

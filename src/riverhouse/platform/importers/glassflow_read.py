@@ -75,6 +75,7 @@ class Pipeline:
     sink: Any  # gf.SinkV3 | gf.SinkV2
     sink_connection: gf.SinkConnection | None
     sink_source: str | None = None  # v2 sink.source_id: the source a join-less sink loads
+    join_disabled: bool = False  # a join described but `enabled: false`
 
 
 # ---------------------------------------------------------------------------- reading
@@ -287,7 +288,8 @@ def from_v2(cfg: gf.PipelineV2, result: ImportResult) -> Pipeline:
             secure=sink.secure,
             skip_certificate_verification=sink.skip_certificate_verification,
         )
-    return Pipeline("v2", cfg.pipeline_id, cfg.name, sources, join, columns, sink, connection, sink.source_id)
+    disabled = cfg.join is not None and not cfg.join.enabled and bool(cfg.join.sources)
+    return Pipeline("v2", cfg.pipeline_id, cfg.name, sources, join, columns, sink, connection, sink.source_id, disabled)
 
 
 def _source_extras(
