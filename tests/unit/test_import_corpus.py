@@ -8,6 +8,7 @@ values, untyped KaflowSQL inputs); no third-party file is copied.
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from pathlib import Path
 
@@ -264,3 +265,23 @@ def test_latin1_error_names_the_line_and_column(tmp_path: Path) -> None:
     data = b'name: p\ndescription: "na\xefve"\n'
     with pytest.raises(SpecError, match="byte 0xef at line 2, column 17"):
         load_spec(encoded(tmp_path, "spec.yaml", data))
+
+
+def test_record_key_from_the_schema_when_every_column_is_computed(tmp_path: Path) -> None:
+    config = json.loads((CORPUS / "gf_v3_filters_and_transforms.json").read_text())
+    config["transforms"] = [config["transforms"][2]]  # no filter, no dedup: only transforms
+    config["sink"]["mapping"] = [m for m in config["sink"]["mapping"] if m["name"] in ("full_name", "device")]
+    path = tmp_path / "computed.json"
+    path.write_text(json.dumps(config))
+    result = import_glassflow(path)
+    assert "'event_id' (no mapped field can be a key: the first field of the schema" in notes(result)
+    assert result.validate().plan.output_names == ["full_name"]
+
+
+def test_a_described_but_disabled_join_says_how_to_import_it(tmp_path: Path) -> None:
+    config = json.loads((CORPUS / "gf_v2_nested_join.json").read_text())
+    config["join"]["enabled"] = False
+    path = tmp_path / "disabled.json"
+    path.write_text(json.dumps(config))
+    with pytest.raises(ImporterError, match=r"join\.enabled is false, though join describes the streams"):
+        import_glassflow(path)
