@@ -534,21 +534,34 @@ def _serve(argv: list[str], env: dict[str, str]) -> int:
     """
     import subprocess
 
-    proc = subprocess.Popen(argv, env=env, start_new_session=True)
+    started: list[subprocess.Popen[bytes]] = []
 
     def forward(signum: int, _frame: Any) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
+        for proc in started:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
 
+    # Caught before the start: the child then begins with the default actions. An ignored
+    # SIGINT (a background job of a shell) would be inherited, and dagster dev makes SIGTERM
+    # do what SIGINT does.
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        return proc.wait()
+        started.append(subprocess.Popen(argv, env=env, start_new_session=True))
+        while True:
+            # A timed wait: a signal delivered to another thread of ours (gRPC's, Kafka's) runs
+            # its handler only when this thread next runs Python code.
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                return started[0].wait(timeout=0.5)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        if proc.poll() is None:
-            proc.terminate()
-            proc.wait(timeout=60)
+        for proc in started:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
 
 
 def main() -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -141,6 +142,29 @@ def require_reachable(url: str, timeout_s: float = 3.0) -> None:
         )
 
 
+def engine_lost(exc: BaseException, remote: str) -> EngineUnavailable | None:
+    """The error to raise when a Spark Connect call failed because the engine stopped answering.
+
+    The client retries an unreachable server for about 25 s (runtime/spark.py), then raises
+    gRPC's UNAVAILABLE. None for any other error (a failed query stays that query's error).
+    """
+    chain: list[BaseException] = []
+    seen: BaseException | None = exc
+    while seen is not None and seen not in chain:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    for error in chain:
+        code = getattr(error, "getGrpcStatusCode", None)
+        # A retried call ends with the raw gRPC error's text; the status code then says UNKNOWN.
+        if (code is not None and code().name == "UNAVAILABLE") or "StatusCode.UNAVAILABLE" in str(error):
+            host, port = parse_remote(remote)
+            return EngineUnavailable(
+                f"the Spark engine at {host}:{port} stopped answering during the run. Start it again with "
+                "`riverhouse engine start` and run again: the run resumes from its last committed batch"
+            )
+    return None
+
+
 def _record(state_dir: Path, port: int | None, host: str) -> dict[str, Any]:
     """The engine's port, chosen free at the first start and kept (clients hold its address)."""
     path = state_dir / ENGINE_FILE
@@ -219,6 +243,8 @@ def start(
     running = status(state_dir)
     if running:
         return running
+    if crashed := read_state(state_dir):
+        _kill_leftovers(crashed.pid)
     check_java()
     master = master or configured_master() or DEFAULT_MASTER
     (state_dir / "logs").mkdir(parents=True, exist_ok=True)
@@ -318,9 +344,12 @@ def log_tail(state: EngineState, lines: int = 20) -> str:
 
 def stop(state_dir: Path, timeout_s: float = 30.0) -> bool:
     """Stop the engine recorded in the state folder and the workers it started (its process group)."""
-    state = status(Path(state_dir))
+    recorded = read_state(Path(state_dir))
+    state = recorded if recorded and recorded.is_alive() else None
     (Path(state_dir) / STATE_FILE).unlink(missing_ok=True)
     if not state:
+        if recorded:
+            _kill_leftovers(recorded.pid)
         return False
     # SIGTERM: Spark's shutdown hook stops the server and its streaming queries; the Python
     # workers of the group get it too (a worker exits with the JVM's socket anyway).
@@ -328,16 +357,38 @@ def stop(state_dir: Path, timeout_s: float = 30.0) -> bool:
     return True
 
 
-def memory_used(pid: int) -> int:
-    """Resident bytes of the engine's process group (the JVM and the Python workers it started)."""
-    total = 0
+def _group_members(pgid: int) -> list[tuple[int, str]]:
+    """(pid, command line) of every process in the process group `pgid`."""
+    members = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) == pid:  # the process group id (field 5 of /proc/PID/stat)
-                total += int(fields[21]) * os.sysconf("SC_PAGE_SIZE")  # rss in pages (field 24)
+            if int((proc / "stat").read_text().rsplit(")", 1)[1].split()[2]) == pgid:
+                members.append((int(proc.name), (proc / "cmdline").read_text().replace("\0", " ")))
+    return members
+
+
+def _kill_leftovers(pgid: int) -> None:
+    """Python workers a killed engine left behind (its process group outlives its JVM).
+
+    When the JVM dies (SIGKILL, OOM), a worker busy in a foreachBatch body keeps retrying
+    the server it talks to. Only pyspark's workers are killed: the group id is the dead JVM's
+    pid, which the system may since have given to an unrelated process.
+    """
+    for pid, cmdline in _group_members(pgid):
+        if pid != pgid and "pyspark" in cmdline:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def memory_used(pid: int) -> int:
+    """Resident bytes of the engine's process group (the JVM and the Python workers it started)."""
+    total = 0
+    for member, _ in _group_members(pid):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[21]) * os.sysconf("SC_PAGE_SIZE")  # rss, in pages (field 24 of stat)
     return total
 
 

@@ -50,6 +50,8 @@ MASTER_ENV = "RIVERHOUSE_SPARK_MASTER"
 REMOTE_ENV = "RIVERHOUSE_SPARK_REMOTE"
 CONF_ENV = "RIVERHOUSE_SPARK_CONF"
 DEFAULT_MASTER = "local[2]"
+ENGINE_RETRIES = 6
+ENGINE_MAX_BACKOFF_MS = 10_000
 LOG_CONFIG = Path(__file__).with_name("log4j2.properties")
 # Under Spark Connect a client sets these on its own session; every other setting is the server's.
 _SESSION_PREFIXES = ("spark.sql.", "spark.databricks.delta.")
@@ -309,6 +311,11 @@ def _connect(remote: str, conf: dict[str, str]) -> Any:
             "this process already runs Spark in-process; it cannot also attach to the engine at "
             f"{redact_remote(remote)}: one process uses one kind of session"
         ) from None
+    # pyspark retries an unreachable server for 10 minutes or more: a run whose engine died would
+    # hang that long. About 25 s (backoff 0.05 s x4 up to 10 s, 6 retries) rides out a hiccup.
+    from pyspark.sql.connect.client.retries import DefaultPolicy
+
+    spark.client.set_retry_policies([DefaultPolicy(max_retries=ENGINE_RETRIES, max_backoff=ENGINE_MAX_BACKOFF_MS)])
     # Per session (each run its own): the SQL settings; static ones were given at the server's start.
     for key, value in connect_session_conf({**SESSION_DEFAULTS, **user_conf(), **conf, **FIXED_CONF}).items():
         try:
