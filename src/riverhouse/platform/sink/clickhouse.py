@@ -19,6 +19,8 @@ import pyarrow as pa
 
 from riverhouse.platform.spec import RESERVED_TABLE_PREFIX, PipelineSpec
 from riverhouse.platform.state.settings import redact_dsn
+from riverhouse.platform.types import NoClickHouseType, clickhouse_column, clickhouse_type_of_arrow
+from riverhouse.platform.types import clickhouse_type as spec_clickhouse_type
 
 # Riverhouse's own tables carry the reserved prefix, which no sink table may use (spec.py).
 LEDGER_TABLE = f"{RESERVED_TABLE_PREFIX}ledger"
@@ -34,16 +36,6 @@ PERMANENT_CONNECT_HINTS = ("NameResolutionError", "Name or service not known", "
 logger = logging.getLogger("riverhouse.clickhouse")
 DEDUP_WINDOW_BLOCKS = 10_000
 PARTITION_COLUMN = "_event_date"  # ClickHouse partition key: a backfill swaps whole days
-CLICKHOUSE_TYPES = {
-    "string": "String",
-    "int": "Int32",
-    "long": "Int64",
-    "float": "Float32",
-    "double": "Float64",
-    "boolean": "Bool",
-    "timestamp": "DateTime64(6, 'UTC')",
-    "date": "Date32",
-}
 # Server error codes worth retrying: overload, timeouts, network, lost insert status.
 TRANSIENT_CODES = {3, 159, 164, 202, 209, 210, 241, 242, 252, 319, 425, 999, 1000}
 CODE_RE = re.compile(r"Code:\s*(\d+)")
@@ -183,23 +175,12 @@ def open_client(dsn: str, attempts: int | None = None, log: Callable[[str], None
 
 
 def clickhouse_type(arrow_type: pa.DataType, where: str) -> str:
-    if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type) or pa.types.is_string_view(arrow_type):
-        return "String"
-    if pa.types.is_boolean(arrow_type):
-        return "Bool"
-    if pa.types.is_integer(arrow_type):
-        return ("UInt" if pa.types.is_unsigned_integer(arrow_type) else "Int") + str(arrow_type.bit_width)
-    if pa.types.is_float32(arrow_type):
-        return "Float32"
-    if pa.types.is_floating(arrow_type):
-        return "Float64"
-    if pa.types.is_timestamp(arrow_type):
-        return "DateTime64(6, 'UTC')"
-    if pa.types.is_date(arrow_type):
-        return "Date32"
-    if pa.types.is_decimal(arrow_type):
-        return f"Decimal({arrow_type.precision}, {arrow_type.scale})"
-    raise ClickHouseLoadError(f"{where}: type {arrow_type} has no ClickHouse column type; cast it in the query")
+    try:
+        return clickhouse_type_of_arrow(arrow_type)
+    except NoClickHouseType:
+        raise ClickHouseLoadError(
+            f"{where}: type {arrow_type} has no ClickHouse column type; cast it in the query"
+        ) from None
 
 
 def sink_table_path(spec: PipelineSpec, warehouse: str) -> str:
@@ -222,14 +203,13 @@ def expected_columns(spec: PipelineSpec, schema: pa.Schema | None = None) -> lis
         out = []
         for name in spec.plan.output_names:
             typ = clickhouse_type(schema.field(name).type, f"output column {name}")
-            out.append((name, typ if name in spec.sink.order_by else f"Nullable({typ})"))
+            out.append((name, clickhouse_column(typ, not_null=name in spec.sink.order_by)))
         return [*out, (PARTITION_COLUMN, "Date")]
     src = spec.sink_source
     out = []
     for f in src.fields:
-        typ = CLICKHOUSE_TYPES[f.type]
         not_null = f.name in src.required_fields or f.name in spec.sink.order_by
-        out.append((f.name, typ if not_null else f"Nullable({typ})"))
+        out.append((f.name, clickhouse_column(spec_clickhouse_type(f.type), not_null)))
     return [*out, (PARTITION_COLUMN, "Date")]
 
 

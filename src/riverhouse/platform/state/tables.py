@@ -17,17 +17,8 @@ from deltalake.exceptions import TableNotFoundError
 
 from riverhouse.platform.spec import FieldSpec, SourceSpec
 from riverhouse.platform.state.storage import storage_options
+from riverhouse.platform.types import arrow_type
 
-ARROW_TYPES: dict[str, pa.DataType] = {
-    "string": pa.string(),
-    "int": pa.int32(),
-    "long": pa.int64(),
-    "float": pa.float32(),
-    "double": pa.float64(),
-    "boolean": pa.bool_(),
-    "timestamp": pa.timestamp("us", tz="UTC"),
-    "date": pa.date32(),
-}
 TS = pa.timestamp("us", tz="UTC")
 
 KAFKA_COLUMNS = [
@@ -42,7 +33,7 @@ HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 
 
 def field_arrow(f: FieldSpec) -> pa.Field:
-    return pa.field(f.name, ARROW_TYPES[f.type])
+    return pa.field(f.name, arrow_type(f.type))
 
 
 def bronze_schema(src: SourceSpec) -> pa.Schema:
