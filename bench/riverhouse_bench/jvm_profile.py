@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from riverhouse_bench import jfr
-from riverhouse_bench.metering import _process_tree
+from riverhouse_bench.metering import _process_tree, pid_listening_on
 
 if TYPE_CHECKING:
     from riverhouse_bench.harness import Bench
@@ -56,38 +56,6 @@ def _cmdline(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return ""
-
-
-def listening_inodes(port: int, tables: tuple[str, ...] = ("/proc/net/tcp", "/proc/net/tcp6")) -> set[str]:
-    """Socket inodes listening on `port` (any address), from the kernel's TCP tables."""
-    inodes = set()
-    for table in tables:
-        try:
-            rows = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            fields = row.split()
-            # local_address is ADDR:PORT in hex; state 0A is LISTEN; the inode is the 10th field.
-            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
-                inodes.add(fields[9])
-    return inodes
-
-
-def pid_listening_on(port: int) -> int | None:
-    """The process of this user that listens on `port` on this machine, if any."""
-    wanted = {f"socket:[{inode}]" for inode in listening_inodes(port)}
-    if not wanted:
-        return None
-    for proc in Path("/proc").glob("[0-9]*"):
-        try:
-            if proc.stat().st_uid != os.getuid():
-                continue
-            if any(os.readlink(fd) in wanted for fd in (proc / "fd").iterdir()):
-                return int(proc.name)
-        except OSError:
-            continue
-    return None
 
 
 def engine_jvm_pid() -> int:

@@ -84,3 +84,37 @@ def test_triggered_start_is_judged_on_the_warm_runs_only() -> None:
         "missed: 83% of the target",
         False,
     )
+
+
+def test_the_page_shows_the_ratio_the_batch_seconds_and_the_missing_warm_runs() -> None:
+    from riverhouse_bench.sections import engine_lines, triggered_lines
+
+    scenarios = {
+        "riverhouse_dedup": {"events": 550_000, "events_per_s": 9_000.0, "events_per_s_excluding_startup": 17_000.0},
+        "spark_plain": {"events": 550_000, "events_per_s": 37_600.0, "events_per_s_excluding_startup": 75_700.0},
+        "small_batches": {
+            "events": 140_000,
+            "records_per_batch": 7_000,
+            "batches": 20,
+            "batch_s": {"p50": 6.1, "p95": 7.4, "max": 7.9},
+            "batch_s_from": "summary",
+            "cycle_s": None,
+            "warmup": {"batches": 5},
+            "seconds": 131.0,
+            "query_startup_s": 9.5,
+            "load_seconds": 20.0,
+        },
+        "triggered_start": {
+            "events_per_run": 7_000,
+            "engine": None,
+            "cold": {"runs": 2, "spread": {"first_batch_s": {"p50": 21.5, "p95": 24.0}}},
+            "warm": None,
+            "warm_skipped": "no warm engine: set RIVERHOUSE_SPARK_REMOTE",
+        },
+    }
+    page = "\n".join(engine_lines(scenarios) + triggered_lines(scenarios))
+    assert "riverhouse_dedup / spark_plain: 0.22x warm, 0.24x cold." in page
+    assert "| batch s | 6.10 | 7.40 | 7.90 |" in page and "| cycle s | - | - | - |" in page
+    assert "| trigger -> first batch committed in silver | 21.50 | 24.00 | - | - |" in page
+    assert "Warm runs not measured: no warm engine" in page
+    assert engine_lines({}) == [] and triggered_lines({}) == []

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from riverhouse_bench import jfr
-from riverhouse_bench.jvm_profile import listening_inodes
+from riverhouse_bench.metering import listening_inodes
 
 pytestmark = pytest.mark.unit
 
