@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -117,10 +118,13 @@ def _cold(bench: Bench, topic: str, max_offsets: int) -> dict[str, Any]:
         "master": bench.settings.spark_master,
         "conf": bench.spark_conf(folder / "spark-events"),
     }
+    # The bench folder on the path however this process found it (make bench, riverhouse bench, bench/).
+    path = os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")) if p)
     ran = subprocess.run(
         [sys.executable, "-m", "riverhouse_bench.plain", json.dumps(args)],
         capture_output=True,
         text=True,
+        env={**os.environ, "PYTHONPATH": path},
         timeout=3600,
     )
     if ran.returncode != 0:
