@@ -15,9 +15,7 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
-    BaseModel,
     BeforeValidator,
-    ConfigDict,
     Field,
     PlainSerializer,
     ValidationError,
@@ -26,17 +24,32 @@ from pydantic import (
 )
 
 from riverhouse.platform.envrefs import accepts_env_ref, env_ref_problems, is_secret_key, resolve_env_refs
+from riverhouse.platform.fields import (
+    ColumnName,
+    FieldSpec,
+    check_paths,
+    fields_from_mapping,
+    resolve_pipeline_refs,
+    resolve_source_refs,
+)
+from riverhouse.platform.spec_base import (
+    IDENTIFIER_RE,
+    SYSTEM_COLUMN_PREFIX,
+    NotUtf8Error,
+    StrictModel,
+    check_column_name,
+    check_identifier,
+    read_utf8,
+)
+from riverhouse.platform.types import NUMERIC
 
-# Every pattern is used with `fullmatch`: `re.match` with `$` accepts a trailing newline,
-# which then reached DDL, paths and Dagster names.
-IDENTIFIER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+# Re-exported: the spec's public names, wherever they are defined.
+__all__ = ["IDENTIFIER_RE", "SYSTEM_COLUMN_PREFIX", "FieldSpec", "check_column_name", "check_identifier"]
+
 TOPIC_RE = re.compile(r"[A-Za-z0-9._-]{1,249}")
 WINDOW_RE = re.compile(r"\s*(\d+)\s*(s|m|h|d|w)\s*")
 OWNER_RE = re.compile(r"(team:[A-Za-z0-9_.-]+|[^@\s]+@[^@\s]+\.[^@\s]+)")
 LIBRDKAFKA_KEY_RE = re.compile(r"[a-z][a-z0-9._]*")
-# Riverhouse's own columns (_topic, _event_date, _status, _left_*...) start with '_', so a
-# field or output column may not: it would duplicate or shadow one of them.
-SYSTEM_COLUMN_PREFIX = "_"
 # Riverhouse's own ClickHouse tables (ledger, backfill staging) start with this prefix, so
 # no sink table may: a backfill drops and re-creates its staging table.
 RESERVED_TABLE_PREFIX = "riverhouse_"
@@ -53,8 +66,7 @@ RESERVED_KAFKA_KEYS = {
     "enable.partition.eof",
 }
 
-FieldType = Literal["string", "int", "long", "float", "double", "boolean", "timestamp", "date"]
-NUMERIC_TYPES = ("int", "long", "float", "double")
+NUMERIC_TYPES = NUMERIC
 
 
 class SpecError(Exception):
@@ -67,15 +79,6 @@ class SpecError(Exception):
         for path, message, hint in problems:
             lines.append(f"  {path or '<root>'}: {message}" + (f" (hint: {hint})" if hint else ""))
         super().__init__("\n".join(lines))
-
-
-def check_identifier(value: str, what: str = "identifier") -> str:
-    if not isinstance(value, str) or not IDENTIFIER_RE.fullmatch(value):
-        raise ValueError(
-            f"{what} {value!r} is not a safe SQL identifier: use letters, digits and '_', "
-            "starting with a letter or '_', at most 63 characters"
-        )
-    return value
 
 
 def parse_window(value: Any) -> timedelta:
@@ -103,16 +106,6 @@ def format_window(window: timedelta) -> str:
     return f"{seconds}s"
 
 
-def check_column_name(value: str, what: str = "field") -> str:
-    check_identifier(value, what)
-    if value.startswith(SYSTEM_COLUMN_PREFIX):
-        raise ValueError(
-            f"{what} {value!r} starts with '{SYSTEM_COLUMN_PREFIX}', which is reserved for Riverhouse's own "
-            "columns (_topic, _offset, _event_date, ...): rename it"
-        )
-    return value
-
-
 def check_sink_table(value: str) -> str:
     check_identifier(value, "sink table")
     if value.lower().startswith(RESERVED_TABLE_PREFIX):
@@ -124,41 +117,8 @@ def check_sink_table(value: str) -> str:
 
 
 Identifier = Annotated[str, BeforeValidator(check_identifier)]
-ColumnName = Annotated[str, BeforeValidator(check_column_name)]
 SinkTable = Annotated[str, BeforeValidator(check_sink_table)]
 Window = Annotated[timedelta, BeforeValidator(parse_window), PlainSerializer(format_window, return_type=str)]
-
-
-class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class FieldSpec(StrictModel):
-    name: ColumnName
-    type: FieldType
-    required: bool = False
-    # Expected range (inclusive), checked by the Great Expectations suite before ClickHouse.
-    min: float | None = None
-    max: float | None = None
-    # Opt-ins for values that are not what the type says, quarantined by default:
-    # NaN/Infinity (not JSON, but Python's json.dumps writes them) in a float/double field,
-    # and a JSON object or array in a string field (kept as its JSON text when allowed).
-    allow_non_finite: bool = False
-    allow_json_text: bool = False
-
-    @model_validator(mode="after")
-    def _range_fits_type(self) -> FieldSpec:
-        if self.allow_non_finite and self.type not in ("float", "double"):
-            raise ValueError(
-                f"field {self.name!r}: allow_non_finite applies to float and double fields, not {self.type}"
-            )
-        if self.allow_json_text and self.type != "string":
-            raise ValueError(f"field {self.name!r}: allow_json_text applies to string fields, not {self.type}")
-        if (self.min is not None or self.max is not None) and self.type not in NUMERIC_TYPES:
-            raise ValueError(f"field {self.name!r}: min/max apply to numeric fields, not {self.type}")
-        if self.min is not None and self.max is not None and self.min > self.max:
-            raise ValueError(f"field {self.name!r}: min {self.min} is greater than max {self.max}")
-        return self
 
 
 class EventTimeSpec(StrictModel):
@@ -174,23 +134,10 @@ class DedupSpec(StrictModel):
     keep: Literal["first"] = "first"
 
 
-def _fields_from_mapping(value: Any) -> Any:
-    """Accept `{order_id: string, amount: {type: double, required: true}}` or a list."""
-    if isinstance(value, dict):
-        out = []
-        for name, typ in value.items():
-            if isinstance(typ, dict):
-                out.append({"name": name, **typ})
-            else:
-                out.append({"name": name, "type": typ})
-        return out
-    return value
-
-
 class SourceSpec(StrictModel):
     topic: str
     format: Literal["json"] = "json"
-    fields: Annotated[list[FieldSpec], BeforeValidator(_fields_from_mapping)] = Field(min_length=1)
+    fields: Annotated[list[FieldSpec], BeforeValidator(fields_from_mapping)] = Field(min_length=1)
     key: list[Identifier] = Field(min_length=1)
     event_time: EventTimeSpec = EventTimeSpec()
     dedup: DedupSpec | None = None
@@ -203,6 +150,11 @@ class SourceSpec(StrictModel):
             raise ValueError(f"topic {value!r} is not a legal Kafka topic name (letters, digits, '.', '_', '-')")
         return value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _references_by_path(cls, data: Any) -> Any:
+        return resolve_source_refs(data)
+
     @model_validator(mode="after")
     def _references_exist(self) -> SourceSpec:
         names = [f.name for f in self.fields]
@@ -214,14 +166,17 @@ class SourceSpec(StrictModel):
         clashes = sorted({n for n in names if folded.count(n.lower()) > 1})
         if clashes:
             raise ValueError(f"field names that differ only in case: {', '.join(clashes)}")
+        check_paths(self.fields)
         known = set(names)
         for k in self.key:
             if k not in known:
                 raise ValueError(f"key field {k!r} is not in fields ({', '.join(names)})")
+            self.check_scalar(k, "key field")
         if self.dedup and self.dedup.key:
             for k in self.dedup.key:
                 if k not in known:
                     raise ValueError(f"dedup key field {k!r} is not in fields ({', '.join(names)})")
+                self.check_scalar(k, "dedup key field")
         if self.event_time.field is not None:
             if self.event_time.field not in known:
                 raise ValueError(f"event_time field {self.event_time.field!r} is not in fields")
@@ -238,6 +193,14 @@ class SourceSpec(StrictModel):
             if f.name == name:
                 return f
         raise KeyError(name)
+
+    def check_scalar(self, name: str, what: str) -> None:
+        f = self.field(name)
+        if not f.is_scalar:
+            raise ValueError(
+                f"{what} {name!r} is {f.type}: keys and ordering columns are scalars (string, number, boolean, "
+                "time); use a field inside it (a path) instead"
+            )
 
     @property
     def dedup_key(self) -> list[str]:
@@ -433,6 +396,11 @@ class PipelineSpec(StrictModel):
     orchestration: OrchestrationSpec = OrchestrationSpec()
     quality: QualitySpec = QualitySpec()
 
+    @model_validator(mode="before")
+    @classmethod
+    def _references_by_path(cls, data: Any) -> Any:
+        return resolve_pipeline_refs(data)
+
     @field_validator("owners")
     @classmethod
     def _owners_are_dagster_owners(cls, value: list[str]) -> list[str]:
@@ -463,6 +431,7 @@ class PipelineSpec(StrictModel):
         for col in self.sink.order_by:
             if col not in names:
                 raise ValueError(f"sink.order_by column {col!r} is not a field of source {self.sink_source_name!r}")
+            source.check_scalar(col, "sink.order_by column")
         return self
 
     def _check_join(self) -> PipelineSpec:
@@ -481,6 +450,7 @@ class PipelineSpec(StrictModel):
                 for key in keys:
                     if key not in known:
                         raise ValueError(f"join.on: key {key!r} is not a field of {side!r}")
+                    self.sources[side].check_scalar(key, f"join.on: key of {side!r}")
             for out, ref in self.join.select.items():
                 source, dot, column = ref.partition(".")
                 if not dot or source not in (self.join.left, self.join.right):
@@ -583,9 +553,11 @@ def parse_spec(data: Any, source: str = "<spec>") -> PipelineSpec:
 def load_spec(path: str | Path) -> PipelineSpec:
     path = Path(path)
     try:
-        text = path.read_text()
+        text = read_utf8(path)
     except OSError as exc:
         raise SpecError(str(path), [("", f"cannot read file: {exc.strerror}", "check the path")]) from None
+    except NotUtf8Error as exc:
+        raise SpecError(str(path), [("", str(exc), "")]) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
