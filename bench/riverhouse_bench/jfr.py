@@ -8,8 +8,8 @@ can be tested without a JVM. Two sources are combined:
   threads and the VM's own threads are told apart by their names; what is left is the Java
   threads (Spark's tasks, its driver, py4j or Spark Connect's handlers).
 - JFR's `jdk.ExecutionSample` events: the stack of a Java thread running Java code, every
-  10 ms (JFR's `profile` settings). Each sample is put in one bucket (below); the Java
-  threads' CPU seconds are shared out in proportion to the samples.
+  10 ms (jvm_profile.SETTINGS). Each sample is put in one bucket (below); the Java threads'
+  CPU seconds are shared out in proportion to the samples.
 
 So every CPU second of the JVM lands in exactly one bucket, and divided by the run's
 events it says where the JVM's microseconds per event go. GC pauses and compilations come

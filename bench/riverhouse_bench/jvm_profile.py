@@ -29,6 +29,16 @@ if TYPE_CHECKING:
     from riverhouse_bench.harness import Bench
 
 RECORDING = "riverhouse-bench"
+# Only the events jfr.py reads. JFR's own `profile` settings (allocation samples, locks, I/O,
+# class loading...) doubled a warm dedup run's JVM CPU on 2 cores, its JIT threads' included;
+# these record CPU samples every 10 ms, GC pauses and compilations over 100 ms.
+SETTINGS = """<?xml version="1.0" encoding="UTF-8"?>
+<configuration version="2.0" label="riverhouse-bench" description="CPU samples, GC pauses, long compilations">
+  <event name="jdk.ExecutionSample"><setting name="enabled">true</setting><setting name="period">10 ms</setting></event>
+  <event name="jdk.GarbageCollection"><setting name="enabled">true</setting><setting name="threshold">0 ms</setting></event>
+  <event name="jdk.Compilation"><setting name="enabled">true</setting><setting name="threshold">100 ms</setting></event>
+</configuration>
+"""
 STACK_DEPTH = 64  # frames per sample: deep enough to reach the code that called a library
 
 
@@ -149,12 +159,18 @@ def profile_dedup(bench: Bench) -> dict[str, Any]:
     if not bench.spark_started:  # a first run in a new JVM is not warm: run one unrecorded
         stats = bench.produce_orders("bench_profile_warmup", cfg.events, seed=31)
         _dedup_run(bench, "bench_profile_warmup", "bench_profile_warmup", stats.messages, stats.unique)
-    stats = bench.produce_orders("bench_profile", cfg.events, seed=32)
     pid = engine_jvm_pid()
+    # The same run without the recorder, right before: what JFR itself costs is the difference.
+    stats = bench.produce_orders("bench_profile_control", cfg.events, seed=33)
+    with ThreadSampler(pid) as control_threads:
+        control = _dedup_run(bench, "bench_profile_control", "bench_profile_control", stats.messages, stats.unique)
+    stats = bench.produce_orders("bench_profile", cfg.events, seed=32)
     work = bench.home / "profile"
     work.mkdir(parents=True, exist_ok=True)
     recording = work / f"dedup-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}.jfr"
-    jcmd(pid, "JFR.start", f"name={RECORDING}", "settings=profile")
+    settings = work / "riverhouse-bench.jfc"
+    settings.write_text(SETTINGS)
+    jcmd(pid, "JFR.start", f"name={RECORDING}", f"settings={settings}")
     try:
         with ThreadSampler(pid) as sampler:
             run = _dedup_run(bench, "bench_profile", "bench_profile", stats.messages, stats.unique)
@@ -185,6 +201,12 @@ def profile_dedup(bench: Bench) -> dict[str, Any]:
         "spark_stages": run["spark_stages"],
         "stage_seconds": run["stage_seconds"],
         "cpu": run["cpu"],
+        "control": {
+            "seconds": control["seconds"],
+            "exact": control["exact"],
+            "jvm_threads_cpu_s": jfr.cpu_by_thread_group(control_threads.first, control_threads.last),
+            "stage_seconds": control["stage_seconds"],
+        },
     }
     stamp = recording.stem.removeprefix("dedup-")
     cfg.results_dir.mkdir(parents=True, exist_ok=True)
@@ -215,6 +237,15 @@ def profile_markdown(p: dict[str, Any], brief: bool = False) -> list[str]:
     for bucket, row in a["buckets"].items():
         lines.append(f"| {bucket} | {row['cpu_s']:.2f} | {row['share']:.0%} | {row['us_per_event'] or 0:.1f} |")
     lines += ["", "JVM threads' CPU seconds by group (/proc): " + _pairs(p["jvm_threads_cpu_s"], "{:.2f} s") + "."]
+    control = p.get("control") or {}
+    if control.get("jvm_threads_cpu_s"):
+        used = control["jvm_threads_cpu_s"]
+        lines += [
+            "",
+            f"The same run without JFR, right before ({control['seconds']:.1f} s, a fresh topic of as many events): "
+            f"{sum(used.values()):.1f} JVM CPU s, " + _pairs(used, "{:.2f} s") + ". The recording's cost is the "
+            "difference; where it is large, read the buckets' shares rather than their seconds.",
+        ]
     kinds = p["samples"]["by_thread_kind"]
     lines += ["", "Execution samples by thread: " + _pairs(kinds, "{:,}") + "."]
     if p["gc"]:

@@ -374,8 +374,9 @@ def method_lines() -> list[str]:
         "the daemon's queue are not in the figures. Exact when every run succeeded with its checks and "
         "silver and ClickHouse hold every order once.",
         "- `jvm_profile` (`--profile`): a warm dedup run on a fresh topic with Java Flight Recorder started "
-        "and dumped by `jcmd` on the engine's JVM (JFR's `profile` settings: a stack sample of each running "
-        "Java thread every 10 ms). The JVM's threads' CPU from /proc: JIT compiler, GC and VM threads by "
+        "and dumped by `jcmd` on the engine's JVM, recording only a stack sample of each running Java thread "
+        "every 10 ms, GC pauses and compilations over 100 ms; the same run without the recorder comes right "
+        "before it, so the recorder's own cost is shown. The JVM's threads' CPU from /proc: JIT compiler, GC and VM threads by "
         "name; the Java threads' CPU shared out by their samples, each sample put in one bucket by the first "
         "recognized frame from the top of its stack (`jfr.py` holds the rules). GC pauses and compilations "
         "from JFR's events; Spark's task CPU from its event log.",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from riverhouse.platform.ingest.stream import BatchMetrics
+from riverhouse.platform.ingest.writer import BatchMetrics
 from riverhouse.platform.pipeline import batch_line
 from riverhouse_bench.batches import batch_figures, batch_lines
 from riverhouse_bench.common import orders_spec

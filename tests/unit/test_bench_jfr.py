@@ -138,3 +138,28 @@ def test_listening_inodes_reads_the_kernels_tcp_table(tmp_path: Path) -> None:
     assert listening_inodes(15002, (str(table),)) == {"4242"}  # 0x3A9A, listening; not the connection
     assert listening_inodes(8080, (str(table),)) == {"4444"}
     assert listening_inodes(1, (str(table), str(tmp_path / "missing"))) == set()
+
+
+def test_the_profiles_page_names_the_buckets_per_event_and_the_recorders_cost() -> None:
+    from riverhouse_bench.jvm_profile import profile_markdown
+
+    threads = {"java": 8.0, "jit": 2.0, "gc": 1.0, "vm": 0.5, "jfr": 0.5}
+    summary = {
+        "events": 100_000,
+        "seconds": 20.0,
+        "exact": True,
+        "engine": "in-process Spark driver",
+        "spark_task_cpu_s": 5.0,
+        "jvm_threads_cpu_s": threads,
+        "attribution": jfr.attribute(threads, {jfr.JSON_PARSE: 30, jfr.CODEGEN: 10, jfr.OTHER: 40}, 100_000),
+        "samples": jfr.summarize(["S\tExecutor task idle worker#1\t" + ";".join(FROM_JSON)])["samples"],
+        "gc": {},
+        "compilation": {"compilations_over_threshold": 0, "seconds": 0.0},
+        "control": {"seconds": 18.0, "jvm_threads_cpu_s": {"java": 6.0, "jit": 1.5}},
+        "written": ["profile-x.json", "profile-x.md"],
+    }
+    page = "\n".join(profile_markdown(summary, brief=True))
+    assert "The JVM used 12.0 CPU s, 120.0 us per event" in page
+    assert f"| {jfr.JSON_PARSE} | 3.00 | 25% | 30.0 |" in page
+    assert "The same run without JFR, right before (18.0 s" in page and "7.5 JVM CPU s" in page
+    assert "Top frames (the method running" not in page  # the full tables are in profile-x.md
