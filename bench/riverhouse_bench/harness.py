@@ -67,6 +67,10 @@ class Bench:
             from riverhouse.platform.runtime.spark import get_spark
 
             conf = self.spark_conf()
+            if "jvm_profile" in self.cfg.scenarios:
+                # Java Flight Recorder from the JVM's start: started later by jcmd, it doubled the
+                # JVM's CPU (its JIT included) for the recorded run; running from the start it did not.
+                conf.update(jvm_profile.recorder_conf(self.home / "profile"))
             started = time.monotonic()
             self._spark = get_spark(self.settings.spark_master, app_name="riverhouse-bench", conf=conf)
             self.spark_startup_s = time.monotonic() - started

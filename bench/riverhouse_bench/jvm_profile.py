@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import threading
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,9 +30,7 @@ if TYPE_CHECKING:
     from riverhouse_bench.harness import Bench
 
 RECORDING = "riverhouse-bench"
-# Only the events jfr.py reads. JFR's own `profile` settings (allocation samples, locks, I/O,
-# class loading...) doubled a warm dedup run's JVM CPU on 2 cores, its JIT threads' included;
-# these record CPU samples every 10 ms, GC pauses and compilations over 100 ms.
+# Only the events jfr.py reads: CPU samples every 10 ms, GC pauses, compilations over 100 ms.
 SETTINGS = """<?xml version="1.0" encoding="UTF-8"?>
 <configuration version="2.0" label="riverhouse-bench" description="CPU samples, GC pauses, long compilations">
   <event name="jdk.ExecutionSample"><setting name="enabled">true</setting><setting name="period">10 ms</setting></event>
@@ -139,9 +138,13 @@ def jcmd(pid: int, *args: str) -> str:
     return text
 
 
-def read_recording(path: Path) -> dict[str, Any]:
-    """The recording's samples, GC pauses and long compilations (JfrStacks.java, streamed) summarized."""
-    command = [jdk_tool("java"), str(Path(__file__).with_name("JfrStacks.java")), str(path), str(STACK_DEPTH)]
+def read_recording(path: Path, began: float, ended: float) -> dict[str, Any]:
+    """The recording's samples, GC pauses and long compilations between two epoch times, summarized.
+
+    Read by JfrStacks.java (the JDK's own reader), streamed: a recording can be large.
+    """
+    window = [str(int(began * 1000)), str(int(ended * 1000))]
+    command = [jdk_tool("java"), str(Path(__file__).with_name("JfrStacks.java")), str(path), str(STACK_DEPTH), *window]
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as reader:
         assert reader.stdout is not None and reader.stderr is not None
         summary = jfr.summarize(reader.stdout)
@@ -149,6 +152,28 @@ def read_recording(path: Path) -> dict[str, Any]:
     if reader.returncode != 0:
         raise RuntimeError(f"reading the JFR recording {path} failed: {errors.strip()[-500:]}")
     return summary
+
+
+def recorder_conf(work: Path) -> dict[str, str]:
+    """Spark settings that start the recorder with the driver's JVM (in-process sessions).
+
+    `spark.driver.defaultJavaOptions` comes before the product's own extraJavaOptions, which
+    it leaves alone. A recording started later with `jcmd JFR.start` made the recorded run's
+    JVM use about twice the CPU (JIT threads and Java threads alike) in a warm dedup run on 2
+    cores, and the next run without it went back; started with the JVM, the runs' CPU stayed
+    as without a recorder. Only the last 30 minutes are kept; the profile reads its run's window.
+    """
+    work.mkdir(parents=True, exist_ok=True)
+    settings = work / "riverhouse-bench.jfc"
+    settings.write_text(SETTINGS)
+    return {
+        "spark.driver.defaultJavaOptions": f"-XX:StartFlightRecording=name={RECORDING},settings={settings},maxage=30m"
+    }
+
+
+def recording_running(pid: int) -> bool:
+    """Whether the JVM already records under the bench's name (started with it: recorder_conf)."""
+    return f"name={RECORDING}" in jcmd(pid, "JFR.check")
 
 
 def profile_dedup(bench: Bench) -> dict[str, Any]:
@@ -160,25 +185,39 @@ def profile_dedup(bench: Bench) -> dict[str, Any]:
         stats = bench.produce_orders("bench_profile_warmup", cfg.events, seed=31)
         _dedup_run(bench, "bench_profile_warmup", "bench_profile_warmup", stats.messages, stats.unique)
     pid = engine_jvm_pid()
-    # The same run without the recorder, right before: what JFR itself costs is the difference.
-    stats = bench.produce_orders("bench_profile_control", cfg.events, seed=33)
-    with ThreadSampler(pid) as control_threads:
-        control = _dedup_run(bench, "bench_profile_control", "bench_profile_control", stats.messages, stats.unique)
-    stats = bench.produce_orders("bench_profile", cfg.events, seed=32)
     work = bench.home / "profile"
     work.mkdir(parents=True, exist_ok=True)
     recording = work / f"dedup-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}.jfr"
-    settings = work / "riverhouse-bench.jfc"
-    settings.write_text(SETTINGS)
-    jcmd(pid, "JFR.start", f"name={RECORDING}", f"settings={settings}")
+    from_start = recording_running(pid)
+    control: dict[str, Any] = {}
+    if not from_start:
+        # A JVM the bench did not start (a Spark Connect server): the recorder starts now, and
+        # the same run without it, right before, shows what that costs.
+        # TODO(h26): let `riverhouse engine start` pass the recorder's option to the server's JVM.
+        stats = bench.produce_orders("bench_profile_control", cfg.events, seed=33)
+        with ThreadSampler(pid) as control_threads:
+            before = _dedup_run(bench, "bench_profile_control", "bench_profile_control", stats.messages, stats.unique)
+        control = {
+            "seconds": before["seconds"],
+            "exact": before["exact"],
+            "jvm_threads_cpu_s": jfr.cpu_by_thread_group(control_threads.first, control_threads.last),
+            "stage_seconds": before["stage_seconds"],
+        }
+        settings = work / "riverhouse-bench.jfc"
+        settings.write_text(SETTINGS)
+        jcmd(pid, "JFR.start", f"name={RECORDING}", f"settings={settings}")
+    stats = bench.produce_orders("bench_profile", cfg.events, seed=32)
     try:
+        began = time.time()
         with ThreadSampler(pid) as sampler:
             run = _dedup_run(bench, "bench_profile", "bench_profile", stats.messages, stats.unique)
+        ended = time.time()
         jcmd(pid, "JFR.dump", f"name={RECORDING}", f"filename={recording}")
     finally:
-        jcmd(pid, "JFR.stop", f"name={RECORDING}")
+        if not from_start:
+            jcmd(pid, "JFR.stop", f"name={RECORDING}")
     threads = jfr.cpu_by_thread_group(sampler.first, sampler.last)
-    read = read_recording(recording)
+    read = read_recording(recording, began, ended)
     sampled = read["samples"]
     events = run["events"]
     task_cpu = sum(row["cpu_s"] for row in run["spark_stages"].values())
@@ -201,12 +240,8 @@ def profile_dedup(bench: Bench) -> dict[str, Any]:
         "spark_stages": run["spark_stages"],
         "stage_seconds": run["stage_seconds"],
         "cpu": run["cpu"],
-        "control": {
-            "seconds": control["seconds"],
-            "exact": control["exact"],
-            "jvm_threads_cpu_s": jfr.cpu_by_thread_group(control_threads.first, control_threads.last),
-            "stage_seconds": control["stage_seconds"],
-        },
+        "recorder": "with the JVM" if from_start else "by jcmd JFR.start",
+        "control": control,
     }
     stamp = recording.stem.removeprefix("dedup-")
     cfg.results_dir.mkdir(parents=True, exist_ok=True)
@@ -225,7 +260,7 @@ def profile_markdown(p: dict[str, Any], brief: bool = False) -> list[str]:
         "",
         f"A warm riverhouse_dedup run of {events:,} events ({p['seconds']:.1f} s from the query's start to every "
         f"row in ClickHouse, exact: {p['exact']}) with Java "
-        f"Flight Recorder on the engine's JVM ({p['engine']}). The JVM used {a['jvm_cpu_s']:.1f} CPU s, "
+        f"Flight Recorder on the engine's JVM ({p['engine']}; recorder started {p.get('recorder', '?')}). The JVM used {a['jvm_cpu_s']:.1f} CPU s, "
         f"{a['us_per_event'] or 0:.1f} us per event; Spark's tasks used {p['spark_task_cpu_s']:.1f} s of it "
         "(its event log). JIT compiler, GC and VM threads are measured from /proc; the Java threads' CPU is "
         f"shared out by {p['samples']['samples']:,} JFR execution samples (10 ms), each put in one bucket by "

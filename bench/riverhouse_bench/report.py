@@ -373,13 +373,15 @@ def method_lines() -> list[str]:
         "engine, each run starts its own Spark. p50/p95 nearest rank. The sensor's own tick interval and "
         "the daemon's queue are not in the figures. Exact when every run succeeded with its checks and "
         "silver and ClickHouse hold every order once.",
-        "- `jvm_profile` (`--profile`): a warm dedup run on a fresh topic with Java Flight Recorder started "
-        "and dumped by `jcmd` on the engine's JVM, recording only a stack sample of each running Java thread "
-        "every 10 ms, GC pauses and compilations over 100 ms; the same run without the recorder comes right "
-        "before it, so the recorder's own cost is shown. The JVM's threads' CPU from /proc: JIT compiler, GC and VM threads by "
-        "name; the Java threads' CPU shared out by their samples, each sample put in one bucket by the first "
-        "recognized frame from the top of its stack (`jfr.py` holds the rules). GC pauses and compilations "
-        "from JFR's events; Spark's task CPU from its event log.",
+        "- `jvm_profile` (`--profile`): a warm dedup run on a fresh topic with Java Flight Recorder on the "
+        "engine's JVM, recording only a stack sample of each running Java thread every 10 ms, GC pauses and "
+        "compilations over 100 ms. The bench's own session starts the recorder with its JVM "
+        "(`spark.driver.defaultJavaOptions`) and the run's window is read from a `jcmd JFR.dump`; a JVM the "
+        "bench did not start (a Spark Connect server) gets it by `jcmd JFR.start`, which made the recorded "
+        "run cost about twice the JVM CPU in a test, so the same run without the recorder comes right before "
+        "and is shown. The JVM's threads' CPU from /proc: JIT compiler, GC and VM threads by name; the Java "
+        "threads' CPU shared out by their samples, each sample put in one bucket by the first recognized frame "
+        "from the top of its stack (`jfr.py` holds the rules). Spark's task CPU from its event log.",
         "- `riverhouse_dedup_join`: orders + user events, LEFT temporal join, windows drained, in the "
         "warm process. The two sources' streaming queries start and run side by side. `events/s` "
         "is the first join pipeline of the process, start included; `excl. start-up` is the median of "

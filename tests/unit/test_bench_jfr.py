@@ -61,6 +61,15 @@ PARQUET_SNAPPY = [
         (PARQUET_SNAPPY, jfr.PARQUET),
         (["org.codehaus.janino.Parser.parse", "org.apache.spark.sql.delta.Snapshot.stateDS"], jfr.CODEGEN),
         (["py4j.GatewayConnection.run"], jfr.RPC),
+        # Building code text is code generation; running the generated class is a row operator.
+        (["org.apache.spark.sql.catalyst.expressions.codegen.Block.toString", "java.lang.Thread.run"], jfr.CODEGEN),
+        (
+            [
+                "org.apache.spark.sql.catalyst.expressions.codegen.UnsafeRowWriter.write",
+                "org.apache.spark.sql.catalyst.expressions.GeneratedClass$SpecificUnsafeProjection.apply",
+            ],
+            jfr.OPERATORS,
+        ),
         (["java.lang.Object.wait", "java.lang.Thread.run"], jfr.OTHER),
         ([], jfr.OTHER),
     ],
