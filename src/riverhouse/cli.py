@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -9,6 +10,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -18,8 +20,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from riverhouse.cli_support import HomeOption, err, fail, out, settings_for
+from riverhouse.platform.errors import EngineUnavailable
 from riverhouse.platform.kafka import local_kafka
-from riverhouse.platform.runtime.spark import JavaMissingError
+from riverhouse.platform.runtime import engine
+from riverhouse.platform.runtime.spark import REMOTE_ENV, JavaMissingError, SparkConfError, redact_remote
 from riverhouse.platform.spec import SpecError, check_together, load_spec
 from riverhouse.platform.state.settings import Settings, redact_dsn
 
@@ -31,6 +35,35 @@ app = typer.Typer(
 )
 DEMO_SPEC = Path("pipelines/orders_dedup.yaml")
 DEMO_JOIN_SPEC = Path("pipelines/orders_enriched.yaml")
+
+EngineOption = Annotated[
+    bool,
+    typer.Option(
+        "--engine/--no-engine",
+        help=f"Start the local engine (a Spark Connect server) when {REMOTE_ENV} names none and it is not "
+        "running; --no-engine: runs start Spark in their own process",
+    ),
+]
+
+
+def start_local_engine(settings: Settings, wanted: bool) -> tuple[str, bool]:
+    """Where runs get Spark, and whether this command started the engine (it then stops it)."""
+    if os.environ.get(REMOTE_ENV):
+        return f"Spark Connect at {redact_remote(os.environ[REMOTE_ENV])} ({REMOTE_ENV})", False
+    running = engine.status(settings.engine_state_dir)
+    if running:
+        return f"Spark Connect at {running.url} (the running local engine, pid {running.pid})", False
+    if not wanted:
+        return "Spark in each run's own process (no engine)", False
+    err.print("starting the engine (a Spark Connect server)...", highlight=False)
+    started = time.monotonic()
+    try:
+        state = engine.start(settings.engine_state_dir)
+    except (engine.EngineError, JavaMissingError, SparkConfError) as exc:
+        fail(str(exc))
+        raise AssertionError("unreachable") from None
+    took = time.monotonic() - started
+    return f"Spark Connect at {state.url} (local engine started in {took:.0f}s, pid {state.pid})", True
 
 
 # ---------------------------------------------------------------------------- validate
@@ -269,6 +302,9 @@ def _guarded(action: Any) -> Any:
         MetricsError,
         SpecError,
         local_kafka.LocalKafkaError,
+        EngineUnavailable,
+        engine.EngineError,
+        SparkConfError,
     ) as exc:
         fail(str(exc))
     except KeyboardInterrupt:
@@ -333,6 +369,7 @@ def demo(
     join_spec_file: Annotated[Path, typer.Option("--join-spec", help="Join pipeline spec")] = DEMO_JOIN_SPEC,
     skip_join: Annotated[bool, typer.Option("--skip-join", help="Only the dedup pipeline")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object")] = False,
+    use_engine: EngineOption = True,
     home: HomeOption = None,
 ) -> None:
     """The whole thing on the embedded defaults: local Kafka -> Spark -> Delta -> ClickHouse via Dagster.
@@ -345,18 +382,27 @@ def demo(
     join_spec = None if skip_join else _load_or_fail(join_spec_file)
     base = settings_for(home)
     log = (lambda m: None) if as_json else (lambda m: err.print(m, highlight=False))
-    result = _guarded(
-        lambda: run_demo(
-            spec,
-            base.home / "demo",
-            count=count,
-            duplicate_rate=duplicate_rate,
-            malformed=malformed,
-            log=log,
-            progress_console=None if as_json else err,
-            join_spec=join_spec,
+    # The engine of the base home (kept running if it was): the demo's own home is reset each run.
+    where, engine_started = start_local_engine(base, use_engine)
+    running = engine.status(base.engine_state_dir)
+    log(f"engine: {where}")
+    try:
+        result = _guarded(
+            lambda: run_demo(
+                spec,
+                base.home / "demo",
+                count=count,
+                duplicate_rate=duplicate_rate,
+                malformed=malformed,
+                log=log,
+                progress_console=None if as_json else err,
+                join_spec=join_spec,
+                spark_remote=running.url if running and not os.environ.get(REMOTE_ENV) else None,
+            )
         )
-    )
+    finally:
+        if engine_started:
+            engine.stop(base.engine_state_dir)
     if as_json:
         print(json.dumps(result["summary"]))
         return
@@ -377,6 +423,8 @@ def demo(
         f"(Kafka -> Delta -> ClickHouse, including Spark start-up)",
         highlight=False,
     )
+    stopped = " (started for the demo, stopped again)" if engine_started else ""
+    out.print(f"engine: {where}{stopped}", highlight=False)
     out.print(
         f"state kept in {base.home / 'demo'}; look at it in the UI with `riverhouse ui --home {base.home / 'demo'}`",
         highlight=False,
@@ -439,14 +487,21 @@ def reset(
 def ui(
     port: Annotated[int, typer.Option(help="Port on 127.0.0.1")] = 3000,
     pipelines: Annotated[Path, typer.Option(help="Folder of pipeline specs")] = Path("pipelines"),
+    use_engine: EngineOption = True,
     home: HomeOption = None,
 ) -> None:
-    """Start the local Kafka and the Dagster UI on 127.0.0.1 (Ctrl-C stops the UI)."""
+    """Start the local Kafka, the engine and the Dagster UI on 127.0.0.1; Ctrl-C stops what it started."""
     settings = settings_for(home)
+    dagster = shutil.which("dagster", path=str(Path(sys.executable).parent)) or shutil.which("dagster")
+    if not dagster:
+        fail("the dagster command was not found in this environment; reinstall riverhouse")
+    assert dagster is not None
+    kafka_was_running = local_kafka.status(settings.kafka_state_dir) is not None
     try:
         state = local_kafka.start(settings.kafka_state_dir)
     except local_kafka.LocalKafkaError as exc:
         fail(str(exc))
+    where, engine_started = start_local_engine(settings, use_engine)
     from riverhouse.deploy import local_dagster_home
 
     dagster_home = local_dagster_home(settings.home / "dagster")
@@ -456,23 +511,74 @@ def ui(
         "RIVERHOUSE_HOME": str(settings.home),
         "RIVERHOUSE_PIPELINES": str(pipelines.resolve()),
     }
-    dagster = shutil.which("dagster", path=str(Path(sys.executable).parent)) or shutil.which("dagster")
-    if not dagster:
-        fail("the dagster command was not found in this environment; reinstall riverhouse")
     err.print(f"local Kafka at {state.bootstrap}; ClickHouse {redact_dsn(settings.clickhouse_dsn)}", highlight=False)
+    err.print(f"engine: {where}", highlight=False)
     err.print(f"Dagster UI on http://127.0.0.1:{port} (Ctrl-C to stop)")
-    os.execve(dagster, [dagster, "dev", "-h", "127.0.0.1", "-p", str(port), "-m", "riverhouse.definitions"], env)
+    argv = [dagster, "dev", "-h", "127.0.0.1", "-p", str(port), "-m", "riverhouse.definitions"]
+    try:
+        code = _serve(argv, env)
+    finally:
+        if engine_started:
+            engine.stop(settings.engine_state_dir)
+            err.print("engine stopped", highlight=False)
+        if not kafka_was_running:
+            local_kafka.stop(settings.kafka_state_dir)
+            err.print("local Kafka stopped", highlight=False)
+    raise typer.Exit(0 if code in (0, -signal.SIGINT, -signal.SIGTERM) else code)
+
+
+def _serve(argv: list[str], env: dict[str, str]) -> int:
+    """Run `dagster dev` until it ends; a Ctrl-C or SIGTERM reaches it once, then it shuts down cleanly.
+
+    In a session of its own: a terminal's Ctrl-C would otherwise reach it twice (from the
+    terminal and from us), and a second interrupt cuts dagster's own shutdown short.
+    """
+    import subprocess
+
+    started: list[subprocess.Popen[bytes]] = []
+
+    def forward(signum: int, _frame: Any) -> None:
+        for proc in started:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
+
+    # Caught before the start: the child then begins with the default actions. An ignored
+    # SIGINT (a background job of a shell) would be inherited, and dagster dev makes SIGTERM
+    # do what SIGINT does.
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        started.append(subprocess.Popen(argv, env=env, start_new_session=True))
+        while True:
+            # A timed wait: a signal delivered to another thread of ours (gRPC's, Kafka's) runs
+            # its handler only when this thread next runs Python code.
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                return started[0].wait(timeout=0.5)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for proc in started:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
 
 
 def main() -> None:
+    # The Spark Connect client warns before it raises when an engine stops answering; the run's
+    # own error (naming `riverhouse engine start`) says it better.
+    warnings.filterwarnings("ignore", message=r".*RETRIES_EXCEEDED.*", category=UserWarning)
     app()
 
 
 # Sub-commands in modules of their own; registered last, they use the helpers above.
+from riverhouse.cli_engine import engine_app  # noqa: E402
 from riverhouse.cli_kafka import kafka_app  # noqa: E402
 from riverhouse.cli_migrate import deploy_config, import_app  # noqa: E402
 
 app.add_typer(kafka_app, name="kafka")
+app.add_typer(engine_app, name="engine")
 app.add_typer(import_app, name="import")
 app.command("deploy-config")(deploy_config)
 
