@@ -44,6 +44,10 @@ class Bench:
 
     def spark_conf(self, events_dir: Path | None = None) -> dict[str, str]:
         """The bench's session settings (the product's, and Spark's event log into `events_dir`)."""
+        if self.settings.spark_remote:
+            # A Spark Connect engine: the event log is a setting of its JVM (given at its start), not
+            # of a session; Spark's stage tables stay empty unless the engine logs into spark-events.
+            return dict(self.settings.spark_conf)
         events_dir = events_dir or self.spark_events
         events_dir.mkdir(parents=True, exist_ok=True)
         return {
@@ -60,14 +64,13 @@ class Bench:
 
     @property
     def spark(self) -> Any:
-        # TODO(h26): with a warm engine (RIVERHOUSE_SPARK_REMOTE=sc://...), take the session the
-        # product makes for it, once runtime/spark.py has that path; until then the bench's
-        # session is in-process, like `riverhouse run`'s.
+        # In-process, like `riverhouse run` without an engine; with RIVERHOUSE_SPARK_REMOTE (or a
+        # running engine of the bench's home) the product's session attaches to that engine.
         if self._spark is None:
             from riverhouse.platform.runtime.spark import get_spark
 
             conf = self.spark_conf()
-            if "jvm_profile" in self.cfg.scenarios:
+            if "jvm_profile" in self.cfg.scenarios and not self.settings.spark_remote:
                 # Java Flight Recorder from the JVM's start: started later by jcmd, it doubled the
                 # JVM's CPU (its JIT included) for the recorded run; running from the start it did not.
                 conf.update(jvm_profile.recorder_conf(self.home / "profile"))

@@ -72,7 +72,8 @@ def engine_jvm_pid() -> int:
     this machine: jcmd attaches to local JVMs only), or else this process's Spark driver."""
     remote = os.environ.get("RIVERHOUSE_SPARK_REMOTE")
     if remote:
-        # TODO(h26): take the pid from `riverhouse engine status` if the engine reports it.
+        # Found by the port it listens on: `riverhouse engine status` knows the pid of its own
+        # home's engine only, and RIVERHOUSE_SPARK_REMOTE may name any engine on this machine.
         parts = urlsplit(remote)
         pid = pid_listening_on(parts.port or 15002) if parts.hostname in ("localhost", "127.0.0.1", "::1") else None
         if pid is None or "java" not in _cmdline(pid).split(" ", 1)[0]:
@@ -191,9 +192,11 @@ def profile_dedup(bench: Bench) -> dict[str, Any]:
     from_start = recording_running(pid)
     control: dict[str, Any] = {}
     if not from_start:
-        # A JVM the bench did not start (a Spark Connect server): the recorder starts now, and
-        # the same run without it, right before, shows what that costs.
-        # TODO(h26): let `riverhouse engine start` pass the recorder's option to the server's JVM.
+        # A JVM the bench did not start (a Spark Connect server) without the recorder: it starts
+        # now, and the same run without it, right before, shows what that costs. An engine can
+        # record from its start: RIVERHOUSE_SPARK_CONF='{"spark.driver.defaultJavaOptions":
+        # "-XX:StartFlightRecording=name=riverhouse-bench,settings=<a .jfc>,maxage=30m"}' for
+        # `riverhouse engine start` (see recorder_conf).
         stats = bench.produce_orders("bench_profile_control", cfg.events, seed=33)
         with ThreadSampler(pid) as control_threads:
             before = _dedup_run(bench, "bench_profile_control", "bench_profile_control", stats.messages, stats.unique)

@@ -116,7 +116,8 @@ def _cold(bench: Bench, topic: str, max_offsets: int) -> dict[str, Any]:
         "folder": str(folder),
         "max_offsets": max_offsets,
         "master": bench.settings.spark_master,
-        "conf": bench.spark_conf(folder / "spark-events"),
+        # A plain Spark application runs its own session: no engine, whatever the bench attaches to.
+        "conf": {k: v for k, v in bench.spark_conf(folder / "spark-events").items() if k != "spark.remote"},
     }
     # The bench folder on the path however this process found it (make bench, riverhouse bench, bench/).
     path = os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")) if p)
@@ -124,7 +125,7 @@ def _cold(bench: Bench, topic: str, max_offsets: int) -> dict[str, Any]:
         [sys.executable, "-m", "riverhouse_bench.plain", json.dumps(args)],
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONPATH": path},
+        env={**{k: v for k, v in os.environ.items() if k != "RIVERHOUSE_SPARK_REMOTE"}, "PYTHONPATH": path},
         timeout=3600,
     )
     if ran.returncode != 0:

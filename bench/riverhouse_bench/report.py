@@ -369,8 +369,9 @@ def method_lines() -> list[str]:
         "after new records are produced; timed from the moment the process is started (the trigger) to the "
         "run's start (Dagster's launch), to the ingest step's start, to silver's first commit after the "
         "trigger (its Delta log), to the ClickHouse asset's materialization (the load returned), to the run's "
-        "success. Warm: against the engine RIVERHOUSE_SPARK_REMOTE names, after one unmeasured run; cold: no "
-        "engine, each run starts its own Spark. p50/p95 nearest rank. The sensor's own tick interval and "
+        "success. Cold: no engine, each run starts its own Spark. Warm: against the engine "
+        "RIVERHOUSE_SPARK_REMOTE names, or else one `riverhouse engine start` starts for the runs' home (its "
+        "start timed, stopped after), after one unmeasured run. p50/p95 nearest rank. The sensor's own tick interval and "
         "the daemon's queue are not in the figures. Exact when every run succeeded with its checks and "
         "silver and ClickHouse hold every order once.",
         "- `jvm_profile` (`--profile`): a warm dedup run on a fresh topic with Java Flight Recorder on the "

@@ -203,7 +203,12 @@ def triggered_lines(s: dict[str, Any]) -> list[str]:
         "## From a trigger to the data (triggered_start)",
         "",
         f"Dagster stream runs of the pipeline's job in a new process each, {r['events_per_run']:,} new records "
-        f"per run. Warm: the engine at {r.get('engine') or '(none)'}; cold: no engine, each run starts Spark.",
+        f"per run. Cold: no engine, each run starts Spark. Warm: the engine at {r.get('engine') or '(none)'}"
+        + (
+            f" (`riverhouse engine start` for these runs took {r['engine_start_s']:.1f} s), after one unmeasured run."
+            if r.get("engine_start_s") is not None
+            else ", after one unmeasured run."
+        ),
         "",
         "| figure | cold p50 | cold p95 | warm p50 | warm p95 |",
         "|---|---:|---:|---:|---:|",

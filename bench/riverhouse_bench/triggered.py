@@ -17,9 +17,10 @@ bench starts the process. From the run's event log and silver's Delta log:
 - clickhouse_s: trigger -> the ClickHouse asset's materialization (the load has returned, so
   the rows are visible); run_s: trigger -> RUN_SUCCESS.
 
-Warm: RIVERHOUSE_SPARK_REMOTE=sc://host:port names a running engine (`riverhouse engine
-start`); one unmeasured run first, then `triggered_runs` measured. Cold: the same runs without
-an engine, each starting its own Spark (today's path), `triggered_cold_runs` of them.
+Cold first: `triggered_cold_runs` runs with no engine, each starting its own Spark. Then warm:
+the engine RIVERHOUSE_SPARK_REMOTE=sc://host:port names, or else one the bench starts for the
+runs' home with `riverhouse engine start` (timed: `engine_start_s`) and stops after; one
+unmeasured run first, then `triggered_runs` measured.
 """
 
 from __future__ import annotations
@@ -223,6 +224,20 @@ class TriggeredRuns:
                 )
             return out
 
+    def engine(self, command: str) -> subprocess.CompletedProcess[str]:
+        """`riverhouse engine <command>` for the runs' home (the CLI, as a user starts the engine)."""
+        home = str(self.home / "riverhouse")
+        ran = subprocess.run(
+            [sys.executable, "-m", "riverhouse.cli", "engine", *command.split(), "--home", home],
+            capture_output=True,
+            text=True,
+            env=self.env(None),
+            timeout=600,
+        )
+        if ran.returncode != 0 and command != "stop":
+            raise RuntimeError(f"riverhouse engine {command} failed: {(ran.stderr or ran.stdout).strip()[-800:]}")
+        return ran
+
     def silver_commits(self, spec: Any) -> list[tuple[int, float]]:
         from riverhouse.platform.state.tables import TableLayout
 
@@ -268,19 +283,22 @@ def triggered_start(bench: Bench) -> dict[str, Any]:
     out["cold"] = (
         runs.series("bench_trig_cold", cfg.triggered_cold_runs, None, False, 100) if cfg.triggered_cold_runs else None
     )
-    if remote is None:
-        # TODO(h26): start the warm engine here (`riverhouse engine start` under the bench's home,
-        # stopped after) once branch h26 is merged; until then only an engine named by the
-        # environment is measured.
-        out["warm"] = None
-        out["warm_skipped"] = (
-            f"no warm engine: set {REMOTE_VARIABLE}=sc://host:port (`riverhouse engine start`, issue 26)"
-        )
-    elif problem := engine_reachable(remote):
-        out["warm"] = None
-        out["warm_skipped"] = problem
+    if remote is not None:
+        if problem := engine_reachable(remote):
+            out.update(warm=None, warm_skipped=problem)
+        else:
+            out["warm"] = runs.series("bench_trig_warm", cfg.triggered_runs, remote, True, 200)
     else:
-        out["warm"] = runs.series("bench_trig_warm", cfg.triggered_runs, remote, True, 200)
+        # No engine named: the runs' home gets its own local engine, started as a user would.
+        started = time.monotonic()
+        runs.engine("start")
+        out["engine_start_s"] = round(time.monotonic() - started, 3)
+        try:
+            status = json.loads(runs.engine("status --json").stdout)
+            out["engine"] = status["engine"]
+            out["warm"] = runs.series("bench_trig_warm", cfg.triggered_runs, status["engine"], True, 200)
+        finally:
+            runs.engine("stop")
     series = [s for s in (out["cold"], out["warm"]) if s]
 
     def figure(which: str, name: str, stat: str) -> float | None:
