@@ -14,7 +14,6 @@ batch's event times (`not_in_silver`), and the rest is appended (ingest/writer.p
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -110,7 +109,7 @@ def dedup_batch(valid: Any, key: list[str], window: timedelta) -> InBatch:
         F.min_by(F.struct(*columns), F.struct(*ORDER_COLUMNS)).alias("_first"), span.alias("_span")
     )
     per_key = per_key.persist(StorageLevel.MEMORY_AND_DISK)
-    seen = Observation(f"rh_dedup_{uuid.uuid4().hex[:8]}")
+    seen = Observation("rh_dedup")
     is_long = F.col("_span") > F.lit(micros)
     per_key.observe(seen, F.sum(F.when(is_long, 1).otherwise(0)).alias("long")).count()
     long_keys = int(seen.get["long"] or 0)
@@ -157,10 +156,12 @@ def not_in_silver(
     if not files:
         return unique  # silver holds nothing within a window of this batch
     stored_types = {f.name: f.dataType for f in unique.schema.fields}
+    # No filter on the time bounds here: the files were chosen by them, the join's condition
+    # checks each pair, and a literal that changes every batch would make Spark generate and
+    # compile new code for this scan every batch (bench/analysis.md).
     stored = (
         spark.read.schema(StructType([StructField(c, stored_types[c]) for c in [*key, "_event_time"]]))
         .parquet(*files)
-        .where((F.col("_event_time") >= F.lit(lo)) & (F.col("_event_time") <= F.lit(hi)))
         .select(*[F.col(k).alias(f"_s_{k}") for k in key], F.unix_micros("_event_time").alias("_s_t"))
     )
     probe = unique.select(*[F.col(k).alias(f"_b_{k}") for k in key], F.unix_micros("_event_time").alias("_b_t"))

@@ -14,7 +14,6 @@ and without session settings that two pipelines sharing a Spark Connect session 
 from __future__ import annotations
 
 import json
-import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from typing import Any, Protocol
@@ -84,7 +83,9 @@ def append_once(
         return Appended(done, None)
     before = log.latest_version()
     mark = {MARK_APP: app_id, MARK_BATCH: batch_id, **(metadata or {})}
-    observation = Observation(f"rh_append_{uuid.uuid4().hex[:8]}")
+    # A name per table, not per call: the name is in the plan, and a plan that differs every
+    # batch is generated and compiled again every batch.
+    observation = Observation(f"rh_append_{table or 'rows'}")
     observed = rows.observe(observation, F.count(F.lit(1)).alias("_rows"), *(observe or []))
     observed.write.format("delta").mode("append").option("userMetadata", json.dumps(mark, sort_keys=True)).save(path)
     figures = dict(observation.get)
