@@ -21,7 +21,7 @@ from riverhouse.cli_support import HomeOption, err, fail, out, settings_for
 from riverhouse.platform.kafka import local_kafka
 from riverhouse.platform.runtime.spark import JavaMissingError
 from riverhouse.platform.spec import SpecError, check_together, load_spec
-from riverhouse.platform.state.settings import Settings, redact_dsn
+from riverhouse.platform.state.settings import Settings, dsn_database, redact_dsn
 
 app = typer.Typer(
     help="Riverhouse: Kafka -> deduplicated Delta tables -> ClickHouse, exactly once.",
@@ -47,7 +47,8 @@ def validate(files: Annotated[list[Path], typer.Argument(help="Pipeline spec fil
             loaded.append((str(path), load_spec(path)))
         except SpecError as exc:
             errors.append(exc)
-    accepted, clashes = check_together(loaded)
+    # A sink without `database:` lands in the DSN's database: compared as that one.
+    accepted, clashes = check_together(loaded, dsn_database(os.environ.get("RIVERHOUSE_CLICKHOUSE_DSN", "")))
     for exc in errors + clashes:
         err.print(f"[bold red]{escape(exc.source)}[/]: {len(exc.problems)} problem(s)", highlight=False)
         for where, message, hint in exc.problems:
@@ -140,7 +141,7 @@ def generate(
         Path | None,
         typer.Option(
             "--spec",
-            help="Take the Kafka connection (bootstrap servers, security in kafka.config) from this pipeline spec",
+            help="Take the Kafka connection (bootstrap servers, kafka.security, kafka.config) from this pipeline spec",
         ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the counts as JSON")] = False,
@@ -162,9 +163,12 @@ def generate(
     if spec_file is not None:
         spec = _load_or_fail(spec_file)
         from riverhouse.platform.kafka.client import librdkafka_security
+        from riverhouse.platform.kafka.client_settings import LIBRDKAFKA, for_client
 
-        # The spec's extras and its security, as librdkafka settings (bootstrap comes below).
-        client_config = _guarded(lambda: {**spec.kafka.resolved_config(), **librdkafka_security(spec.kafka.security)})
+        # The spec's librdkafka settings and its security (bootstrap comes below).
+        client_config = _guarded(
+            lambda: {**for_client(spec.kafka.resolved_config(), LIBRDKAFKA), **librdkafka_security(spec.kafka.security)}
+        )
         if not bootstrap and spec.kafka.bootstrap_servers != "local":
             bootstrap = spec.kafka.bootstrap_servers
     started = time.monotonic()

@@ -21,7 +21,7 @@ import dagster as dg
 from riverhouse.assets import build_pipeline_assets
 from riverhouse.assets.orchestration import build_orchestration
 from riverhouse.platform.spec import PipelineSpec, SpecError, load_spec_folder
-from riverhouse.platform.state.settings import Settings
+from riverhouse.platform.state.settings import Settings, dsn_database
 from riverhouse.resources import resources_from_settings
 
 SPEC_ERRORS_GROUP = "spec_errors"
@@ -55,9 +55,9 @@ def spec_error_asset(error: SpecError, taken: set[str]) -> dg.AssetSpec:
 
 def build_definitions(specs: list[PipelineSpec] | None = None, settings: Settings | None = None) -> dg.Definitions:
     errors: list[SpecError] = []
-    if specs is None:
-        specs, errors = load_spec_folder(pipelines_dir())
     settings = settings or Settings.from_env()
+    if specs is None:
+        specs, errors = load_spec_folder(pipelines_dir(), dsn_database(settings.clickhouse_dsn))
     assets: list = []
     checks: list = []
     jobs: list = []

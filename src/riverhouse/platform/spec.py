@@ -13,7 +13,6 @@ from datetime import date, timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -25,7 +24,10 @@ from pydantic import (
     model_validator,
 )
 
-from riverhouse.platform.envrefs import accepts_env_ref, env_ref_problems, is_secret_key, resolve_env_refs
+from riverhouse.platform.envrefs import env_ref_problems, resolve_env_refs, scope_problems
+from riverhouse.platform.kafka.client_settings import config_problems
+from riverhouse.platform.kafka.client_settings import is_secret as is_secret_setting
+from riverhouse.platform.spec_yaml import YamlProblem, load_yaml
 
 # Every pattern is used with `fullmatch`: `re.match` with `$` accepts a trailing newline,
 # which then reached DDL, paths and Dagster names.
@@ -33,7 +35,6 @@ IDENTIFIER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 TOPIC_RE = re.compile(r"[A-Za-z0-9._-]{1,249}")
 WINDOW_RE = re.compile(r"\s*(\d+)\s*(s|m|h|d|w)\s*")
 OWNER_RE = re.compile(r"(team:[A-Za-z0-9_.-]+|[^@\s]+@[^@\s]+\.[^@\s]+)")
-LIBRDKAFKA_KEY_RE = re.compile(r"[a-z][a-z0-9._]*")
 # Riverhouse's own columns (_topic, _event_date, _status, _left_*...) start with '_', so a
 # field or output column may not: it would duplicate or shadow one of them.
 SYSTEM_COLUMN_PREFIX = "_"
@@ -42,16 +43,7 @@ SYSTEM_COLUMN_PREFIX = "_"
 RESERVED_TABLE_PREFIX = "riverhouse_"
 MAX_WINDOW = timedelta(days=7)
 WINDOW_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
-
-# Kafka client settings Riverhouse owns: a spec may not override them because
-# correctness (deterministic replay from Spark's checkpoint) depends on them.
-RESERVED_KAFKA_KEYS = {
-    "bootstrap.servers",
-    "group.id",
-    "enable.auto.commit",
-    "auto.offset.reset",
-    "enable.partition.eof",
-}
+WINDOW_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 FieldType = Literal["string", "int", "long", "float", "double", "boolean", "timestamp", "date"]
 NUMERIC_TYPES = ("int", "long", "float", "double")
@@ -83,10 +75,17 @@ def parse_window(value: Any) -> timedelta:
     if isinstance(value, timedelta):
         window = value
     else:
-        match = WINDOW_RE.fullmatch(str(value))
+        text = str(value)
+        match = WINDOW_RE.fullmatch(text) if len(text) <= 40 else None
         if not match:
-            raise ValueError(f"window {value!r} is not a duration: write a number and a unit, e.g. 30s, 15m, 1h, 7d")
-        window = timedelta(**{WINDOW_UNITS[match.group(2)]: int(match.group(1))})
+            raise ValueError(
+                f"window {text[:40]!r} is not a duration: write a number and a unit, e.g. 30s, 15m, 1h, 7d"
+            )
+        number, unit = match.group(1), match.group(2)
+        # Compared in whole seconds before a timedelta is built: timedelta(days=10**20) raises OverflowError.
+        if int(number) * WINDOW_SECONDS[unit] > MAX_WINDOW.total_seconds():
+            raise ValueError(f"window {value!r} is longer than the maximum of 7 days")
+        window = timedelta(**{WINDOW_UNITS[unit]: int(number)})
     if window <= timedelta(0):
         raise ValueError(f"window {value!r} must be longer than 0")
     if window > MAX_WINDOW:
@@ -194,7 +193,7 @@ class SourceSpec(StrictModel):
     key: list[Identifier] = Field(min_length=1)
     event_time: EventTimeSpec = EventTimeSpec()
     dedup: DedupSpec | None = None
-    max_message_bytes: int = Field(default=1_000_000, gt=0)
+    max_message_bytes: int = Field(default=1_000_000, gt=0, le=2**31 - 1)
 
     @field_validator("topic")
     @classmethod
@@ -272,9 +271,9 @@ class KafkaSecurity(StrictModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> KafkaSecurity:
-        if self.password is not None and not ENV_REF_ONLY_RE.match(self.password):
+        if self.password is not None and not ENV_REF_ONLY_RE.fullmatch(self.password):
             raise ValueError(
-                "password must be an environment reference like ${env:RIVERHOUSE_SECRET_KAFKA_PASSWORD}, not the secret"
+                "password must be an environment reference like ${env:RIVERHOUSE_SECRET_<PIPELINE>__KAFKA_PASSWORD}, not the secret"
             )
         for value in (self.username, self.password):
             if problems := env_ref_problems(value):
@@ -294,45 +293,55 @@ class KafkaSecurity(StrictModel):
 class KafkaSpec(StrictModel):
     # "local" means: the local Kafka started by `riverhouse kafka start`.
     bootstrap_servers: str = "local"
-    # Security, stated once for both clients (kafka_source.py maps it); `config` is extra
-    # librdkafka tuning for the sensor, the generator and the benchmarks.
+    # Security, stated once for both clients (kafka/client.py maps it); `config` is client
+    # tuning from an allow-list (kafka/client_settings.py), each setting for the clients it names.
     security: KafkaSecurity | None = None
     config: dict[str, str | int | float | bool] = Field(default_factory=dict)
     starting_offsets: Literal["earliest", "latest"] = "earliest"
-    max_offsets_per_trigger: int = Field(default=500_000, gt=0)
+    max_offsets_per_trigger: int = Field(default=500_000, gt=0, le=2**31 - 1)
     # Records Kafka lost before they were read (retention, a recreated topic) stop the run;
     # false skips them (the run says how many).
     fail_on_data_loss: bool = True
 
-    @field_validator("config")
+    @field_validator("bootstrap_servers")
     @classmethod
-    def _config_keys(cls, value: dict[str, Any]) -> dict[str, Any]:
-        for key in value:
-            if not isinstance(key, str) or not LIBRDKAFKA_KEY_RE.fullmatch(key):
-                raise ValueError(f"{key!r} is not a librdkafka setting name (e.g. sasl.mechanism)")
-            if key in RESERVED_KAFKA_KEYS:
-                raise ValueError(
-                    f"{key!r} is managed by Riverhouse (offsets live in Spark's checkpoint); "
-                    "set bootstrap servers with kafka.bootstrap_servers"
-                )
-        for key, item in value.items():
-            problems = env_ref_problems(item)
-            if problems:
-                raise ValueError(f"kafka.config.{key}: " + "; ".join(problems))
-            if isinstance(item, str) and "${env:" in item and not accepts_env_ref(key):
-                raise ValueError(
-                    f"kafka.config.{key}: ${{env:...}} is allowed only in credential settings "
-                    "(passwords, secrets, keys, JAAS/OAuth configs, sasl.username), where the value goes to the "
-                    "broker's authentication and nowhere else"
-                )
+    def _servers(cls, value: str) -> str:
+        if "${" in value:
+            raise ValueError(
+                "bootstrap_servers cannot take ${env:...}: a secret must never become a host name (the operator "
+                "sets RIVERHOUSE_KAFKA_BOOTSTRAP to override the servers)"
+            )
         return value
 
+    @field_validator("config")
+    @classmethod
+    def _config_allowed(cls, value: dict[str, Any]) -> dict[str, Any]:
+        problems = config_problems(value)
+        for key, item in value.items():
+            problems += [f"{str(key)[:80]}: {p}" for p in env_ref_problems(item)]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return value
+
+    @model_validator(mode="after")
+    def _key_password_needs_a_key(self) -> KafkaSpec:
+        if "ssl.key.password" in self.config and (self.security is None or self.security.key is None):
+            raise ValueError("kafka.config.ssl.key.password decrypts kafka.security.key: give the key there too")
+        return self
+
     def resolved_config(self) -> dict[str, Any]:
-        """librdkafka settings with `${env:NAME}` references resolved (never log the result)."""
+        """The settings with `${env:NAME}` references resolved (never log the result)."""
         return {k: resolve_env_refs(v, f"kafka.config.{k}") for k, v in self.config.items()}
 
     def redacted_config(self) -> dict[str, Any]:
-        return {k: ("***" if is_secret_key(k) else v) for k, v in self.config.items()}
+        return {k: ("***" if is_secret_setting(k) else v) for k, v in self.config.items()}
+
+    def references(self) -> list[tuple[str, str]]:
+        """(where, value) of every setting that may hold an `${env:NAME}` reference."""
+        out = [(f"kafka.config.{k}", v) for k, v in self.config.items() if isinstance(v, str)]
+        if self.security is not None:
+            out += [(f"kafka.security.{n}", getattr(self.security, n)) for n in ("username", "password")]
+        return [(where, value) for where, value in out if value]
 
 
 class SinkSpec(StrictModel):
@@ -440,6 +449,13 @@ class PipelineSpec(StrictModel):
             if not isinstance(owner, str) or not OWNER_RE.fullmatch(owner):
                 raise ValueError(f"owner {owner!r} must be an email address or team:<name>")
         return value
+
+    @model_validator(mode="after")
+    def _secrets_are_this_pipelines(self) -> PipelineSpec:
+        problems = [f"{where}: {p}" for where, value in self.kafka.references() for p in scope_problems(value, self.name)]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
     @model_validator(mode="after")
     def _sink_refers_to_a_source(self) -> PipelineSpec:
@@ -568,6 +584,7 @@ def _format_loc(loc: tuple[Any, ...]) -> str:
 
 
 def parse_spec(data: Any, source: str = "<spec>") -> PipelineSpec:
+    """The spec from its data; every problem, and any failure while checking, is a SpecError naming `source`."""
     if not isinstance(data, dict):
         raise SpecError(source, [("", "the spec must be a YAML mapping", "start with `name: my_pipeline`")])
     try:
@@ -578,33 +595,43 @@ def parse_spec(data: Any, source: str = "<spec>") -> PipelineSpec:
             message = str(err["msg"]).removeprefix("Value error, ")
             problems.append((_format_loc(err["loc"]), message, _hint_for(err)))
         raise SpecError(source, problems) from None
+    except RecursionError:
+        raise SpecError(source, [("", "the spec is nested too deeply to check", "flatten it")]) from None
+    except Exception as exc:  # one file's failure is that file's error, never the whole code location's
+        raise SpecError(
+            source,
+            [("", f"the spec could not be checked ({type(exc).__name__}: {str(exc)[:200]})", "report this as a bug")],
+        ) from None
 
 
 def load_spec(path: str | Path) -> PipelineSpec:
     path = Path(path)
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except OSError as exc:
         raise SpecError(str(path), [("", f"cannot read file: {exc.strerror}", "check the path")]) from None
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise SpecError(str(path), [(where, f"invalid YAML: {getattr(exc, 'problem', exc)}", "")]) from None
+        data = load_yaml(raw)
+    except YamlProblem as exc:
+        raise SpecError(str(path), [(exc.where, exc.message, exc.hint)]) from None
     return parse_spec(data, str(path))
 
 
-def sink_identity(spec: PipelineSpec) -> tuple[str, str]:
-    """(database, table) of the ClickHouse table the spec loads ('' = the DSN's database)."""
-    return (spec.sink.database or "", spec.sink.table)
+def sink_identity(spec: PipelineSpec, default_database: str = "default") -> tuple[str, str]:
+    """(database, table) of the ClickHouse table the spec loads, the database resolved: a sink
+    without one loads the DSN's database (`dsn_database`), so `database: default` and none are one table."""
+    return (spec.sink.database or default_database, spec.sink.table)
 
 
-def check_together(loaded: list[tuple[str, PipelineSpec]]) -> tuple[list[PipelineSpec], list[SpecError]]:
+def check_together(
+    loaded: list[tuple[str, PipelineSpec]], default_database: str = "default"
+) -> tuple[list[PipelineSpec], list[SpecError]]:
     """Specs that may be loaded side by side, in order; a later one that clashes with an earlier one is refused.
 
-    Two pipelines with one name would share tables and Dagster assets; two pipelines loading one
-    ClickHouse table would double its rows (their deduplication tokens differ).
+    Two pipelines with one name would share tables and Dagster assets, and two whose names differ
+    only in case would share secrets (RIVERHOUSE_SECRET_<PIPELINE>__*, envrefs.py); two pipelines
+    loading one ClickHouse table would double its rows (their deduplication tokens differ).
+    `default_database` is the DSN's database, where a sink without `database:` lands.
     """
     names: dict[str, str] = {}
     sinks: dict[tuple[str, str], str] = {}
@@ -612,28 +639,37 @@ def check_together(loaded: list[tuple[str, PipelineSpec]]) -> tuple[list[Pipelin
     errors: list[SpecError] = []
     for source, spec in loaded:
         problems = []
-        if spec.name in names:
-            problems.append(("name", f"pipeline name {spec.name!r} is already used by {names[spec.name]}", ""))
-        sink = sink_identity(spec)
+        if spec.name.upper() in names:
+            problems.append(
+                (
+                    "name",
+                    f"pipeline name {spec.name!r} is already used by {names[spec.name.upper()]} (names are compared "
+                    "ignoring case: they name the pipeline's secrets)",
+                    "give each pipeline its own name",
+                )
+            )
+        sink = sink_identity(spec, default_database)
         if sink in sinks:
-            where = f"{sink[0]}.{sink[1]}" if sink[0] else sink[1]
             problems.append(
                 (
                     "sink.table",
-                    f"ClickHouse table {where!r} is already loaded by {sinks[sink]}",
+                    f"ClickHouse table {sink[0]}.{sink[1]!s} is already loaded by {sinks[sink]}"
+                    + ("" if spec.sink.database else f" (a sink without database: loads the DSN's, {sink[0]})"),
                     "each pipeline loads its own table; two loaders of one table would double its rows",
                 )
             )
         if problems:
             errors.append(SpecError(source, problems))
             continue
-        names[spec.name] = source
+        names[spec.name.upper()] = source
         sinks[sink] = source
         accepted.append(spec)
     return accepted, errors
 
 
-def load_spec_folder(folder: str | Path) -> tuple[list[PipelineSpec], list[SpecError]]:
+def load_spec_folder(
+    folder: str | Path, default_database: str = "default"
+) -> tuple[list[PipelineSpec], list[SpecError]]:
     """Every spec of the folder that loads, and one error per file that does not (or clashes)."""
     loaded: list[tuple[str, PipelineSpec]] = []
     errors: list[SpecError] = []
@@ -642,7 +678,7 @@ def load_spec_folder(folder: str | Path) -> tuple[list[PipelineSpec], list[SpecE
             loaded.append((str(path), load_spec(path)))
         except SpecError as exc:
             errors.append(exc)
-    accepted, clashes = check_together(loaded)
+    accepted, clashes = check_together(loaded, default_database)
     return accepted, errors + clashes
 
 

@@ -83,7 +83,7 @@ def build_spec(p: Pipeline, result: ImportResult, output: Path | None) -> dict[s
         raise ImporterError(result.path, [("sink.type", f"{p.sink.type!r}: Riverhouse loads ClickHouse", "")])
     spec: dict[str, Any] = {"name": identifier(p.pipeline_id.replace("-", "_"), "pipeline_id", result)}
     spec["description"] = f"{p.name or p.pipeline_id} (imported from GlassFlow pipeline {p.pipeline_id})"
-    spec["kafka"] = kafka_block(p, result, output)
+    spec["kafka"] = kafka_block(p, result, output, spec["name"])
     names = {s.sid: identifier(s.sid, "source", result) for s in p.sources}
     if p.join is None:
         if len(p.sources) != 1:

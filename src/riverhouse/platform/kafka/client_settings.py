@@ -1,0 +1,161 @@
+"""`kafka.config`: the Kafka client settings a spec may set, by name, with their types.
+
+A spec's `kafka.config` was passed to librdkafka as it stood, and librdkafka settings can do
+far more than tune a client: `plugin.library.paths` and `ssl.engine.location` load a shared
+library into the process that evaluates the sensor (the code location serving every team),
+`metadata.broker.list` replaces the bootstrap servers (the operator's RIVERHOUSE_KAFKA_BOOTSTRAP
+included) and sends the spec's SASL credentials to the host it names (issue 27). So a spec
+may set only the settings listed here, each with its type and range, and each reaches the
+clients it is listed for: librdkafka (the lag sensor, the run's offset check, the generator,
+the benchmarks) and/or the Java client of Spark's Kafka connector (as `kafka.<name>`).
+Anything else is a validation error naming the setting.
+
+Security is stated in `kafka.security`, once for both clients; the one credential setting
+here (`ssl.key.password`, for an encrypted client key) takes its value only from the
+environment (`${env:NAME}`, envrefs.py). No setting here holds a host, a URL or a file.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+LIBRDKAFKA = "librdkafka"
+JAVA = "java"
+BOTH = (LIBRDKAFKA, JAVA)
+
+
+@dataclass(frozen=True)
+class ClientSetting:
+    kind: str  # "int", "bool", "str" (a plain token), "enum", "secret" (only as ${env:NAME})
+    clients: tuple[str, ...]
+    low: int = 0
+    high: int = 2**31 - 1
+    choices: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        if self.kind == "int":
+            return f"an integer from {self.low} to {self.high}"
+        if self.kind == "bool":
+            return "true or false"
+        if self.kind == "enum":
+            return "one of " + ", ".join(self.choices)
+        if self.kind == "secret":
+            return "an environment reference like ${env:RIVERHOUSE_SECRET_<PIPELINE>__KEY_PASSWORD}"
+        return "letters, digits, '.', '_' or '-' (at most 100)"
+
+
+def _int(low: int, high: int, clients: tuple[str, ...] = BOTH) -> ClientSetting:
+    return ClientSetting("int", clients, low, high)
+
+
+KB, MB, HOUR_MS, DAY_MS = 1 << 10, 1 << 20, 3_600_000, 86_400_000
+ALLOWED: dict[str, ClientSetting] = {
+    # Both clients, one name.
+    "client.id": ClientSetting("str", BOTH),
+    "client.rack": ClientSetting("str", BOTH),
+    "metadata.max.age.ms": _int(1_000, DAY_MS),
+    "reconnect.backoff.ms": _int(0, HOUR_MS),
+    "reconnect.backoff.max.ms": _int(0, HOUR_MS),
+    "retry.backoff.ms": _int(1, 300_000),
+    "connections.max.idle.ms": _int(0, DAY_MS),
+    "socket.connection.setup.timeout.ms": _int(1_000, 300_000),
+    "fetch.min.bytes": _int(1, 100 * MB),
+    "fetch.max.bytes": _int(1, 2**31 - 1),
+    "max.partition.fetch.bytes": _int(1, 2**31 - 1),
+    "ssl.key.password": ClientSetting("secret", BOTH),
+    # librdkafka only (the Java client names these differently, or has no such setting).
+    "socket.timeout.ms": _int(10, 300_000, (LIBRDKAFKA,)),
+    "socket.keepalive.enable": ClientSetting("bool", (LIBRDKAFKA,)),
+    "socket.receive.buffer.bytes": _int(0, 100 * MB, (LIBRDKAFKA,)),
+    "socket.send.buffer.bytes": _int(0, 100 * MB, (LIBRDKAFKA,)),
+    "topic.metadata.refresh.interval.ms": _int(-1, HOUR_MS, (LIBRDKAFKA,)),
+    "fetch.wait.max.ms": _int(0, 300_000, (LIBRDKAFKA,)),
+    "message.max.bytes": _int(1_000, 1_000_000_000, (LIBRDKAFKA,)),
+    "linger.ms": _int(0, 900_000, (LIBRDKAFKA,)),
+    "batch.size": _int(1, 2**31 - 1, (LIBRDKAFKA,)),
+    "batch.num.messages": _int(1, 1_000_000, (LIBRDKAFKA,)),
+    "compression.type": ClientSetting("enum", (LIBRDKAFKA,), choices=("none", "gzip", "snappy", "lz4", "zstd")),
+    "queue.buffering.max.messages": _int(1, 2**31 - 1, (LIBRDKAFKA,)),
+    "queue.buffering.max.kbytes": _int(1, 2**31 - 1, (LIBRDKAFKA,)),
+    # The Java client of Spark's connector only.
+    "receive.buffer.bytes": _int(-1, 100 * MB, (JAVA,)),
+    "send.buffer.bytes": _int(-1, 100 * MB, (JAVA,)),
+    "fetch.max.wait.ms": _int(0, 300_000, (JAVA,)),
+    "max.poll.records": _int(1, 1_000_000, (JAVA,)),
+    "client.dns.lookup": ClientSetting(
+        "enum", (JAVA,), choices=("use_all_dns_ips", "resolve_canonical_bootstrap_servers_only")
+    ),
+}
+# Settings Riverhouse owns: correctness (deterministic replay from Spark's checkpoint) depends on them.
+RESERVED = {"bootstrap.servers", "group.id", "enable.auto.commit", "auto.offset.reset", "enable.partition.eof"}
+PLAIN_TOKEN_RE = re.compile(r"[A-Za-z0-9._-]{1,100}")
+ENV_REF_ONLY_RE = re.compile(r"\$\{env:[A-Za-z_][A-Za-z0-9_]*\}")
+CREDENTIAL_HINTS = ("password", "secret", "token", "key", "credential", "jaas", "sasl.", "ssl.", "security.")
+
+
+def config_problems(config: dict[Any, Any]) -> list[str]:
+    """Why each setting of `kafka.config` may not be there (empty when all may). Never repeats a secret value."""
+    problems: list[str] = []
+    security: list[str] = []
+    unknown: list[str] = []
+    for key, value in config.items():
+        shown = repr(key[:80]) if isinstance(key, str) else repr(key)
+        if not isinstance(key, str):
+            unknown.append(shown)
+        elif key in RESERVED:
+            problems.append(
+                f"{shown} is managed by Riverhouse (offsets live in Spark's checkpoint); "
+                "set bootstrap servers with kafka.bootstrap_servers"
+            )
+        elif key not in ALLOWED:
+            (security if any(h in key.lower() for h in CREDENTIAL_HINTS) else unknown).append(shown)
+        elif problem := _value_problem(key, ALLOWED[key], value):
+            problems.append(problem)
+    if security:
+        problems.append(
+            f"{', '.join(security)}: security is not set in kafka.config; state it once in kafka.security "
+            "(protocol, mechanism, username, password as ${env:RIVERHOUSE_SECRET_<PIPELINE>__KAFKA_PASSWORD}, "
+            "ca, certificate, key), which both Kafka clients get"
+        )
+    if unknown:
+        problems.append(
+            f"{', '.join(unknown)}: not a client setting kafka.config passes on (allowed: "
+            f"{', '.join(sorted(ALLOWED))}; see docs/pipeline-spec.md#kafka-client-settings)"
+        )
+    return problems
+
+
+def _value_problem(key: str, setting: ClientSetting, value: Any) -> str | None:
+    if setting.kind == "secret":
+        if isinstance(value, str) and ENV_REF_ONLY_RE.fullmatch(value):
+            return None
+        return (
+            f"{key} is a secret: write it as an environment reference like "
+            "${env:RIVERHOUSE_SECRET_<PIPELINE>__KEY_PASSWORD}, never the secret itself (specs are kept in git)"
+        )
+    if isinstance(value, str) and "${" in value:
+        return f"{key}: ${{env:...}} is allowed only in secret settings (ssl.key.password, kafka.security.password)"
+    ok = {
+        "int": isinstance(value, int) and not isinstance(value, bool) and setting.low <= value <= setting.high,
+        "bool": isinstance(value, bool),
+        "str": isinstance(value, str) and PLAIN_TOKEN_RE.fullmatch(value) is not None,
+        "enum": value in setting.choices,
+    }[setting.kind]
+    return None if ok else f"{key} should be {setting.describe()}, got {str(value)[:40]!r}"
+
+
+def for_client(config: dict[str, Any], client: str) -> dict[str, Any]:
+    """The settings of `config` that reach `client` (LIBRDKAFKA or JAVA)."""
+    return {k: v for k, v in config.items() if k in ALLOWED and client in ALLOWED[k].clients}
+
+
+def is_secret(key: str) -> bool:
+    setting = ALLOWED.get(key)
+    return setting is not None and setting.kind == "secret"
+
+
+def java_value(value: Any) -> str:
+    """A setting's value as the Java client's text (booleans lower case)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)

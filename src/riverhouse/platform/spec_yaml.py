@@ -1,0 +1,136 @@
+"""Reading a spec file: bytes -> YAML data, with the limits an untrusted file needs.
+
+A spec is written by one team and loaded by the code location that serves every team, so
+reading one file must end in its data or in a problem that names the place, never in an
+exception that takes the other pipelines down (issue 27):
+
+- the bytes must be UTF-8 (the problem names the line and column of the first bad byte);
+- a mapping may not name a key twice (PyYAML keeps the last silently; the problem names
+  both lines);
+- values may nest at most MAX_DEPTH levels (PyYAML's composer recurses once per level, so
+  a file of 10,000 `[` ended in a RecursionError), and the data, once YAML aliases are
+  expanded, holds at most MAX_VALUES values (a few aliases of aliases make billions);
+- the file is at most MAX_BYTES long.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+MAX_BYTES = 1_000_000
+MAX_DEPTH = 32
+MAX_VALUES = 100_000
+MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class YamlProblem(Exception):
+    """The file is not a usable YAML document: where (line/column), what, and what to do."""
+
+    def __init__(self, where: str, message: str, hint: str = ""):
+        super().__init__(f"{where}: {message}")
+        self.where, self.message, self.hint = where, message, hint
+
+
+def _at(mark: Any) -> str:
+    return f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+
+
+class _SpecLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys and nesting deeper than MAX_DEPTH."""
+
+    def __init__(self, stream: str):
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise YamlProblem(
+                    _at(self.peek_event().start_mark),
+                    f"values are nested more than {MAX_DEPTH} levels deep",
+                    "a spec nests a few levels (sources.<name>.fields.<field>): flatten the value",
+                )
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, Any] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == MERGE_TAG:
+                    continue  # `<<: *defaults` then a key of its own: an override YAML allows
+                try:
+                    key = self.construct_object(key_node, deep=True)
+                    first = seen.setdefault(key, key_node)
+                except TypeError:
+                    continue  # an unhashable key: the constructor names it below
+                if first is not key_node:
+                    shown = key_node.value if isinstance(key_node, yaml.ScalarNode) else key
+                    raise YamlProblem(
+                        _at(key_node.start_mark),
+                        f"key {shown!r} is given twice in one mapping (lines {first.start_mark.line + 1} "
+                        f"and {key_node.start_mark.line + 1}); YAML would keep only the last",
+                        "remove one of them",
+                    )
+        return super().construct_mapping(node, deep=deep)
+
+
+_SpecLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _SpecLoader.construct_mapping)
+
+
+def decode(raw: bytes) -> str:
+    """The file's text; bytes that are not UTF-8 are a problem naming where the first one is."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        before = raw[: exc.start]
+        line = before.count(b"\n") + 1
+        column = exc.start - (before.rfind(b"\n") + 1) + 1
+        raise YamlProblem(
+            f"line {line}, column {column}",
+            f"the file is not UTF-8 text (byte 0x{raw[exc.start]:02x})",
+            "save the file as UTF-8",
+        ) from None
+    return text.removeprefix("\ufeff")
+
+
+def _check_size(data: Any) -> None:
+    """At most MAX_VALUES values and MAX_DEPTH levels once aliases are expanded (iteratively: no recursion)."""
+    count = 0
+    stack: list[tuple[Any, int]] = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        count += 1
+        if count > MAX_VALUES:
+            raise YamlProblem(
+                "", f"the spec holds more than {MAX_VALUES:,} values once YAML aliases are expanded", "write it out plainly"
+            )
+        if depth > MAX_DEPTH:
+            raise YamlProblem("", f"values are nested more than {MAX_DEPTH} levels deep (through YAML aliases)", "")
+        if isinstance(value, dict):
+            stack.extend((item, depth + 1) for pair in value.items() for item in pair)
+        elif isinstance(value, list):
+            stack.extend((item, depth + 1) for item in value)
+
+
+def load_yaml(raw: bytes) -> Any:
+    """The spec's data from the file's bytes; YamlProblem when it cannot be used."""
+    if len(raw) > MAX_BYTES:
+        raise YamlProblem("", f"the file is {len(raw):,} bytes, more than a spec's maximum of {MAX_BYTES:,}", "")
+    text = decode(raw)
+    loader = _SpecLoader(text)
+    try:
+        data = loader.get_single_data()
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        raise YamlProblem(_at(mark), f"invalid YAML: {getattr(exc, 'problem', None) or exc}", "") from None
+    except RecursionError:  # MAX_DEPTH stops nesting first; kept so that no input ends in a traceback
+        raise YamlProblem("", "the YAML is nested too deeply to read", "flatten the value") from None
+    finally:
+        loader.dispose()
+    _check_size(data)
+    return data
