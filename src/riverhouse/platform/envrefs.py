@@ -114,7 +114,9 @@ def bound_variables(pipeline: str) -> set[str]:
     names = set(data.get(pipeline) or [])
     prefix = allowed_prefix()
     if stray := sorted(n for n in names if not n.startswith(prefix)):
-        raise ValueError(f"{BINDINGS_VARIABLE}={path} binds {', '.join(stray)} to {pipeline}: bound names start with {prefix}")
+        raise ValueError(
+            f"{BINDINGS_VARIABLE}={path} binds {', '.join(stray)} to {pipeline}: bound names start with {prefix}"
+        )
     return names
 
 

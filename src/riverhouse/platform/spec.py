@@ -452,7 +452,9 @@ class PipelineSpec(StrictModel):
 
     @model_validator(mode="after")
     def _secrets_are_this_pipelines(self) -> PipelineSpec:
-        problems = [f"{where}: {p}" for where, value in self.kafka.references() for p in scope_problems(value, self.name)]
+        problems = [
+            f"{where}: {p}" for where, value in self.kafka.references() for p in scope_problems(value, self.name)
+        ]
         if problems:
             raise ValueError("; ".join(problems))
         return self

@@ -107,7 +107,9 @@ def _check_size(data: Any) -> None:
         count += 1
         if count > MAX_VALUES:
             raise YamlProblem(
-                "", f"the spec holds more than {MAX_VALUES:,} values once YAML aliases are expanded", "write it out plainly"
+                "",
+                f"the spec holds more than {MAX_VALUES:,} values once YAML aliases are expanded",
+                "write it out plainly",
             )
         if depth > MAX_DEPTH:
             raise YamlProblem("", f"values are nested more than {MAX_DEPTH} levels deep (through YAML aliases)", "")

@@ -29,7 +29,6 @@ GO_UNITS = {
 }
 
 
-
 class ImporterError(Exception):
     """The input cannot be imported at all; `problems` holds (where, what, hint) triples."""
 
