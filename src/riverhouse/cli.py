@@ -445,8 +445,13 @@ def ui(
     pipelines: Annotated[Path, typer.Option(help="Folder of pipeline specs")] = Path("pipelines"),
     home: HomeOption = None,
 ) -> None:
-    """Start the local Kafka and the Dagster UI on 127.0.0.1 (Ctrl-C stops the UI)."""
+    """Start the local Kafka and the Dagster UI on 127.0.0.1; Ctrl-C (or SIGTERM) stops them all.
+
+    Stopping takes `dagster dev` down first (with its code server, webserver and daemon), then
+    anything of its tree still running, then the local Kafka if this command started it.
+    """
     settings = settings_for(home)
+    was_running = local_kafka.status(settings.kafka_state_dir) is not None
     try:
         state = local_kafka.start(settings.kafka_state_dir)
     except local_kafka.LocalKafkaError as exc:
@@ -465,7 +470,16 @@ def ui(
         fail("the dagster command was not found in this environment; reinstall riverhouse")
     err.print(f"local Kafka at {state.bootstrap}; ClickHouse {redact_dsn(settings.clickhouse_dsn)}", highlight=False)
     err.print(f"Dagster UI on http://127.0.0.1:{port} (Ctrl-C to stop)")
-    os.execve(dagster, [dagster, "dev", "-h", "127.0.0.1", "-p", str(port), "-m", "riverhouse.definitions"], env)
+    from riverhouse.platform.runtime.process_tree import run_until_signalled
+
+    def stop_kafka() -> None:
+        if was_running:
+            err.print("the local Kafka keeps running (it was running before); `riverhouse kafka stop` stops it")
+        elif local_kafka.stop(settings.kafka_state_dir):
+            err.print("local Kafka stopped")
+
+    argv = [dagster, "dev", "-h", "127.0.0.1", "-p", str(port), "-m", "riverhouse.definitions"]
+    raise typer.Exit(run_until_signalled(argv, env, keep={state.pid}, finally_=stop_kafka))
 
 
 def main() -> None:

@@ -21,6 +21,7 @@ query before it runs.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -83,6 +84,17 @@ ALLOWED_UNITS = frozenset(
         *("MILLISECONDS", "MICROSECOND", "MICROSECONDS"),
     }
 )
+# What gold/plan_guard.py refuses in Spark's analyzed plan of a spec's query: calls of Java by
+# reflection, Java invocations, and what reads files or the environment. Spark prints a string
+# literal's text unquoted in a plan, so a literal that reads like one of these calls is refused
+# here too: the two checks then agree, and a plan-check refusal is always a text-check bug.
+JAVA_CALLS = ("reflect", "java_method", "try_reflect")
+INVOKE_CALLS = ("static_invoke", "invoke")
+ENVIRONMENT_CALLS = (
+    *("input_file_name", "input_file_block_start", "input_file_block_length", "read_files"),
+    *("current_user", "session_user", "user"),
+)
+FORBIDDEN_CALL_RE = re.compile(r"\b(" + "|".join((*JAVA_CALLS, *INVOKE_CALLS, *ENVIRONMENT_CALLS)) + r")\s*\(", re.I)
 # Parentheses nested deeper than this are refused before sqlglot parses the query: its parser
 # recurses about 20 Python frames per level and ended in a RecursionError near 50 levels.
 MAX_NESTING = 24
@@ -378,6 +390,12 @@ def check_allowed(select: exp.Select) -> None:
             raise QueryError(
                 f"query: {str(node.name)[:40]!r} is not a date/time unit: use one of YEAR, QUARTER, MONTH, "
                 "WEEK, DAY, HOUR, MINUTE, SECOND, MILLISECOND, MICROSECOND"
+            )
+        if isinstance(node, exp.Literal) and node.is_string and FORBIDDEN_CALL_RE.search(str(node.this)):
+            raise QueryError(
+                f"query: the string {str(node.this)[:60]!r} reads like a call of "
+                f"{FORBIDDEN_CALL_RE.search(str(node.this)).group(1)}(), which spec SQL may not use: Spark prints "  # type: ignore[union-attr]
+                "literals unquoted in its plan, where Riverhouse checks for such calls; reword the string"
             )
         if isinstance(node, exp.Anonymous):
             name = str(node.name).lower()

@@ -75,10 +75,32 @@ def _first_reason(candidates: list[tuple[Column, Column | str]]) -> Column:
     return expr
 
 
+# NaN / Infinity as bare tokens (Jackson, and so `from_json`, reads them; strict JSON does not),
+# turned into 0 before the strict parse so that they do not read as a broken record: the
+# non-finite checks below decide about them.
+NON_FINITE_TOKEN_RE = r"([:\[,]\s*)[-+]?(NaN|Infinity)(\s*[,}\]])"
+
+
+def _strict_json(text: Column) -> Column:
+    """The record as Spark's strict JSON parser reads it (a variant), NULL when it refuses it.
+
+    `parse_json` refuses a key given twice in one object, at any depth (Spark's default,
+    spark.sql.variant.allowDuplicateKeys=false), where `from_json` silently keeps one of the
+    values. The plain parse comes first: the NaN-neutralizing one runs only when it fails.
+    """
+    return F.coalesce(F.try_parse_json(text), F.try_parse_json(F.regexp_replace(text, NON_FINITE_TOKEN_RE, "$10$3")))
+
+
 def _json_token_is_container(text: Column, name: str) -> Column:
     """Is the record's top-level `name` a JSON object or array (not a string)?"""
-    kind = F.schema_of_variant(F.try_variant_get(F.try_parse_json(text), f"$.{name}", "variant"))
+    kind = F.schema_of_variant(F.try_variant_get(_strict_json(text), f"$.{name}", "variant"))
     return kind.startswith("OBJECT") | kind.startswith("ARRAY")
+
+
+def _duplicate_key(text: Column) -> Column:
+    """The first key given twice at the top level of the record, else NULL."""
+    keys = F.json_object_keys(text)
+    return F.element_at(F.filter(keys, lambda k: F.size(F.filter(keys, lambda other: other == k)) > 1), 1)
 
 
 def _snippet(col: Column) -> Column:
@@ -94,7 +116,13 @@ def parse_records(batch: DataFrame, src: SourceSpec) -> DataFrame:
     df = batch.withColumn("_text", text)
     jvm_parse = F.when(
         F.is_valid_utf8(F.col("_text")),
-        F.from_json(F.col("_text"), json_schema, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}),
+        # Strict about quoting: single-quoted JSON is not JSON (Spark's default reads it, and its
+        # object values then reached string fields unchecked: the strict parse below refuses it).
+        F.from_json(
+            F.col("_text"),
+            json_schema,
+            {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT, "allowSingleQuotes": "false"},
+        ),
     )
     df = df.withColumn("_p", jvm_parse)
     parsed = F.col("_p")
@@ -179,6 +207,15 @@ def parse_records(batch: DataFrame, src: SourceSpec) -> DataFrame:
             (parsed.isNull(), "value could not be parsed"),
             *[(parsed[CORRUPT].isNotNull() & c, r) for c, r in wrong_type],
             (parsed[CORRUPT].isNotNull(), F.concat(F.lit("not a JSON object: "), _snippet(F.col("_text")))),
+            # One rule for a key given twice (at any depth): the record is quarantined, naming the key when it
+            # is a top-level one. Readers keep different values (from_json the last, get_json_object the first).
+            (
+                _strict_json(F.col("_text")).isNull(),
+                F.coalesce(
+                    F.concat(F.lit("key '"), _snippet(_duplicate_key(F.col("_text"))), F.lit("' appears twice")),
+                    F.lit("not strict JSON: a key appears twice in a nested object, or text follows the object"),
+                ),
+            ),
             *unconvertible,
             *non_finite,
             *json_in_string,

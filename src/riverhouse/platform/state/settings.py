@@ -15,8 +15,11 @@ from urllib.parse import unquote, urlsplit
 # Spark settings every Riverhouse session gets. `runSQLOnFiles` off: SQL can no longer read
 # files by naming them (SELECT ... FROM json.`/etc/...`), a second barrier behind the spec
 # SQL allow-list (riverhouse.platform.sql). Spark 4.2 has no setting that turns off
-# reflect()/java_method(); the allow-list is what keeps them out of spec SQL.
-RESTRICTED_SPARK_CONF = {"spark.sql.runSQLOnFiles": "false"}
+# reflect()/java_method(); the allow-list keeps them out of spec SQL, and gold/plan_guard.py
+# refuses a query whose analyzed plan has them.
+# `maxToStringFields`: plans print all their columns (Spark's default of 25 ends a long SELECT with
+# "... N more fields"), so gold/plan_guard.py sees every expression of a spec's query.
+RESTRICTED_SPARK_CONF = {"spark.sql.runSQLOnFiles": "false", "spark.sql.debug.maxToStringFields": "100000"}
 # DSN query parameters whose values are shown when a DSN is printed; every other one's is hidden.
 DSN_QUERY_SHOWN = frozenset(
     {
