@@ -91,16 +91,16 @@ def _strict_json(text: Column) -> Column:
     return F.coalesce(F.try_parse_json(text), F.try_parse_json(F.regexp_replace(text, NON_FINITE_TOKEN_RE, "$10$3")))
 
 
-def _json_token_is_container(text: Column, name: str) -> Column:
-    """Is the record's top-level `name` a JSON object or array (not a string)?"""
-    kind = F.schema_of_variant(F.try_variant_get(_strict_json(text), f"$.{name}", "variant"))
+def _json_token_is_container(strict: Column, name: str) -> Column:
+    """Is the record's top-level `name` (in its strict parse) a JSON object or array (not a string)?"""
+    kind = F.schema_of_variant(F.try_variant_get(strict, f"$.{name}", "variant"))
     return kind.startswith("OBJECT") | kind.startswith("ARRAY")
 
 
 def _duplicate_key(text: Column) -> Column:
     """The first key given twice at the top level of the record, else NULL."""
     keys = F.json_object_keys(text)
-    return F.element_at(F.filter(keys, lambda k: F.size(F.filter(keys, lambda other: other == k)) > 1), 1)
+    return F.try_element_at(F.filter(keys, lambda k: F.size(F.filter(keys, lambda other: other == k)) > 1), F.lit(1))
 
 
 def _snippet(col: Column) -> Column:
@@ -124,8 +124,11 @@ def parse_records(batch: DataFrame, src: SourceSpec) -> DataFrame:
             {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT, "allowSingleQuotes": "false"},
         ),
     )
-    df = df.withColumn("_p", jvm_parse)
-    parsed = F.col("_p")
+    # The strict parse once per record (a column, not repeated in every check that reads it).
+    df = df.withColumn("_p", jvm_parse).withColumn(
+        "_strict", F.when(F.col("_p").isNotNull(), _strict_json(F.col("_text")))
+    )
+    parsed, strict = F.col("_p"), F.col("_strict")
     typed = {f.name: _typed(parsed[f.name], f.type) for f in src.fields}
 
     wrong_type = [
@@ -164,7 +167,7 @@ def parse_records(batch: DataFrame, src: SourceSpec) -> DataFrame:
             # Cheap test first (CASE stops at it for ordinary strings); the variant parse then
             # tells a JSON object/array from a string that merely starts with '{' or '['.
             (parsed[f.name].startswith("{") | parsed[f.name].startswith("["))
-            & F.coalesce(_json_token_is_container(F.col("_text"), f.name), F.lit(False)),
+            & F.coalesce(_json_token_is_container(strict, f.name), F.lit(False)),
             f"field '{f.name}' should be string, got a JSON object or array; "
             "set allow_json_text: true on the field to keep its JSON text",
         )
@@ -205,17 +208,20 @@ def parse_records(batch: DataFrame, src: SourceSpec) -> DataFrame:
             ),
             (~F.is_valid_utf8(F.col("_text")), "value is not valid UTF-8"),
             (parsed.isNull(), "value could not be parsed"),
+            # One rule for a key given twice, at any depth: the record is quarantined (readers keep different
+            # values: from_json the last, get_json_object the first), naming the key when it is a top-level one.
+            (
+                strict.isNull() & _duplicate_key(F.col("_text")).isNotNull(),
+                F.concat(F.lit("key '"), _snippet(_duplicate_key(F.col("_text"))), F.lit("' appears twice")),
+            ),
+            # Not JSON at all (single-quoted JSON included): before the per-field checks, which read leniently.
+            (
+                parsed[CORRUPT].isNotNull() & strict.isNull(),
+                F.concat(F.lit("not a JSON object: "), _snippet(F.col("_text"))),
+            ),
             *[(parsed[CORRUPT].isNotNull() & c, r) for c, r in wrong_type],
             (parsed[CORRUPT].isNotNull(), F.concat(F.lit("not a JSON object: "), _snippet(F.col("_text")))),
-            # One rule for a key given twice (at any depth): the record is quarantined, naming the key when it
-            # is a top-level one. Readers keep different values (from_json the last, get_json_object the first).
-            (
-                _strict_json(F.col("_text")).isNull(),
-                F.coalesce(
-                    F.concat(F.lit("key '"), _snippet(_duplicate_key(F.col("_text"))), F.lit("' appears twice")),
-                    F.lit("not strict JSON: a key appears twice in a nested object, or text follows the object"),
-                ),
-            ),
+            (strict.isNull(), "not strict JSON: a key appears twice in a nested object, or text follows the object"),
             *unconvertible,
             *non_finite,
             *json_in_string,
