@@ -585,6 +585,10 @@ def _format_loc(loc: tuple[Any, ...]) -> str:
     return "".join(parts)
 
 
+# A whole-spec check names the setting at the start of its message ("query: ..."): shown as the place.
+MESSAGE_PLACE_RE = re.compile(r"(query|require|dimensions|join\.[a-z_.]+|state\.sources|kafka\.[a-z_.]+): ")
+
+
 def parse_spec(data: Any, source: str = "<spec>") -> PipelineSpec:
     """The spec from its data; every problem, and any failure while checking, is a SpecError naming `source`."""
     if not isinstance(data, dict):
@@ -594,8 +598,10 @@ def parse_spec(data: Any, source: str = "<spec>") -> PipelineSpec:
     except ValidationError as exc:
         problems = []
         for err in exc.errors():
-            message = str(err["msg"]).removeprefix("Value error, ")
-            problems.append((_format_loc(err["loc"]), message, _hint_for(err)))
+            message, where = str(err["msg"]).removeprefix("Value error, "), _format_loc(err["loc"])
+            if not where and (named := MESSAGE_PLACE_RE.match(message)):
+                where, message = named.group(1), message[named.end() :]  # "query: ..." -> where "query"
+            problems.append((where, message, _hint_for(err)))
         raise SpecError(source, problems) from None
     except RecursionError:
         raise SpecError(source, [("", "the spec is nested too deeply to check", "flatten it")]) from None

@@ -145,7 +145,10 @@ def redact_dsn(dsn: str) -> str:
     if parts.userinfo is not None:
         user = parts.user or ""
         out += (user if _plain(r"[A-Za-z0-9_.%+-]*", user) else "***") + (":***" if ":" in parts.userinfo else "") + "@"
-    out += parts.host if _plain(r"(?:[A-Za-z0-9_.-]*|\[[0-9A-Fa-f:.]+\])(?::[0-9]*)?", parts.host) else "***"
+    host, colon, port = parts.host.rpartition(":") if not parts.host.endswith("]") else (parts.host, "", "")
+    host, port = (host, port) if colon else (parts.host, "")
+    out += host if _plain(r"[A-Za-z0-9_.-]*|\[[0-9A-Fa-f:.]+\]", host) else "***"
+    out += colon + (port if _plain(r"[0-9]*", port) else "***")  # a password can land here: `u:pw/db`
     out += parts.path if _plain(r"[A-Za-z0-9_.~/ -]*", parts.path) else "/***"
     if parts.query is not None:
         pieces = re.split(r"([&;])", parts.query)  # separators kept: an unchanged DSN comes back as written
