@@ -23,6 +23,7 @@ from riverhouse.platform.spec import SpecError, load_spec, load_spec_folder, par
 from riverhouse.platform.sql import QueryError, check_generated
 from riverhouse.platform.state.settings import dsn_database, redact_dsn
 from tests.conftest import REPO
+from tests.hostile_files import HOSTILE_FILES
 
 pytestmark = pytest.mark.unit
 
@@ -233,12 +234,6 @@ def test_a_literal_secret_in_kafka_config_is_refused_without_repeating_it() -> N
 
 
 # ----------------------------------------------------------------- item 4: one file's failure is that file's error
-HOSTILE_FILES: dict[str, bytes] = {
-    "huge_window.yaml": (REPO / "pipelines" / "orders_dedup.yaml").read_bytes().replace(b"window: 1h", b"window: 99999999999999999d"),
-    "deep_query.yaml": (REPO / "pipelines" / "orders_sql.yaml").read_bytes().replace(b"SELECT ", b"SELECT " + b"(" * 3000 + b"1" + b")" * 3000 + b" AS deep, ", 1),
-    "deep_yaml.yaml": b"name: deep\ndescription: " + b"[" * 100_000 + b"]" * 100_000 + b"\n",
-    "not_utf8.yaml": b"name: orders\ndescription: caf\xe9 \xff\n",
-}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", sorted(HOSTILE_FILES))
