@@ -144,6 +144,7 @@ def test_settings_outside_the_allow_list_are_refused_by_name(setting: dict[str, 
         ({"socket.keepalive.enable": "yes"}, "socket.keepalive.enable should be true or false"),
         ({"compression.type": "brotli"}, "compression.type should be one of none, gzip, snappy, lz4, zstd"),
         ({"client.id": "a b/c"}, "client.id should be letters, digits"),
+        ({"fetch.max.bytes": 1000}, "fetch.max.bytes (1000) must be at least message.max.bytes (1000000"),
     ],
 )
 def test_allowed_settings_have_types(setting: dict[str, Any], expected: str) -> None:
@@ -384,3 +385,36 @@ def test_a_merge_key_override_is_not_a_duplicate(tmp_path: Path) -> None:
     text += "sink:\n  <<: {table: other, order_by: [order_id]}\n  table: orders_clean\n"
     (tmp_path / "merge.yaml").write_text(text)
     assert load_spec(tmp_path / "merge.yaml").sink.table == "orders_clean"
+
+
+@pytest.mark.parametrize("end", ["low", "high"])
+def test_librdkafka_takes_every_allowed_setting_at_either_end_of_its_range(end: str) -> None:
+    """The ranges are librdkafka's own: a value the spec accepts never fails in the sensor instead."""
+    from confluent_kafka import Consumer, Producer
+
+    from riverhouse.platform.kafka.client_settings import ALLOWED, LIBRDKAFKA
+
+    config: dict[str, Any] = {}
+    for name, setting in ALLOWED.items():
+        if LIBRDKAFKA in setting.clients and setting.kind != "secret":
+            if setting.kind == "int":
+                config[name] = setting.low if end == "low" else setting.high
+            elif setting.kind == "enum":
+                config[name] = setting.choices[0] if end == "low" else setting.choices[-1]
+            else:
+                config[name] = {"bool": end == "high", "str": "x-1"}[setting.kind]
+    config["fetch.max.bytes"] = max(config["fetch.max.bytes"], config["message.max.bytes"])  # checked together
+    data = base()
+    data["kafka"]["config"] = config
+    parse_spec(data)  # the spec takes them
+    common = {"bootstrap.servers": "127.0.0.1:1", "log_level": 0, **config}
+    Producer(common).flush(0)
+    Consumer({**common, "group.id": "allow-list-test"}).close()
+
+
+def test_the_settings_table_in_the_docs_lists_the_allow_list() -> None:
+    from riverhouse.platform.kafka.client_settings import ALLOWED
+
+    docs = (REPO / "docs" / "pipeline-spec.md").read_text()
+    table = docs.split("\n## Kafka client settings", 1)[1].split("\n## ", 1)[0]
+    assert sorted(re.findall(r"^\| `([a-z.]+)` \|", table, re.M)) == sorted(ALLOWED)

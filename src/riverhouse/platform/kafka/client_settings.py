@@ -50,7 +50,7 @@ def _int(low: int, high: int, clients: tuple[str, ...] = BOTH) -> ClientSetting:
     return ClientSetting("int", clients, low, high)
 
 
-KB, MB, HOUR_MS, DAY_MS = 1 << 10, 1 << 20, 3_600_000, 86_400_000
+HOUR_MS, DAY_MS = 3_600_000, 86_400_000
 ALLOWED: dict[str, ClientSetting] = {
     # Both clients, one name.
     "client.id": ClientSetting("str", BOTH),
@@ -61,15 +61,16 @@ ALLOWED: dict[str, ClientSetting] = {
     "retry.backoff.ms": _int(1, 300_000),
     "connections.max.idle.ms": _int(0, DAY_MS),
     "socket.connection.setup.timeout.ms": _int(1_000, 300_000),
-    "fetch.min.bytes": _int(1, 100 * MB),
-    "fetch.max.bytes": _int(1, 2**31 - 1),
-    "max.partition.fetch.bytes": _int(1, 2**31 - 1),
+    # Ranges: the narrower of the two clients' (librdkafka's CONFIGURATION.md, the Java client's ConfigDef).
+    "fetch.min.bytes": _int(1, 100_000_000),
+    "fetch.max.bytes": _int(1, 2_147_483_135),
+    "max.partition.fetch.bytes": _int(1, 1_000_000_000),
     "ssl.key.password": ClientSetting("secret", BOTH),
     # librdkafka only (the Java client names these differently, or has no such setting).
     "socket.timeout.ms": _int(10, 300_000, (LIBRDKAFKA,)),
     "socket.keepalive.enable": ClientSetting("bool", (LIBRDKAFKA,)),
-    "socket.receive.buffer.bytes": _int(0, 100 * MB, (LIBRDKAFKA,)),
-    "socket.send.buffer.bytes": _int(0, 100 * MB, (LIBRDKAFKA,)),
+    "socket.receive.buffer.bytes": _int(0, 100_000_000, (LIBRDKAFKA,)),
+    "socket.send.buffer.bytes": _int(0, 100_000_000, (LIBRDKAFKA,)),
     "topic.metadata.refresh.interval.ms": _int(-1, HOUR_MS, (LIBRDKAFKA,)),
     "fetch.wait.max.ms": _int(0, 300_000, (LIBRDKAFKA,)),
     "message.max.bytes": _int(1_000, 1_000_000_000, (LIBRDKAFKA,)),
@@ -80,8 +81,8 @@ ALLOWED: dict[str, ClientSetting] = {
     "queue.buffering.max.messages": _int(1, 2**31 - 1, (LIBRDKAFKA,)),
     "queue.buffering.max.kbytes": _int(1, 2**31 - 1, (LIBRDKAFKA,)),
     # The Java client of Spark's connector only.
-    "receive.buffer.bytes": _int(-1, 100 * MB, (JAVA,)),
-    "send.buffer.bytes": _int(-1, 100 * MB, (JAVA,)),
+    "receive.buffer.bytes": _int(-1, 100_000_000, (JAVA,)),
+    "send.buffer.bytes": _int(-1, 100_000_000, (JAVA,)),
     "fetch.max.wait.ms": _int(0, 300_000, (JAVA,)),
     "max.poll.records": _int(1, 1_000_000, (JAVA,)),
     "client.dns.lookup": ClientSetting(
@@ -113,6 +114,11 @@ def config_problems(config: dict[Any, Any]) -> list[str]:
             (security if any(h in key.lower() for h in CREDENTIAL_HINTS) else unknown).append(shown)
         elif problem := _value_problem(key, ALLOWED[key], value):
             problems.append(problem)
+    fetch_max, message_max = config.get("fetch.max.bytes"), config.get("message.max.bytes", 1_000_000)
+    if isinstance(fetch_max, int) and isinstance(message_max, int) and fetch_max < message_max:
+        problems.append(
+            f"fetch.max.bytes ({fetch_max}) must be at least message.max.bytes ({message_max}, librdkafka's rule)"
+        )
     if security:
         problems.append(
             f"{', '.join(security)}: security is not set in kafka.config; state it once in kafka.security "
