@@ -209,7 +209,7 @@ def test_trailing_newline_fails_identifier_checks(where: tuple[str, ...], value:
 def test_trailing_newline_in_a_kafka_key_cannot_slip_past_the_reserved_keys() -> None:
     data = base()
     data["kafka"]["config"] = {"group.id\n": "hijack"}
-    assert "'group.id\\n': not a client setting kafka.config passes on" in refused(data)
+    assert "kafka.config: 'group.id\\n': not a client setting kafka.config passes on" in refused(data)
 
 
 # ----------------------------------------------------------------- item 6: system columns

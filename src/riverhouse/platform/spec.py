@@ -363,7 +363,7 @@ class PipelineSpec(StrictModel):
             f"{where}: {p}" for where, value in self.kafka.references() for p in scope_problems(value, self.name)
         ]
         if problems:
-            raise ValueError("; ".join(problems))
+            raise ValueError("\n".join(problems))
         return self
 
     @model_validator(mode="after")
@@ -493,7 +493,7 @@ def _format_loc(loc: tuple[Any, ...]) -> str:
 
 
 # A whole-spec check names the setting at the start of its message ("query: ..."): shown as the place.
-MESSAGE_PLACE_RE = re.compile(r"(query|require|dimensions|join\.[a-z_.]+|state\.sources|kafka\.[a-z_.]+): ")
+MESSAGE_PLACE_RE = re.compile(r"(query|require|dimensions|join\.[a-z_.]+|state\.sources|kafka\.[a-z0-9_.]+): ")
 
 
 def parse_spec(data: Any, source: str = "<spec>") -> PipelineSpec:
@@ -505,10 +505,14 @@ def parse_spec(data: Any, source: str = "<spec>") -> PipelineSpec:
     except ValidationError as exc:
         problems = []
         for err in exc.errors():
-            message, where = str(err["msg"]).removeprefix("Value error, "), _format_loc(err["loc"])
-            if not where and (named := MESSAGE_PLACE_RE.match(message)):
-                where, message = named.group(1), message[named.end() :]  # "query: ..." -> where "query"
-            problems.append((where, message, _hint_for(err)))
+            where = _format_loc(err["loc"])
+            # A check may report several problems, one per line, each naming its place ("query: ...").
+            for line in str(err["msg"]).removeprefix("Value error, ").split("\n"):
+                named = MESSAGE_PLACE_RE.match(line)
+                if named and named.group(1).startswith(where):
+                    problems.append((named.group(1), line[named.end() :], _hint_for(err)))
+                else:
+                    problems.append((where, line, _hint_for(err)))
         raise SpecError(source, problems) from None
     except RecursionError:
         raise SpecError(source, [("", "the spec is nested too deeply to check", "flatten it")]) from None

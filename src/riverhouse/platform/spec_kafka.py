@@ -88,11 +88,11 @@ class KafkaSpec(BaseModel):
     @field_validator("config")
     @classmethod
     def _config_allowed(cls, value: dict[str, Any]) -> dict[str, Any]:
-        problems = config_problems(value)
+        found = config_problems(value)
         for key, item in value.items():
-            problems += [f"{str(key)[:80]}: {p}" for p in env_ref_problems(item)]
-        if problems:
-            raise ValueError("; ".join(problems))
+            found += [(str(key)[:80], problem) for problem in env_ref_problems(item)]
+        if found:  # one line per setting: the spec's errors show each at its own place
+            raise ValueError("\n".join(f"kafka.config{'.' + key if key else ''}: {why}" for key, why in found))
         return value
 
     @model_validator(mode="after")

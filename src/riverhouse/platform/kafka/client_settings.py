@@ -92,64 +92,67 @@ ALLOWED: dict[str, ClientSetting] = {
 # Settings Riverhouse owns: correctness (deterministic replay from Spark's checkpoint) depends on them.
 RESERVED = {"bootstrap.servers", "group.id", "enable.auto.commit", "auto.offset.reset", "enable.partition.eof"}
 PLAIN_TOKEN_RE = re.compile(r"[A-Za-z0-9._-]{1,100}")
+PLAIN_NAME_RE = re.compile(r"[a-z0-9][a-z0-9._]{0,79}")
 ENV_REF_ONLY_RE = re.compile(r"\$\{env:[A-Za-z_][A-Za-z0-9_]*\}")
+URL_HINTS = ("url", "uri", "endpoint", "server", "broker", "host", "proxy")
 CREDENTIAL_HINTS = ("password", "secret", "token", "key", "credential", "jaas", "sasl.", "ssl.", "security.")
 
 
-def config_problems(config: dict[Any, Any]) -> list[str]:
-    """Why each setting of `kafka.config` may not be there (empty when all may). Never repeats a secret value."""
-    problems: list[str] = []
-    security: list[str] = []
-    unknown: list[str] = []
+def config_problems(config: dict[Any, Any]) -> list[tuple[str, str]]:
+    """(setting, why it may not be there) for each setting of `kafka.config` that may not; never repeats a
+    secret value. The setting is "" when its name is not a plain name (the message shows it)."""
+    problems: list[tuple[str, str]] = []
     for key, value in config.items():
-        shown = repr(key[:80]) if isinstance(key, str) else repr(key)
-        if not isinstance(key, str):
-            unknown.append(shown)
-        elif key in RESERVED:
+        plain = isinstance(key, str) and PLAIN_NAME_RE.fullmatch(key) is not None
+        place, shown = (key, "") if plain else ("", f"{str(key)[:80]!r}: ")
+        if key in RESERVED:
             problems.append(
-                f"{shown} is managed by Riverhouse (offsets live in Spark's checkpoint); "
-                "set bootstrap servers with kafka.bootstrap_servers"
+                (place, "managed by Riverhouse (offsets live in Spark's checkpoint); set kafka.bootstrap_servers")
             )
         elif key not in ALLOWED:
-            (security if any(h in key.lower() for h in CREDENTIAL_HINTS) else unknown).append(shown)
-        elif problem := _value_problem(key, ALLOWED[key], value):
-            problems.append(problem)
+            security = isinstance(key, str) and any(h in key.lower() for h in CREDENTIAL_HINTS)
+            why = SECURITY_HERE if security else UNKNOWN_SETTING
+            if isinstance(value, str) and "${" in value and any(h in str(key).lower() for h in URL_HINTS):
+                why = "${env:...} is never allowed in a setting that names a host or a URL; and " + why
+            problems.append((place, shown + why))
+        elif problem := _value_problem(ALLOWED[key], value):
+            problems.append((place, problem))
     fetch_max, message_max = config.get("fetch.max.bytes"), config.get("message.max.bytes", 1_000_000)
     if isinstance(fetch_max, int) and isinstance(message_max, int) and fetch_max < message_max:
         problems.append(
-            f"fetch.max.bytes ({fetch_max}) must be at least message.max.bytes ({message_max}, librdkafka's rule)"
-        )
-    if security:
-        problems.append(
-            f"{', '.join(security)}: security is not set in kafka.config; state it once in kafka.security "
-            "(protocol, mechanism, username, password as ${env:RIVERHOUSE_SECRET_<PIPELINE>__KAFKA_PASSWORD}, "
-            "ca, certificate, key), which both Kafka clients get"
-        )
-    if unknown:
-        problems.append(
-            f"{', '.join(unknown)}: not a client setting kafka.config passes on (allowed: "
-            f"{', '.join(sorted(ALLOWED))}; see docs/pipeline-spec.md#kafka-client-settings)"
+            ("fetch.max.bytes", f"{fetch_max} is less than message.max.bytes ({message_max}); librdkafka refuses that")
         )
     return problems
 
 
-def _value_problem(key: str, setting: ClientSetting, value: Any) -> str | None:
+SECURITY_HERE = (
+    "security is not set in kafka.config: state it once in kafka.security (protocol, mechanism, username, "
+    "password as ${env:RIVERHOUSE_SECRET_<PIPELINE>__KAFKA_PASSWORD}, ca, certificate, key), which both Kafka "
+    "clients get"
+)
+UNKNOWN_SETTING = (
+    "not a client setting kafka.config passes on (the allowed ones and their types: "
+    "docs/pipeline-spec.md#kafka-client-settings)"
+)
+
+
+def _value_problem(setting: ClientSetting, value: Any) -> str | None:
     if setting.kind == "secret":
         if isinstance(value, str) and ENV_REF_ONLY_RE.fullmatch(value):
             return None
         return (
-            f"{key} is a secret: write it as an environment reference like "
-            "${env:RIVERHOUSE_SECRET_<PIPELINE>__KEY_PASSWORD}, never the secret itself (specs are kept in git)"
+            "a secret: give an environment reference like ${env:RIVERHOUSE_SECRET_<PIPELINE>__KEY_PASSWORD}, "
+            "never the secret itself (specs are kept in git)"
         )
     if isinstance(value, str) and "${" in value:
-        return f"{key}: ${{env:...}} is allowed only in secret settings (ssl.key.password, kafka.security.password)"
+        return "${env:...} is allowed only in secret settings (ssl.key.password, kafka.security.password)"
     ok = {
         "int": isinstance(value, int) and not isinstance(value, bool) and setting.low <= value <= setting.high,
         "bool": isinstance(value, bool),
         "str": isinstance(value, str) and PLAIN_TOKEN_RE.fullmatch(value) is not None,
         "enum": value in setting.choices,
     }[setting.kind]
-    return None if ok else f"{key} should be {setting.describe()}, got {str(value)[:40]!r}"
+    return None if ok else f"should be {setting.describe()}, got {str(value)[:40]!r}"
 
 
 def for_client(config: dict[str, Any], client: str) -> dict[str, Any]:
