@@ -94,7 +94,6 @@ def silver_ids(settings: Settings, spec: Any) -> list[str]:
         ("after_bronze_commit", "1"),
         ("after_silver_commit", "1"),  # silver committed, Spark's checkpoint not yet
         ("after_silver_commit", "3"),  # a later micro-batch
-        ("after_silver_compaction", "1"),  # silver's small files rewritten (OPTIMIZE), checkpoint not yet
         ("during_clickhouse_insert", "2"),  # some chunks of a version inserted, not all
         ("before_ledger_write", "1"),  # a whole version inserted, ledger not written
     ],
@@ -111,9 +110,7 @@ def test_sigkill_then_rerun_gives_exactly_the_expected_rows(
     assert len(expected) == stats.expected_unique == 400
 
     spec_path, spec = write_spec(tmp_path, topic)
-    # Compaction needs a lookup that opens several files: lower its threshold for that case.
-    compact = {"RIVERHOUSE_COMPACT_AT_FILES": "2"} if point == "after_silver_compaction" else {}
-    crashed = run_cli(spec_path, settings, RIVERHOUSE_CRASH_AT=point, RIVERHOUSE_CRASH_ON=visit, **compact)
+    crashed = run_cli(spec_path, settings, RIVERHOUSE_CRASH_AT=point, RIVERHOUSE_CRASH_ON=visit)
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
     assert not crashed.survivors, "the Spark JVM outlived its killed driver"
 

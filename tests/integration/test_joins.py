@@ -313,7 +313,7 @@ def test_a_failing_source_stops_the_run_and_is_named(spark: Any, kafka: str, top
     import pyarrow as pa
     from deltalake import write_deltalake
 
-    from riverhouse.platform.ingest.stream import PipelineError
+    from riverhouse.platform.errors import PipelineError
     from riverhouse.platform.state.tables import bronze_schema
 
     topics = topics_for(topic)
@@ -335,7 +335,7 @@ def test_a_source_that_cannot_start_stops_the_one_that_did(
     spark: Any, kafka: str, topic: str, settings: Settings
 ) -> None:
     """The sources' queries start side by side: one failing to start is named, and the other is stopped."""
-    from riverhouse.platform.ingest.stream import PipelineError
+    from riverhouse.platform.errors import PipelineError
 
     topics = topics_for(topic)
     semantics_events(kafka, topics)

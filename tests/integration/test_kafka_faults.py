@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from riverhouse.platform.ingest.stream import PipelineError
+from riverhouse.platform.errors import PipelineError
 from riverhouse.platform.kafka import local_kafka
 from riverhouse.platform.pipeline import Pipeline
 from riverhouse.platform.sink.clickhouse import open_client, qualified_table

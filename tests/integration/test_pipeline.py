@@ -8,7 +8,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from riverhouse.platform.ingest.stream import PipelineError, ingest
+from riverhouse.platform.errors import PipelineError
+from riverhouse.platform.ingest.stream import ingest
 from riverhouse.platform.pipeline import Pipeline
 from riverhouse.platform.sink.clickhouse import open_client, qualified_table
 from riverhouse.platform.state.settings import Settings

@@ -145,7 +145,9 @@ def test_strict_json_rule_keeps_what_was_valid(spark: Any) -> None:
     is allowed as JSON text, and a string that merely looks like JSON."""
     src = with_note(allow_json_text=True)
     src = src.model_copy(
-        update={"fields": [f.model_copy(update={"allow_non_finite": True}) if f.name == "price" else f for f in src.fields]}
+        update={
+            "fields": [f.model_copy(update={"allow_non_finite": True}) if f.name == "price" else f for f in src.fields]
+        }
     )
     values = [
         json.dumps({**NOTE, "note": {"a": 1, "b": [1, {"c": 2}]}}).encode(),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from riverhouse.platform.ingest.stream import BatchMetrics
+from riverhouse.platform.ingest.writer import BatchMetrics
 from riverhouse_bench.freshness import freshness_profile, percentiles
 
 pytestmark = pytest.mark.unit

@@ -34,7 +34,7 @@ NOT_FOR_PRODUCTION = {
     "RIVERHOUSE_KAFKA_HEAP": "the local development broker's heap",
     "RIVERHOUSE_CRASH_AT": "fault injection for the crash tests",
     "RIVERHOUSE_CRASH_ON": "fault injection for the crash tests",
-    "RIVERHOUSE_COMPACT_AT_FILES": "tuning knob with a default",
+    "RIVERHOUSE_CRASH_KILL_PIDS": "fault injection for the crash tests (the engine's JVM)",
     "RIVERHOUSE_METRICS_PORT": "continuous mode only: set on riverhouse-stream, not on run workers",
     "RIVERHOUSE_METRICS_HOST": "continuous mode only: set on riverhouse-stream",
     "RIVERHOUSE_METRICS_LAG_INTERVAL": "has a default (15 s)",

@@ -256,7 +256,7 @@ def test_each_hostile_file_names_what_and_where(tmp_path: Path) -> None:
         "huge_window.yaml": ("sources.orders.dedup.window", "longer than the maximum of 7 days"),
         "deep_query.yaml": ("query", "parentheses nested more than 24 deep (line 1)"),
         "deep_yaml.yaml": ("line 2, column", "nested more than 32 levels deep"),
-        "not_utf8.yaml": ("line 2, column 17", "not UTF-8 text (byte 0xe9)"),
+        "not_utf8.yaml": ("", "not UTF-8 text: byte 0xe9 at line 2, column 17"),
     }
     for name, (where, what) in expected.items():
         (tmp_path / name).write_bytes(HOSTILE_FILES[name])

@@ -13,7 +13,7 @@ import yaml
 from typer.testing import CliRunner
 
 from riverhouse.cli import app
-from riverhouse.platform.importers.expr import translate_expr
+from riverhouse.platform.importers.expr import FieldRef, Untranslatable, translate_expr
 from riverhouse.platform.importers.glassflow import import_glassflow
 from riverhouse.platform.importers.kaflowsql import import_kaflowsql
 from riverhouse.platform.importers.report import ImporterError, ImportResult, parse_go_duration, spec_window
@@ -112,20 +112,20 @@ def test_v3_unsupported_settings_are_named_with_reasons(tmp_path: Path) -> None:
     result = import_glassflow(config_file(tmp_path, config))
     assert settings_of(result) == {
         "sources[1]",  # OTLP
-        "sources[0].schema_fields[5]",  # nested field
-        "sources[0].schema_fields[6]",  # map
-        "sink.mapping[5]",  # ... so their columns cannot be loaded
-        "sink.mapping[6]",
         "transforms[2]",  # targets the OTLP source
         "metadata.tags",
         "resources",
     }
     reasons = {u.setting: u.reason for u in result.unmapped}
     assert "Kafka topics only" in reasons["sources[1]"]
-    assert "scalars" in reasons["sources[0].schema_fields[6]"]
     spec = written(result, tmp_path)  # still a valid spec: a SELECT over the one source, for the filter
-    assert spec.query is not None and spec.query.rstrip().endswith("WHERE (users.name <> '')")
-    assert spec.plan.output_names == ["event_id", "user_id", "created_at", "name", "email"]
+    # A missing name is an ordinary value in GlassFlow's filter (nil != '' is true): null-safe.
+    assert spec.query is not None and spec.query.rstrip().endswith("WHERE (NOT (users.name <=> ''))")
+    assert spec.plan.output_names == ["event_id", "user_id", "created_at", "name", "email", "device", "labels"]
+    fields = {f.name: f for f in spec.sources["users"].fields}
+    # Nested names are paths; a map into Map(String, String) is a map of strings (GlassFlow stringifies values).
+    assert (fields["device"].type, fields["device"].path) == ("string", ("payload", "device"))
+    assert (fields["labels"].type, fields["labels"].allow_json_text) == ("map<string,string>", True)
 
 
 def test_v3_stateless_transform_in_a_join_becomes_a_projection(tmp_path: Path) -> None:
@@ -150,11 +150,19 @@ def test_v3_stateless_transform_in_a_join_becomes_a_projection(tmp_path: Path) -
         {"name": "amount_cents", "column_name": "amount_cents", "column_type": "Int64"},
         {"name": "customer", "column_name": "customer", "column_type": "String"},
     ]
+    config["transforms"][-1]["config"]["transforms"].append(
+        {"expression": "parseUserAgent(customer_id, 'os')", "output_name": "os", "output_type": "string"}
+    )
+    config["join"]["output_fields"].append({"source_id": "orders", "name": "os"})
+    config["sink"]["mapping"].append({"name": "os", "column_name": "os", "column_type": "String"})
     result = import_glassflow(config_file(tmp_path, config))
-    assert settings_of(result) == {"transforms[3].config.transforms[1]"}  # a function call: not guessed
+    assert settings_of(result) == {"transforms[3].config.transforms[2]"}  # a GlassFlow helper: not guessed
+    assert "GlassFlow helper function" in result.unmapped[0].reason
     spec = written(result, tmp_path)
     assert "CAST((orders.amount * 100) AS BIGINT) AS amount_cents" in spec.query
-    assert "customer" not in spec.plan.output_names
+    # GlassFlow's upper() reads nil as "": so does the translation.
+    assert "CAST(upper(coalesce(CAST(orders.customer_id AS STRING), '')) AS STRING) AS customer" in spec.query
+    assert "os" not in spec.plan.output_names
 
 
 # ---------------------------------------------------------------------------- GlassFlow v2
@@ -204,25 +212,24 @@ def test_v2_join_config_maps_like_its_v3_form_and_never_copies_credentials(tmp_p
 
 def test_v2_older_layout_with_table_mapping(tmp_path: Path) -> None:
     result = import_glassflow(FIXTURES / "glassflow_v2_table_mapping.json")
-    assert settings_of(result) == {
-        "source.topics[0].schema.fields[3]",  # device.os: nested
-        "sink.table_mapping[3]",  # its column, os
-    }
+    assert settings_of(result) == set()
     spec = written(result, tmp_path)
-    # The filter and the renamed column need a SELECT over the one source; v2 filters named rows to DROP.
+    # The filter needs a SELECT over the one source; v2 filters named rows to DROP. Renamed columns are
+    # fields named after their column, read at the GlassFlow name (login_at <- timestamp, os <- device.os).
     assert " ".join((spec.query or "").split()) == (
         "SELECT user_logins.session_id AS session_id, user_logins.user_id AS user_id, "
-        "user_logins.login_count AS login_count, user_logins.timestamp AS login_at "
-        "FROM user_logins WHERE NOT (user_logins.login_count = 0)"
+        "user_logins.login_count AS login_count, user_logins.os AS os, user_logins.login_at AS login_at "
+        "FROM user_logins WHERE NOT (user_logins.login_count <=> 0)"
     )
     assert spec.sink.order_by == ["session_id"]
     source = spec.sources["user_logins"]  # "user-logins" is not an identifier; the topic keeps its name
     assert source.topic == "user-logins"
-    assert {f.name: f.type for f in source.fields} == {
-        "session_id": "string",
-        "user_id": "string",
-        "login_count": "int",  # GlassFlow int into an Int32 column
-        "timestamp": "timestamp",
+    assert {f.name: (f.type, f.path_text) for f in source.fields} == {
+        "session_id": ("string", "session_id"),
+        "user_id": ("string", "user_id"),
+        "login_count": ("int", "login_count"),  # GlassFlow int into an Int32 column
+        "os": ("string", "device.os"),
+        "login_at": ("timestamp", "timestamp"),
     }
     assert source.dedup is not None and source.dedup.window == timedelta(hours=12)
     assert spec.kafka.bootstrap_servers == "kafka.internal:9093"  # "http://" dropped
@@ -234,17 +241,21 @@ def test_v2_filter_was_a_drop_condition(tmp_path: Path) -> None:
     config["filter"] = {"enabled": True, "expression": "amount <= 0 or customer_id == 'test'"}
     spec = written(import_glassflow(config_file(tmp_path, config)), tmp_path)
     assert spec.query is not None
-    assert "WHERE NOT (orders.amount <= 0 OR orders.customer_id = 'test')" in " ".join(spec.query.split())
+    assert "WHERE NOT ((orders.amount <= 0) OR (orders.customer_id <=> 'test'))" in " ".join(spec.query.split())
 
 
-def test_strict_models_name_unknown_settings(tmp_path: Path) -> None:
+def test_unknown_settings_are_named_not_refused(tmp_path: Path) -> None:
+    """GlassFlow's decoder ignores keys it does not know: so does the import, naming each (fails --strict)."""
     config = json.loads((FIXTURES / "glassflow_v3_dedup.json").read_text())
     config["sources"][0]["topik"] = "users"
     config["sink"]["mapping"][0]["colum_type"] = "String"
-    with pytest.raises(ImporterError) as err:
+    result = import_glassflow(config_file(tmp_path, config))
+    assert settings_of(result) == {"sources[0].topik", "sink.mapping[0].colum_type"}
+    assert all("ignores unknown keys" in u.reason for u in result.unmapped)
+    written(result, tmp_path)
+    del config["sources"][0]["topic"]  # a missing required setting is still an error
+    with pytest.raises(ImporterError, match="topic"):
         import_glassflow(config_file(tmp_path, config))
-    where = [p[0] for p in err.value.problems]
-    assert "sources[0].topik" in where and "sink.mapping[0].colum_type" in where
     with pytest.raises(ImporterError, match="unsupported GlassFlow config version 'v1'"):
         import_glassflow(config_file(tmp_path, {"version": "v1", "pipeline_id": "x"}))
     (tmp_path / "broken.json").write_text("{not json")
@@ -274,13 +285,52 @@ def test_go_durations() -> None:
     assert spec_window("1500ms", "w", result) == "2s" and result.notes  # rounded, and said so
 
 
-def test_expr_subset_translation() -> None:
-    fields = {"age", "status", "amount"}
-    assert translate_expr("age > 18 and status == 'active'", "s", fields) == "s.age > 18 AND s.status = 'active'"
-    assert translate_expr("!(amount != 0) || age >= 65", "s", fields) == "NOT (s.amount <> 0) OR s.age >= 65"
-    assert translate_expr("(amount + 1) * 2 % 3", "s", fields) == "(s.amount + 1) * 2 % 3"
-    for untranslatable in ("len(status) > 2", "user.age > 1", "status in ['a']", "unknown > 1", "age > 1 ?? 2"):
-        assert translate_expr(untranslatable, "s", fields) is None
+def test_expr_translation_keeps_expr_lang_meaning() -> None:
+    fields = {
+        "age": FieldRef("age", "long"),
+        "status": FieldRef("status", "string"),
+        "amount": FieldRef("amount", "double"),
+        "user.name": FieldRef("user_name", "string"),
+        "tags": FieldRef("tags", "array<string>"),
+        "attrs": FieldRef("attrs", "map<string,string>"),
+    }
+
+    def sql(expression: str) -> str:
+        return translate_expr(expression, "s", fields).text
+
+    # == and != are null-safe (nil is an ordinary value), and every operation is parenthesised.
+    assert sql("age > 18 and status == 'active'") == "((s.age > 18) AND (s.status <=> 'active'))"
+    assert sql("!(amount != 0) || age >= 65") == "((NOT (NOT (s.amount <=> 0))) OR (s.age >= 65))"
+    assert sql("status == nil or status != nil") == "((s.status IS NULL) OR (s.status IS NOT NULL))"
+    # expr-lang's precedence: `not` binds tighter than ==, ** is right-associative and tighter than unary -.
+    assert sql("-2 ** 3 ** 2") == "(-power(2, power(3, 2)))"
+    assert sql("(amount + 1) * 2 % 3") == "(((s.amount + 1) * 2) % 3)"
+    assert sql("status + '-' + user.name") == "concat(concat(s.status, '-'), s.user_name)"
+    assert sql("status in ['a', 'b']") == "coalesce(s.status IN ('a', 'b'), FALSE)"
+    assert sql("status not in ['a']") == "(NOT coalesce(s.status IN ('a'), FALSE))"
+    assert sql("'x' in tags") == "coalesce(array_contains(s.tags, 'x'), FALSE)"
+    assert sql("attrs['plan'] ?? 'free'") == "coalesce(try_element_at(s.attrs, 'plan'), 'free')"
+    assert sql("attrs.plan == 'pro'") == "(try_element_at(s.attrs, 'plan') <=> 'pro')"
+    assert sql("status startsWith 'ok'") == "startswith(s.status, 'ok')"
+    assert sql("len(status) > 2") == "(octet_length(s.status) > 2)"
+    assert (
+        sql("toFloat(status) > 1.5")
+        == "(coalesce(try_cast(coalesce(CAST(s.status AS STRING), '') AS DOUBLE), 0.0) > 1.5)"
+    )
+    refused = {
+        "status == 1": "compares a string with a number",
+        "status + 1": "adds a string and a number",
+        "age > 'x'": "compares a number with a string",
+        "not age == 3": "compares a boolean with a number",  # expr-lang reads (not age) == 3
+        "unknown > 1": "not a field",
+        "parseUserAgent(status, 'os') == 'ios'": "GlassFlow helper function",
+        "trim(status) == ''": "GlassFlow helper function",
+        "{'a': 1}": "map literal",
+        "status == 'it\\'s'": "quotes and escapes",
+    }
+    for expression, reason in refused.items():
+        with pytest.raises(Untranslatable, match=reason):
+            translate_expr(expression, "s", fields)
 
 
 # ---------------------------------------------------------------------------- KaflowSQL

@@ -6,7 +6,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from riverhouse.platform.ingest.stream import BatchMetrics
+from riverhouse.platform.ingest.writer import BatchMetrics
 from riverhouse.platform.runtime import metrics
 from tests.conftest import orders_spec
 

@@ -10,11 +10,12 @@ from typing import Any
 import pytest
 
 from riverhouse.platform import publish
-from riverhouse.platform.backfill import ReplaceResult
 from riverhouse.platform.gold.joins import GoldResult
-from riverhouse.platform.ingest.stream import BatchMetrics, IngestResult
+from riverhouse.platform.ingest.stream import IngestResult
+from riverhouse.platform.ingest.writer import BatchMetrics
 from riverhouse.platform.kafka.lag import PipelineLag
 from riverhouse.platform.pipeline import Pipeline, PipelineError, Window
+from riverhouse.platform.sink.replace import ReplaceResult
 from riverhouse.platform.spec import load_spec, parse_spec
 from riverhouse.platform.state.settings import Settings
 from tests.conftest import REPO, orders_spec_data
@@ -105,7 +106,7 @@ def test_unknown_versions_and_an_idle_join_are_shown_as_minus_one_and_none(tmp_p
     spec = load_spec(REPO / "pipelines" / "orders_enriched.yaml")
     settings = Settings.from_env(tmp_path)
     meta = publish.gold(Stub(spec, settings, gold=GoldResult()), None, drain=False).metadata
-    assert (meta["delta_version"], meta["watermark"], meta["engine"], meta["mode"]) == (-1, "", "none", "stream")
+    assert (meta["delta_version"], meta["watermark"], meta["mode"]) == (-1, "", "stream")
 
 
 def test_a_window_swap_lists_its_days(tmp_path: Path) -> None:

@@ -1,30 +1,49 @@
 """Crash points for the exactly-once tests.
 
-Setting RIVERHOUSE_CRASH_AT=<point> makes the process SIGKILL itself when it
-reaches that point (optionally on the Nth visit with RIVERHOUSE_CRASH_ON=N), so
-tests can prove that a re-run after a crash anywhere gives the same rows. A
-real kill, not a simulated exception: nothing gets to clean up.
+Setting RIVERHOUSE_CRASH_AT=<point> makes the process SIGKILL itself when it reaches that
+point (on the Nth visit with RIVERHOUSE_CRASH_ON=N), so tests can prove that a re-run after
+a crash anywhere gives the same rows. A real kill, not a simulated exception: nothing gets
+to clean up.
+
+The batch body of a streaming query may run in another process than the one that started
+the run (beside a Spark Connect server), whose environment is the server's. So a run
+captures its plan once (`FaultPlan.from_env`) and hands it to the batch body, which calls
+`plan.hit(point)`. `RIVERHOUSE_CRASH_KILL_PIDS` names more processes to kill with it (the
+engine's JVM: "the engine died mid-batch").
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+from dataclasses import dataclass
 
-POINTS = (
-    "after_bronze_commit",
-    "after_silver_commit",
-    "after_silver_compaction",
-    "during_clickhouse_insert",
-    "before_ledger_write",
-)
 _visits: dict[str, int] = {}
 
 
+@dataclass(frozen=True)
+class FaultPlan:
+    point: str = ""
+    visit: int = 1
+    kill_pids: tuple[int, ...] = ()
+
+    @classmethod
+    def from_env(cls) -> FaultPlan:
+        pids = tuple(int(p) for p in os.environ.get("RIVERHOUSE_CRASH_KILL_PIDS", "").split(",") if p.strip())
+        return cls(os.environ.get("RIVERHOUSE_CRASH_AT", ""), int(os.environ.get("RIVERHOUSE_CRASH_ON", "1")), pids)
+
+    def hit(self, point: str) -> None:
+        if not self.point or self.point != point:
+            return
+        _visits[point] = _visits.get(point, 0) + 1
+        if _visits[point] >= self.visit:
+            for pid in self.kill_pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
 def crash_point(point: str) -> None:
-    target = os.environ.get("RIVERHOUSE_CRASH_AT")
-    if target != point:
-        return
-    _visits[point] = _visits.get(point, 0) + 1
-    if _visits[point] >= int(os.environ.get("RIVERHOUSE_CRASH_ON", "1")):
-        os.kill(os.getpid(), signal.SIGKILL)
+    """A crash point in code that runs in the run's own process (the loader, gold)."""
+    FaultPlan.from_env().hit(point)

@@ -23,31 +23,28 @@ from datetime import UTC, datetime
 from typing import Any
 
 from riverhouse.platform import publish
-from riverhouse.platform.backfill import RebuildResult, ReplaceResult, rebuild_gold, rebuild_silver
-from riverhouse.platform.backfill import replace_clickhouse_window as _replace_clickhouse_window
+from riverhouse.platform.errors import PipelineError
 from riverhouse.platform.gold.joins import GoldResult, run_gold
-from riverhouse.platform.ingest.stream import (
-    BatchMetrics,
-    IngestResult,
-    PipelineError,
-    StreamStopped,
-    ingest_sources,
-    pipeline_lock,
-    prepare_stream,
-    resolve_bootstrap,
-    start_queries,
-)
+from riverhouse.platform.gold.rebuild import rebuild_gold
+from riverhouse.platform.ingest.rebuild import rebuild_silver
+from riverhouse.platform.ingest.stream import IngestResult, ingest_sources, prepare_stream, start_queries
+from riverhouse.platform.ingest.writer import BatchMetrics
+from riverhouse.platform.kafka.bootstrap import resolve_bootstrap
 from riverhouse.platform.kafka.lag import PipelineLag, pipeline_lag
 from riverhouse.platform.quality.checks import delta_row_count
 from riverhouse.platform.runtime import metrics
 from riverhouse.platform.runtime.spark import get_spark
 from riverhouse.platform.sink import clickhouse as sink
-from riverhouse.platform.sink.clickhouse import LoadResult
 from riverhouse.platform.sink.loader import SinkLoader, load_sink
+from riverhouse.platform.sink.replace import ReplaceResult
+from riverhouse.platform.sink.replace import replace_clickhouse_window as _replace_clickhouse_window
+from riverhouse.platform.sink.versions import LoadResult
 from riverhouse.platform.spec import PipelineSpec
+from riverhouse.platform.state.checkpoints import pipeline_lock
 from riverhouse.platform.state.reset import ResetPlan, plan_reset, reset_pipeline
 from riverhouse.platform.state.settings import Settings
 from riverhouse.platform.state.tables import TableLayout
+from riverhouse.platform.state.windows import RebuildResult
 
 __all__ = ["Pipeline", "PipelineError", "Window", "WindowRebuild"]
 
@@ -150,7 +147,7 @@ class Pipeline:
     def load(self, window: Window | None = None, client: Any = None) -> LoadResult | ReplaceResult:
         """Load new Delta versions into ClickHouse exactly once, or swap `window`'s days in (after catching up)."""
         if window is None:
-            return load_sink(self.spec, self.settings, self.warn, client=client, spark=self.spark)
+            return load_sink(self.spec, self.settings, self.warn, client=client)
         return _replace_clickhouse_window(self.spec, self.settings, window.start, window.end, log=self.log)
 
     def rebuild(self, window: Window) -> WindowRebuild:
@@ -226,8 +223,8 @@ class Pipeline:
     # ----------------------------------------------------------- streaming runs
     def _start(self, load: bool) -> SinkLoader | None:
         """What every streaming run begins with: the Spark session and (unless `load` is off) the loader."""
-        spark = self.spark
-        return SinkLoader(self.spec, self.settings, self.log, spark) if load else None
+        _ = self.spark
+        return SinkLoader(self.spec, self.settings, self.log) if load else None
 
     def _join(self, drain: bool) -> GoldResult | None:
         return run_gold(self.spark, self.spec, self.settings, drain=drain) if self.spec.is_join else None
@@ -255,11 +252,11 @@ class Pipeline:
         totals = dict.fromkeys([*COUNTED, "batches"], 0)
         stages: dict[str, float] = {}
         try:
-            queries_started = time.monotonic()
+            queries_started = time.time()
             results = ingest_sources(self.spark, spec, self.settings, list(spec.sources), on_batch=on_batch)
             # Starting the streaming queries (checkpoint, the source's planning process, first
             # offsets) up to the first batch: a fixed cost per run, paid once by a continuous pipeline.
-            first_batch = min((r.batches[0].started_at for r in results if r.batches), default=time.monotonic())
+            first_batch = min((r.batches[0].started_at for r in results if r.batches), default=time.time())
             for result in results:
                 for key in totals:
                     totals[key] += result.summary()[key]
@@ -359,6 +356,8 @@ class Pipeline:
             try:
                 checked = time.monotonic()
                 while not stop.wait(PUBLISH_POLL_S):
+                    for stream in streams:
+                        stream.collect_reports()  # sets batch_landed through on_batch
                     # Publish as soon as a batch lands (freshness), and check on the queries at
                     # least once per trigger interval either way.
                     if not batch_landed.is_set() and time.monotonic() - checked < interval.total_seconds():
@@ -366,6 +365,7 @@ class Pipeline:
                     batch_landed.clear()
                     checked = time.monotonic()
                     for stream, query in zip(streams, queries, strict=True):
+                        stream.collect_reports()
                         if not query.isActive:
                             raise stream.failure(query.exception() or PipelineError("the query stopped"))
                     publish_landed()
@@ -373,9 +373,9 @@ class Pipeline:
                 for stream, query in zip(streams, queries, strict=True):
                     stream.stop(query)
                 log("continuous: stopping; the batch in flight finished")
-            for stream in streams:
-                error = stream.writer.error
-                if error is not None and not isinstance(error, StreamStopped):
+            for stream, query in zip(streams, queries, strict=True):
+                error = query.exception()
+                if error is not None and not stream.stopped_cleanly(error):
                     raise stream.failure(error)
             published["batches"] = -1
             publish_landed()

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from riverhouse.platform.gold.joins import gold_path
-from riverhouse.platform.ingest.stream import BatchMetrics
+from riverhouse.platform.ingest.writer import BatchMetrics
 from riverhouse.platform.quality.checks import duplicate_keys_within_window, reconcile_per_day
 from riverhouse.platform.quality.expectations import validate_rejected_rate, validate_silver
 from riverhouse.platform.spec import PipelineSpec
@@ -150,7 +150,6 @@ def gold(pipeline: Pipeline, window: Window | None, drain: bool) -> Published:
         "filtered": summary["filtered"],
         "pending": summary["pending"],
         "watermark": summary["watermark"] or "",
-        "engine": summary["engine"] or "none",  # spark; none: nothing to join
         "delta_version": _version(summary["gold_version"]),
     }
     return Published("stream", {**metadata, "path": path})

@@ -14,9 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    BaseModel,
     BeforeValidator,
-    ConfigDict,
     Field,
     PlainSerializer,
     ValidationError,
@@ -25,21 +23,43 @@ from pydantic import (
 )
 
 from riverhouse.platform.envrefs import scope_problems
+from riverhouse.platform.fields import (
+    ColumnName,
+    FieldSpec,
+    check_paths,
+    fields_from_mapping,
+    resolve_pipeline_refs,
+    resolve_source_refs,
+)
+from riverhouse.platform.spec_base import (
+    IDENTIFIER_RE,
+    SYSTEM_COLUMN_PREFIX,
+    NotUtf8Error,
+    StrictModel,
+    check_column_name,
+    check_identifier,
+    read_utf8,
+)
 from riverhouse.platform.spec_kafka import SASL_PROTOCOLS, TLS_PROTOCOLS, KafkaSecurity, KafkaSpec
-from riverhouse.platform.spec_yaml import YamlProblem, load_yaml
+from riverhouse.platform.spec_yaml import MAX_BYTES, YamlProblem, load_yaml
+from riverhouse.platform.types import NUMERIC
 
-# Re-exported: the spec's `kafka:` section lives in spec_kafka.py (this module's size), but is part of the model.
-__all__ = ["SASL_PROTOCOLS", "TLS_PROTOCOLS", "KafkaSecurity", "KafkaSpec"]
+# Re-exported: the spec's public names, wherever they are defined (the `kafka:` section is spec_kafka.py).
+__all__ = [
+    "IDENTIFIER_RE",
+    "SASL_PROTOCOLS",
+    "SYSTEM_COLUMN_PREFIX",
+    "TLS_PROTOCOLS",
+    "FieldSpec",
+    "KafkaSecurity",
+    "KafkaSpec",
+    "check_column_name",
+    "check_identifier",
+]
 
-# Every pattern is used with `fullmatch`: `re.match` with `$` accepts a trailing newline,
-# which then reached DDL, paths and Dagster names.
-IDENTIFIER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 TOPIC_RE = re.compile(r"[A-Za-z0-9._-]{1,249}")
 WINDOW_RE = re.compile(r"\s*(\d+)\s*(s|m|h|d|w)\s*")
 OWNER_RE = re.compile(r"(team:[A-Za-z0-9_.-]+|[^@\s]+@[^@\s]+\.[^@\s]+)")
-# Riverhouse's own columns (_topic, _event_date, _status, _left_*...) start with '_', so a
-# field or output column may not: it would duplicate or shadow one of them.
-SYSTEM_COLUMN_PREFIX = "_"
 # Riverhouse's own ClickHouse tables (ledger, backfill staging) start with this prefix, so
 # no sink table may: a backfill drops and re-creates its staging table.
 RESERVED_TABLE_PREFIX = "riverhouse_"
@@ -47,8 +67,7 @@ MAX_WINDOW = timedelta(days=7)
 WINDOW_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 WINDOW_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
-FieldType = Literal["string", "int", "long", "float", "double", "boolean", "timestamp", "date"]
-NUMERIC_TYPES = ("int", "long", "float", "double")
+NUMERIC_TYPES = NUMERIC
 
 
 class SpecError(Exception):
@@ -61,15 +80,6 @@ class SpecError(Exception):
         for path, message, hint in problems:
             lines.append(f"  {path or '<root>'}: {message}" + (f" (hint: {hint})" if hint else ""))
         super().__init__("\n".join(lines))
-
-
-def check_identifier(value: str, what: str = "identifier") -> str:
-    if not isinstance(value, str) or not IDENTIFIER_RE.fullmatch(value):
-        raise ValueError(
-            f"{what} {value!r} is not a safe SQL identifier: use letters, digits and '_', "
-            "starting with a letter or '_', at most 63 characters"
-        )
-    return value
 
 
 def parse_window(value: Any) -> timedelta:
@@ -104,16 +114,6 @@ def format_window(window: timedelta) -> str:
     return f"{seconds}s"
 
 
-def check_column_name(value: str, what: str = "field") -> str:
-    check_identifier(value, what)
-    if value.startswith(SYSTEM_COLUMN_PREFIX):
-        raise ValueError(
-            f"{what} {value!r} starts with '{SYSTEM_COLUMN_PREFIX}', which is reserved for Riverhouse's own "
-            "columns (_topic, _offset, _event_date, ...): rename it"
-        )
-    return value
-
-
 def check_sink_table(value: str) -> str:
     check_identifier(value, "sink table")
     if value.lower().startswith(RESERVED_TABLE_PREFIX):
@@ -125,41 +125,8 @@ def check_sink_table(value: str) -> str:
 
 
 Identifier = Annotated[str, BeforeValidator(check_identifier)]
-ColumnName = Annotated[str, BeforeValidator(check_column_name)]
 SinkTable = Annotated[str, BeforeValidator(check_sink_table)]
 Window = Annotated[timedelta, BeforeValidator(parse_window), PlainSerializer(format_window, return_type=str)]
-
-
-class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class FieldSpec(StrictModel):
-    name: ColumnName
-    type: FieldType
-    required: bool = False
-    # Expected range (inclusive), checked by the Great Expectations suite before ClickHouse.
-    min: float | None = None
-    max: float | None = None
-    # Opt-ins for values that are not what the type says, quarantined by default:
-    # NaN/Infinity (not JSON, but Python's json.dumps writes them) in a float/double field,
-    # and a JSON object or array in a string field (kept as its JSON text when allowed).
-    allow_non_finite: bool = False
-    allow_json_text: bool = False
-
-    @model_validator(mode="after")
-    def _range_fits_type(self) -> FieldSpec:
-        if self.allow_non_finite and self.type not in ("float", "double"):
-            raise ValueError(
-                f"field {self.name!r}: allow_non_finite applies to float and double fields, not {self.type}"
-            )
-        if self.allow_json_text and self.type != "string":
-            raise ValueError(f"field {self.name!r}: allow_json_text applies to string fields, not {self.type}")
-        if (self.min is not None or self.max is not None) and self.type not in NUMERIC_TYPES:
-            raise ValueError(f"field {self.name!r}: min/max apply to numeric fields, not {self.type}")
-        if self.min is not None and self.max is not None and self.min > self.max:
-            raise ValueError(f"field {self.name!r}: min {self.min} is greater than max {self.max}")
-        return self
 
 
 class EventTimeSpec(StrictModel):
@@ -175,23 +142,10 @@ class DedupSpec(StrictModel):
     keep: Literal["first"] = "first"
 
 
-def _fields_from_mapping(value: Any) -> Any:
-    """Accept `{order_id: string, amount: {type: double, required: true}}` or a list."""
-    if isinstance(value, dict):
-        out = []
-        for name, typ in value.items():
-            if isinstance(typ, dict):
-                out.append({"name": name, **typ})
-            else:
-                out.append({"name": name, "type": typ})
-        return out
-    return value
-
-
 class SourceSpec(StrictModel):
     topic: str
     format: Literal["json"] = "json"
-    fields: Annotated[list[FieldSpec], BeforeValidator(_fields_from_mapping)] = Field(min_length=1)
+    fields: Annotated[list[FieldSpec], BeforeValidator(fields_from_mapping)] = Field(min_length=1)
     key: list[Identifier] = Field(min_length=1)
     event_time: EventTimeSpec = EventTimeSpec()
     dedup: DedupSpec | None = None
@@ -204,6 +158,11 @@ class SourceSpec(StrictModel):
             raise ValueError(f"topic {value!r} is not a legal Kafka topic name (letters, digits, '.', '_', '-')")
         return value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _references_by_path(cls, data: Any) -> Any:
+        return resolve_source_refs(data)
+
     @model_validator(mode="after")
     def _references_exist(self) -> SourceSpec:
         names = [f.name for f in self.fields]
@@ -215,14 +174,17 @@ class SourceSpec(StrictModel):
         clashes = sorted({n for n in names if folded.count(n.lower()) > 1})
         if clashes:
             raise ValueError(f"field names that differ only in case: {', '.join(clashes)}")
+        check_paths(self.fields)
         known = set(names)
         for k in self.key:
             if k not in known:
                 raise ValueError(f"key field {k!r} is not in fields ({', '.join(names)})")
+            self.check_scalar(k, "key field")
         if self.dedup and self.dedup.key:
             for k in self.dedup.key:
                 if k not in known:
                     raise ValueError(f"dedup key field {k!r} is not in fields ({', '.join(names)})")
+                self.check_scalar(k, "dedup key field")
         if self.event_time.field is not None:
             if self.event_time.field not in known:
                 raise ValueError(f"event_time field {self.event_time.field!r} is not in fields")
@@ -239,6 +201,14 @@ class SourceSpec(StrictModel):
             if f.name == name:
                 return f
         raise KeyError(name)
+
+    def check_scalar(self, name: str, what: str) -> None:
+        f = self.field(name)
+        if not f.is_scalar:
+            raise ValueError(
+                f"{what} {name!r} is {f.type}: keys and ordering columns are scalars (string, number, boolean, "
+                "time); use a field inside it (a path) instead"
+            )
 
     @property
     def dedup_key(self) -> list[str]:
@@ -349,6 +319,11 @@ class PipelineSpec(StrictModel):
     orchestration: OrchestrationSpec = OrchestrationSpec()
     quality: QualitySpec = QualitySpec()
 
+    @model_validator(mode="before")
+    @classmethod
+    def _references_by_path(cls, data: Any) -> Any:
+        return resolve_pipeline_refs(data)
+
     @field_validator("owners")
     @classmethod
     def _owners_are_dagster_owners(cls, value: list[str]) -> list[str]:
@@ -388,6 +363,7 @@ class PipelineSpec(StrictModel):
         for col in self.sink.order_by:
             if col not in names:
                 raise ValueError(f"sink.order_by column {col!r} is not a field of source {self.sink_source_name!r}")
+            source.check_scalar(col, "sink.order_by column")
         return self
 
     def _check_join(self) -> PipelineSpec:
@@ -406,6 +382,7 @@ class PipelineSpec(StrictModel):
                 for key in keys:
                     if key not in known:
                         raise ValueError(f"join.on: key {key!r} is not a field of {side!r}")
+                    self.sources[side].check_scalar(key, f"join.on: key of {side!r}")
             for out, ref in self.join.select.items():
                 source, dot, column = ref.partition(".")
                 if not dot or source not in (self.join.left, self.join.right):
@@ -493,7 +470,7 @@ def _format_loc(loc: tuple[Any, ...]) -> str:
 
 
 # A whole-spec check names the setting at the start of its message ("query: ..."): shown as the place.
-MESSAGE_PLACE_RE = re.compile(r"(query|require|dimensions|join\.[a-z_.]+|state\.sources|kafka\.[a-z0-9_.]+): ")
+MESSAGE_PLACE_RE = re.compile(r"(query|require|dimensions|kafka\.[a-z0-9_.]+): ")
 
 
 def parse_spec(data: Any, source: str = "<spec>") -> PipelineSpec:
@@ -526,11 +503,15 @@ def parse_spec(data: Any, source: str = "<spec>") -> PipelineSpec:
 def load_spec(path: str | Path) -> PipelineSpec:
     path = Path(path)
     try:
-        raw = path.read_bytes()
+        if path.stat().st_size > MAX_BYTES:
+            raise SpecError(str(path), [("", f"the file is larger than a spec's maximum of {MAX_BYTES:,} bytes", "")])
+        text = read_utf8(path)
     except OSError as exc:
         raise SpecError(str(path), [("", f"cannot read file: {exc.strerror}", "check the path")]) from None
+    except NotUtf8Error as exc:
+        raise SpecError(str(path), [("", str(exc), "")]) from None
     try:
-        data = load_yaml(raw)
+        data = load_yaml(text)
     except YamlProblem as exc:
         raise SpecError(str(path), [(exc.where, exc.message, exc.hint)]) from None
     return parse_spec(data, str(path))

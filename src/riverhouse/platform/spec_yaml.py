@@ -1,16 +1,16 @@
-"""Reading a spec file: bytes -> YAML data, with the limits an untrusted file needs.
+"""Reading a spec file: text -> YAML data, with the limits an untrusted file needs.
 
 A spec is written by one team and loaded by the code location that serves every team, so
 reading one file must end in its data or in a problem that names the place, never in an
 exception that takes the other pipelines down (issue 27):
 
-- the bytes must be UTF-8 (the problem names the line and column of the first bad byte);
+- the bytes must be UTF-8 (spec_base.read_utf8 decodes them, naming the first bad byte's place);
 - a mapping may not name a key twice (PyYAML keeps the last silently; the problem names
   both lines);
 - values may nest at most MAX_DEPTH levels (PyYAML's composer recurses once per level, so
   a file of 10,000 `[` ended in a RecursionError), and the data, once YAML aliases are
   expanded, holds at most MAX_VALUES values (a few aliases of aliases make billions);
-- the file is at most MAX_BYTES long.
+- the file is at most MAX_BYTES long (checked before it is read).
 """
 
 from __future__ import annotations
@@ -82,22 +82,6 @@ class _SpecLoader(yaml.SafeLoader):
 _SpecLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _SpecLoader.construct_mapping)
 
 
-def decode(raw: bytes) -> str:
-    """The file's text; bytes that are not UTF-8 are a problem naming where the first one is."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        before = raw[: exc.start]
-        line = before.count(b"\n") + 1
-        column = exc.start - (before.rfind(b"\n") + 1) + 1
-        raise YamlProblem(
-            f"line {line}, column {column}",
-            f"the file is not UTF-8 text (byte 0x{raw[exc.start]:02x})",
-            "save the file as UTF-8",
-        ) from None
-    return text.removeprefix("\ufeff")
-
-
 def _check_size(data: Any) -> None:
     """At most MAX_VALUES values and MAX_DEPTH levels once aliases are expanded (iteratively: no recursion)."""
     count = 0
@@ -119,11 +103,10 @@ def _check_size(data: Any) -> None:
             stack.extend((item, depth + 1) for item in value)
 
 
-def load_yaml(raw: bytes) -> Any:
-    """The spec's data from the file's bytes; YamlProblem when it cannot be used."""
-    if len(raw) > MAX_BYTES:
-        raise YamlProblem("", f"the file is {len(raw):,} bytes, more than a spec's maximum of {MAX_BYTES:,}", "")
-    text = decode(raw)
+def load_yaml(text: str) -> Any:
+    """The spec's data from the file's text (spec_base.read_utf8); YamlProblem when it cannot be used."""
+    if len(text) > MAX_BYTES:
+        raise YamlProblem("", f"the file is {len(text):,} characters, more than a spec's maximum of {MAX_BYTES:,}")
     loader = _SpecLoader(text)
     try:
         data = loader.get_single_data()

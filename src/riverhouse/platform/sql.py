@@ -59,6 +59,8 @@ ALLOWED_FUNCTIONS = _classes(
     *("AddMonths", "LastDay", "WeekOfYear", "ToChar", "Hex", "Unhex", "Nvl2", "ToBase64", "Contains", "EndsWith"),
     *("StartsWith", "IsNan", "Nanvl", "Repeat", "Translate", "SafeAdd", "SafeDivide", "SafeMultiply"),
     *("SafeSubtract", "UnixMillis", "UnixSeconds"),
+    # Arrays and maps (fields of type array<T>, map<string,T>): row-local, and never failing on a missing element.
+    *("ArrayContains", "ArraySize", "MapKeys"),
 )
 # Spark functions sqlglot does not model (parsed as anonymous calls), by name.
 ALLOWED_SPARK_FUNCTIONS = frozenset(
@@ -150,8 +152,12 @@ def flat(alias: str, column: str) -> str:
 
 
 UNSUPPORTED = [
-    (exp.Exists, "subqueries (EXISTS)"),
-    (exp.Group, "GROUP BY (aggregating a stream needs a window; not supported)"),
+    (exp.Exists, "subqueries and lambdas (EXISTS); to test an array field use array_contains(array, value)"),
+    (
+        exp.Group,
+        "GROUP BY: a pipeline emits one row per driving event and does not aggregate a stream; load the rows "
+        "and aggregate in ClickHouse (a query or a materialized view over the sink table)",
+    ),
     (exp.Having, "HAVING"),
     (exp.Order, "ORDER BY (a stream has no order; ClickHouse orders by sink.order_by)"),
     (exp.Limit, "LIMIT"),
@@ -382,6 +388,13 @@ def check_allowed(select: exp.Select) -> None:
     for node in select.walk():
         if isinstance(node, exp.Select) and node is not select:
             raise QueryError(f"query: unsupported clause: subqueries, in `{node.sql(dialect='spark')[:80]}`")
+        if isinstance(node, exp.Bracket):
+            if node.args.get("safe"):
+                continue  # try_element_at(map_or_array, key): NULL when the key or index is missing
+            raise QueryError(
+                f"query: `{node.sql(dialect='spark')[:80]}`: write try_element_at(x, key), which gives NULL for a "
+                "missing key or index (x[key] and element_at fail the run on an array index out of range)"
+            )
         # A unit keyword (INTERVAL 1 HOUR, date_trunc('hour', ...), EXTRACT(YEAR FROM ...)), written
         # back unquoted: only the known words, or a literal's text would become SQL.
         if isinstance(node, exp.Var) and isinstance(node.parent, (exp.Func, exp.Interval)):

@@ -20,23 +20,20 @@ start of the run. The driver plans, and receives versions, a few aggregates (cou
 the watermark, date bounds) and commit metrics: never rows.
 
 Exactly once: gold rows are keyed by the driving event's Kafka coordinates. Under the
-gold lock (one writer) events gold already holds are left out, and the rest go in by
-`MERGE ... WHEN NOT MATCHED THEN INSERT` (insert-if-absent) in one commit that also
-records the progress (the driving silver version read, the watermark, the run number)
-and a Delta app transaction (`txnAppId`/`txnVersion` = the run number), so a retried
+gold lock (one writer) events gold already holds are left out (an anti-join on those
+coordinates, pruned to the events' days), and the rest go in by one append whose commit
+also records the progress (the driving silver version read, the watermark, the run number)
+and Riverhouse's mark (app id, run number: state/delta_spark.append_once), so a retried
 commit of the same run is skipped and a crash anywhere re-runs to the same gold table.
-Quarantined results go in by an insert-if-absent MERGE first, so a crash between the
-two commits replays them without doubling them.
+Quarantined results are appended first, minus those the quarantine already holds, so a
+crash between the two commits replays them without doubling them.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from datetime import UTC, date, datetime
-from pathlib import Path
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from pyspark.sql import DataFrame
@@ -44,23 +41,23 @@ from pyspark.sql import functions as F
 
 from riverhouse.platform.faults import crash_point
 from riverhouse.platform.gold.evaluate import IDENTITY, evaluate, gold_schema, latest_per_key
-from riverhouse.platform.ingest.dedup import merge_insert_only
-from riverhouse.platform.ingest.stream import pipeline_lock
 from riverhouse.platform.spec import PipelineSpec
+from riverhouse.platform.state.checkpoints import gold_lock
+from riverhouse.platform.state.delta_log import MARK_MAX_EVENT_TIME, DeltaLog
 from riverhouse.platform.state.delta_spark import (
+    append_once,
     between,
-    commit_metadata,
     conform,
-    insert_absent,
     inserts_between,
-    latest_metadata_with,
     read_at,
     spark_time,
     table_version,
 )
 from riverhouse.platform.state.settings import Settings
 from riverhouse.platform.state.tables import (
+    GOLD_PROPERTIES,
     KAFKA_IDENTITY,
+    SILVER_PROPERTIES,
     TableLayout,
     ensure_delta_table,
     silver_schema,
@@ -73,6 +70,7 @@ STATE_VERSION = "riverhouse.left_version"
 STATE_WATERMARK = "riverhouse.watermark"
 STATE_RUN = "riverhouse.gold_run"
 STATUSES = ("emitted", "unmatched", "filtered", "rejected")
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclass
@@ -88,7 +86,6 @@ class GoldResult:
     pending: int = 0  # driving events whose window has not closed yet
     watermark: str | None = None
     gold_version: int | None = None
-    engine: str = ""  # what ran the join: spark ("" when there was nothing to join)
     seconds: float = 0.0
 
     @property
@@ -126,9 +123,9 @@ def gold_app_id(spec: PipelineSpec) -> str:
     return f"riverhouse:{spec.name}:gold:{spec.sink.table}"
 
 
-def read_state(spark: Any, path: str) -> GoldState:
+def read_state(path: str) -> GoldState:
     """The progress of the newest gold commit that records one (stream runs and rebuilds both do)."""
-    meta = latest_metadata_with(spark, path, STATE_VERSION)
+    meta = DeltaLog(path).latest_mark(STATE_VERSION)
     if meta is None:
         return GoldState()
     wm = meta.get(STATE_WATERMARK)
@@ -138,15 +135,23 @@ def read_state(spark: Any, path: str) -> GoldState:
 def ensure_gold_tables(spark: Any, spec: PipelineSpec, layout: TableLayout) -> Any:
     """Create gold (change data feed on: the loader reads it), its quarantine and the silver tables it reads."""
     schema = gold_schema(spark, spec)
-    ensure_delta_table(spark, gold_path(layout, spec), schema, ["_left_event_date"], cdf=True)
-    ensure_delta_table(spark, gold_quarantine_path(layout, spec), schema, ["_left_event_date"])
+    ensure_delta_table(spark, gold_path(layout, spec), schema, ["_left_event_date"], GOLD_PROPERTIES)
+    ensure_delta_table(spark, gold_quarantine_path(layout, spec), schema, ["_left_event_date"], GOLD_PROPERTIES)
     for name, src in spec.sources.items():
-        ensure_delta_table(spark, layout.silver(name), silver_schema(src), ["_event_date"], cdf=True)
+        ensure_delta_table(spark, layout.silver(name), silver_schema(src), ["_event_date"], SILVER_PROPERTIES)
     return spark_schema(schema)
 
 
 def max_event_time(spark: Any, path: str, version: int) -> datetime | None:
-    """Latest event time in a silver snapshot: one aggregate (Delta answers it from file statistics when it can)."""
+    """Latest event time in a silver snapshot.
+
+    Each ingest commit records the newest event time silver holds (delta_log.MARK_MAX_EVENT_TIME), so
+    the log answers without a Spark job; a table without such marks (written by a backfill
+    only) is asked with one aggregate.
+    """
+    meta = DeltaLog(path).latest_mark(MARK_MAX_EVENT_TIME, newest=version)
+    if meta is not None:
+        return EPOCH + timedelta(microseconds=int(meta[MARK_MAX_EVENT_TIME]))
     return spark_time(read_at(spark, path, version).agg(F.max("_event_time").alias("t")).first()["t"])
 
 
@@ -173,29 +178,18 @@ def dedupe_identity(rows: DataFrame) -> DataFrame:
     return rows.dropDuplicates(KAFKA_IDENTITY)
 
 
-def not_processed(closed: DataFrame, gold: DataFrame, first_day: date) -> DataFrame:
-    """The driving events of `closed` that gold does not hold yet (by Kafka identity).
+def not_processed(
+    closed: DataFrame, gold: DataFrame, first_day: date, identity: list[str] = KAFKA_IDENTITY
+) -> DataFrame:
+    """The rows of `closed` (driving events, by `identity` columns) that `gold` does not hold yet.
 
     Gold is read from `first_day` (the earliest closed event's date) on: partitions before
     it cannot hold these events.
     """
     done = gold.where(F.col("_left_event_date") >= F.lit(first_day)).select(
-        *[F.col(g).alias(k) for g, k in zip(IDENTITY, KAFKA_IDENTITY, strict=True)]
+        *[F.col(g).alias(k) for g, k in zip(IDENTITY, identity, strict=True)]
     )
-    return closed.join(done, KAFKA_IDENTITY, "left_anti")
-
-
-def identity_condition(lo: date, hi: date) -> str:
-    """Gold row t is driving event s: the same Kafka coordinates, within s's days (Delta prunes the rest)."""
-    same = " AND ".join(f"t.`{c}` = s.`{c}`" for c in IDENTITY)
-    return f"{same} AND t._left_event_date >= DATE'{lo.isoformat()}' AND t._left_event_date <= DATE'{hi.isoformat()}'"
-
-
-@contextmanager
-def gold_lock(settings: Settings, pipeline: str, log: Callable[[str], None] | None = None) -> Iterator[None]:
-    """One writer of a pipeline's gold table at a time (stream runs and backfills)."""
-    with pipeline_lock(Path(settings.checkpoints) / pipeline, pipeline, wait_s=600, name="gold.lock", log=log):
-        yield
+    return closed.join(done, identity, "left_anti")
 
 
 def run_gold(spark: Any, spec: PipelineSpec, settings: Settings, drain: bool = False) -> GoldResult:
@@ -233,9 +227,9 @@ def _run_gold(spark: Any, spec: PipelineSpec, settings: Settings, drain: bool) -
     close_after = plan.close_after
     result = GoldResult()
 
-    state = read_state(spark, path)
-    gold_version = table_version(spark, path)
-    versions = {name: table_version(spark, layout.silver(name)) for name in spec.sources}
+    state = read_state(path)
+    gold_version = table_version(path)
+    versions = {name: table_version(layout.silver(name)) for name in spec.sources}
     current = versions[plan.driving_source]
     latest = [max_event_time(spark, layout.silver(s), versions[s]) for s in plan.stream_sources]
     stream_watermark = None if any(t is None for t in latest) else min(t for t in latest if t is not None)
@@ -288,15 +282,15 @@ def _run_gold(spark: Any, spec: PipelineSpec, settings: Settings, drain: bool) -
         if not result.processed:
             result.seconds = time.monotonic() - started
             return result
-        result.engine = "spark"
-        condition = identity_condition(tally["first_day"], tally["last_day"])
+        progress = GoldState(current, next_watermark, state.run + 1)
         if result.rejected:
             # Insert-if-absent: a crash after this commit and before gold's replays these rows.
-            insert_absent(spark, gold_quarantine_path(layout, spec), rows.where("_status = 'rejected'"), condition)
+            quarantine = gold_quarantine_path(layout, spec)
+            held = read_at(spark, quarantine, table_version(quarantine))
+            rejected = not_processed(rows.where("_status = 'rejected'"), held, tally["first_day"], IDENTITY)
+            append_once(rejected, quarantine, gold_app_id(spec), _quarantine_batch(quarantine, spec, progress.run))
         crash_point("after_gold_quarantine")
-        progress = GoldState(current, next_watermark, state.run + 1)
-        with commit_metadata(spark, progress.metadata()):
-            outcome = merge_insert_only(spark, path, rows, condition, gold_app_id(spec), progress.run)
+        outcome = append_once(rows, path, gold_app_id(spec), progress.run, metadata=progress.metadata())
         if outcome.replayed:
             # Gold holds this run number already, yet its commits' progress said otherwise: writing
             # on would skip these rows silently.
@@ -307,9 +301,24 @@ def _run_gold(spark: Any, spec: PipelineSpec, settings: Settings, drain: bool) -
         crash_point("after_gold_commit")
     finally:
         rows.unpersist()
-    result.gold_version = table_version(spark, path)
+    result.gold_version = table_version(path)
     result.seconds = time.monotonic() - started
     return result
+
+
+def _quarantine_batch(path: str, spec: PipelineSpec, run: int) -> int:
+    """The mark of a quarantine append: the run number, or past the newest one the table holds.
+
+    A re-run after a crash between the two commits has the same run number, but may have more
+    rows to quarantine (silver moved on): its rows were anti-joined above, so it must append
+    them rather than find the crashed run's mark and skip.
+    """
+    log = DeltaLog(path)
+    held = log.find_batch(gold_app_id(spec), 0)
+    if held is None:
+        return run
+    newest = log.commit(held).batch_of(gold_app_id(spec)) or 0
+    return max(run, newest + 1)
 
 
 def _tally(rows: DataFrame, result: GoldResult) -> Any:

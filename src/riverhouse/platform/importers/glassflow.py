@@ -4,18 +4,25 @@ Both versions are first read into one neutral form (sources with their dedup,
 filters and transforms; an optional join; the sink), keeping the path of every
 setting as the user wrote it, then mapped to a spec. Whatever has no Riverhouse
 equivalent is recorded with its path and the reason.
+
+Fields keep GlassFlow's names as JSON paths: `user.id` is the spec field `user_id` with
+`path: user.id`. In a pipeline without a join, a field loaded into one column is named after
+that column (`{name: email, path: user.email}`), so renamed columns need no SQL.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from riverhouse.platform.fields import parse_path
 from riverhouse.platform.importers import glassflow_models as gf
-from riverhouse.platform.importers.expr import translate_expr
+from riverhouse.platform.importers.expr import FieldRef, Untranslatable, translate_expr
 from riverhouse.platform.importers.glassflow_kafka import kafka_block
 from riverhouse.platform.importers.glassflow_read import (
+    UNKNOWN_KEY,
     Column,
     Pipeline,
     Source,
@@ -23,8 +30,10 @@ from riverhouse.platform.importers.glassflow_read import (
     from_v2,
     from_v3,
     read_config,
+    unknown_settings,
     validate_config,
 )
+from riverhouse.platform.importers.glassflow_types import spec_type
 from riverhouse.platform.importers.report import (
     ImporterError,
     ImportResult,
@@ -32,31 +41,35 @@ from riverhouse.platform.importers.report import (
     parse_go_duration,
     spec_window,
 )
-from riverhouse.platform.sink.clickhouse import CLICKHOUSE_TYPES
+from riverhouse.platform.spec_base import IDENTIFIER_RE, SYSTEM_COLUMN_PREFIX
+from riverhouse.platform.types import clickhouse_type, parse_type
 
-SCALAR_TYPES = {
-    "string": "string",
-    "bytes": "string",
-    "datetime": "timestamp",
-    "bool": "boolean",
-    "int8": "int",
-    "int16": "int",
-    "int32": "int",
-    "uint8": "int",
-    "uint16": "int",
-    "int": "long",
-    "int64": "long",
-    "uint": "long",
-    "uint32": "long",
-    "uint64": "long",
-    "float": "double",
-    "float64": "double",
-    "float32": "float",
-}
-NUMERIC_COLUMNS = {"Int8": "int", "Int16": "int", "Int32": "int", "UInt8": "int", "UInt16": "int"}
-NUMERIC_COLUMNS |= {"Int64": "long", "UInt32": "long", "UInt64": "long", "Float32": "float", "Float64": "double"}
 SPARK_CASTS = {"string": "STRING", "int": "BIGINT", "int64": "BIGINT", "int32": "INT", "uint": "BIGINT"}
 SPARK_CASTS |= {"float": "DOUBLE", "float64": "DOUBLE", "float32": "FLOAT", "bool": "BOOLEAN"}
+
+
+@dataclass
+class Decl:
+    """A GlassFlow field as a spec field."""
+
+    name: str
+    type: str
+    path: str | None  # the GlassFlow name, when it is not the column name
+    allow_json_text: bool = False
+
+    def spec(self) -> Any:
+        if self.path is None and not self.allow_json_text:
+            return self.type
+        block: dict[str, Any] = {"type": self.type}
+        if self.path is not None:
+            block["path"] = self.path
+        if self.allow_json_text:
+            block["allow_json_text"] = True
+        return block
+
+    @property
+    def scalar(self) -> bool:
+        return not parse_type(self.type).is_container
 
 
 # ---------------------------------------------------------------------------- mapping
@@ -67,10 +80,13 @@ def import_glassflow(path: str | Path, output: str | Path | None = None) -> Impo
     data = read_config(path)
     version = detect_version(data, str(path))
     result = ImportResult({}, f"GlassFlow pipeline config {version}", str(path))
-    if version == "v3":
-        pipeline = from_v3(validate_config(gf.PipelineV3, data, str(path)), result)
-    else:
-        pipeline = from_v2(validate_config(gf.PipelineV2, data, str(path)), result)
+    if str(data.get("version") or version).lower() != version:
+        result.note(f"version {data.get('version')!r}: read as {version} (its layout)")
+    model = gf.PipelineV3 if version == "v3" else gf.PipelineV2
+    config = validate_config(model, data, str(path))
+    for setting in unknown_settings(config):
+        result.drop(setting, UNKNOWN_KEY)
+    pipeline = from_v3(config, result) if version == "v3" else from_v2(config, result)
     if not pipeline.sources:
         raise ImporterError(str(path), [("sources", "no Kafka source to import", "Riverhouse reads Kafka topics")])
     result.spec = build_spec(pipeline, result, None if output is None else Path(output))
@@ -83,20 +99,36 @@ def build_spec(p: Pipeline, result: ImportResult, output: Path | None) -> dict[s
         raise ImporterError(result.path, [("sink.type", f"{p.sink.type!r}: Riverhouse loads ClickHouse", "")])
     spec: dict[str, Any] = {"name": identifier(p.pipeline_id.replace("-", "_"), "pipeline_id", result)}
     spec["description"] = f"{p.name or p.pipeline_id} (imported from GlassFlow pipeline {p.pipeline_id})"
+    if p.join is not None and p.sink_source:
+        result.note(f"sink.source_id {p.sink_source!r}: the sink loads the join's output")
+    if p.join is None and len(p.sources) > 1 and p.sink_source:
+        chosen = [s for s in p.sources if s.sid == p.sink_source]
+        for s in p.sources:
+            if chosen and s is not chosen[0]:
+                result.drop(
+                    s.path, f"not loaded: the sink loads {p.sink_source!r} (sink.source_id) and there is no join"
+                )
+        p.sources = chosen or p.sources
     spec["kafka"] = kafka_block(p, result, output, spec["name"])
     names = {s.sid: identifier(s.sid, "source", result) for s in p.sources}
+    for c in p.columns:
+        c.column = output_column(c, result)
+    dotted = next((f for s in p.sources for f in s.fields if "." in f), None)
+    if dotted is not None:
+        head, _, rest = dotted.partition(".")
+        result.note(
+            f"fields with dots in their names ({dotted}) are read as nested paths ({{'{head}': {{'{rest}': ...}}}}); "
+            f"GlassFlow first tries a top-level key literally named '{dotted}': if your records have such keys, "
+            f"write the path as a list (path: [{dotted}])"
+        )
     if p.join is None:
         if len(p.sources) != 1:
-            raise ImporterError(
-                result.path,
-                [
-                    (
-                        "sources",
-                        f"{len(p.sources)} Kafka sources and no join",
-                        "a GlassFlow pipeline without a join has one",
-                    )
-                ],
+            hint = (
+                "join.enabled is false, though join describes the streams: set it to true to import the join"
+                if p.join_disabled
+                else "a GlassFlow pipeline without a join reads one topic (v2: sink.source_id names it)"
             )
+            raise ImporterError(result.path, [("sources", f"{len(p.sources)} Kafka sources and no join", hint)])
         spec["sources"], sink, query = single_source(p, p.sources[0], names, result)
         if query is not None:
             spec["query"] = query
@@ -110,73 +142,129 @@ def build_spec(p: Pipeline, result: ImportResult, output: Path | None) -> dict[s
     return spec
 
 
-def field_type(src: Source, name: str, column_type: str | None, result: ImportResult) -> str | None:
-    """The spec type of a GlassFlow field, or None with the reason recorded."""
-    gf_type, path = src.fields[name]
-    if "." in name:
-        result.drop(path, f"nested field {name!r} (dot notation): Riverhouse reads top-level JSON fields")
-        return None
-    if gf_type not in SCALAR_TYPES:
-        result.drop(
-            path, f"{name!r} has type {gf_type}: Riverhouse fields are scalars (strings, numbers, booleans, times)"
-        )
-        return None
-    typ = SCALAR_TYPES[gf_type]
-    base = re.sub(r"^LowCardinality\((.*)\)$", r"\1", column_type or "")
-    if typ in ("int", "long", "float", "double") and base in NUMERIC_COLUMNS:
-        typ = NUMERIC_COLUMNS[base]  # GlassFlow's `int`/`float` take their width from the column
-    if gf_type == "string" and base.startswith("DateTime"):
-        typ = "timestamp"  # GlassFlow parses ISO 8601 text into DateTime columns; so does `timestamp`
-    elif gf_type == "string" and base in ("Date", "Date32"):
-        typ = "date"
-    elif gf_type != "string" and base.startswith("DateTime") and typ != "timestamp":
-        result.note(f"{path}: {name!r} holds Unix seconds; Riverhouse loads it as a number, not a DateTime")
-    if gf_type == "uint64":
-        result.note(f"{path}: {name!r} is uint64; values above 2^63-1 go to quarantine (Riverhouse long is signed)")
-    return typ
+def output_column(column: Column, result: ImportResult) -> str:
+    """A sink column's name as a spec column (an identifier not starting with '_'), noting any change."""
+    name = re.sub(r"[^A-Za-z0-9_]", "_", column.column).lstrip(SYSTEM_COLUMN_PREFIX) or "column"
+    name = name if name[0].isalpha() else f"c_{name}"
+    name = name[:63]
+    if name != column.column:
+        result.note(f"{column.path}: column {column.column} is named {name} (spec columns are SQL identifiers)")
+    return name
 
 
-def declare_fields(src: Source, wanted: dict[str, str | None], result: ImportResult) -> dict[str, str]:
-    """Spec fields for `wanted` (name -> target ClickHouse type or None) that exist and map."""
-    out: dict[str, str] = {}
-    for name, column_type in wanted.items():
-        if name in src.fields and name not in out:
-            typ = field_type(src, name, column_type, result)
-            if typ is not None:
-                out[name] = typ
+def column_name(gf_name: str, taken: set[str], preferred: str | None) -> str:
+    """The spec column for a GlassFlow field: `preferred` (its sink column) when usable, else from its name."""
+    candidates = [preferred] if preferred else []
+    candidates.append(re.sub(r"[^A-Za-z0-9_]", "_", gf_name.replace(".", "_")).lstrip(SYSTEM_COLUMN_PREFIX) or "field")
+    for base in candidates:
+        base = base if base[0].isalpha() else f"f_{base}"
+        if not IDENTIFIER_RE.fullmatch(base) or base.startswith(SYSTEM_COLUMN_PREFIX):
+            continue
+        name, n = base, 2
+        while name.lower() in taken:
+            name, n = f"{base}_{n}", n + 1
+        return name
+    return f"field_{len(taken) + 1}"
+
+
+def declare(
+    src: Source, wanted: dict[str, str | None], result: ImportResult, preferred: dict[str, str] | None = None
+) -> dict[str, Decl]:
+    """Spec fields for the GlassFlow fields `wanted` (name -> target ClickHouse type or None) that map.
+
+    A wanted field that cannot map is reported; `preferred` names a field's column.
+    """
+    out: dict[str, Decl] = {}
+    taken: set[str] = set()
+    for gf_name, column_type in wanted.items():
+        if gf_name not in src.fields or gf_name in out:
+            continue
+        gf_type, where = src.fields[gf_name]
+        mapped = spec_type(gf_type, column_type)
+        if mapped is None:
+            into = f" into a {column_type} column" if column_type else " (and no sink column says its element type)"
+            result.drop(where, f"{gf_name!r} has type {gf_type}{into}: no spec type holds it")
+            continue
+        typ, json_text, note = mapped
+        name = column_name(gf_name, taken, (preferred or {}).get(gf_name))
+        if name != gf_name:
+            try:
+                parse_path(gf_name)  # the GlassFlow name becomes the field's path
+            except ValueError as exc:
+                result.drop(where, str(exc))
+                continue
+        taken.add(name.lower())
+        if note:
+            result.note(f"{where}: {gf_name!r} {note}")
+        out[gf_name] = Decl(name, typ, None if name == gf_name else gf_name, json_text)
     return out
 
 
-def source_block(src: Source, fields: dict[str, str], key: str, result: ImportResult) -> dict[str, Any]:
-    block: dict[str, Any] = {"topic": src.topic, "fields": fields, "key": [key]}
+def declare_all(src: Source, wanted: dict[str, str | None], result: ImportResult, **kw: Any) -> dict[str, Decl]:
+    """`wanted` plus every other field that maps (filters and transforms may use them); an unused field
+    that cannot map is no loss and only noted."""
+    unused = [f for f in src.fields if f not in wanted]
+    extra = {f: None for f in unused if spec_type(src.fields[f][0], None) is not None}
+    for f in unused:
+        if f not in extra:
+            result.note(f"{src.fields[f][1]}: {f!r} ({src.fields[f][0]}) is not used downstream and not declared")
+    return declare(src, {**wanted, **extra}, result, **kw)
+
+
+def source_block(src: Source, decls: dict[str, Decl], key: str, result: ImportResult) -> dict[str, Any]:
+    block: dict[str, Any] = {"topic": src.topic, "fields": {d.name: d.spec() for d in decls.values()}}
+    block["key"] = [decls[key].name]
     if src.dedup is not None:
         window = spec_window(src.dedup[1], f"{src.dedup[2]}.time_window", result)
         if window is not None:
-            block["dedup"] = {"key": [src.dedup[0]], "window": window}
+            block["dedup"] = {"key": [decls[src.dedup[0]].name], "window": window}
     return block
 
 
 def check_column_type(column: Column, typ: str, result: ImportResult) -> None:
-    made = CLICKHOUSE_TYPES[typ]
-    declared = column.column_type.replace(" ", "")
-    if declared != made.replace(" ", ""):
+    made = clickhouse_type(typ)
+    if column.column_type.replace(" ", "") != made.replace(" ", ""):
         result.note(f"{column.path}: column {column.column} is created as {made} (GlassFlow: {column.column_type})")
 
 
-def declare_all(src: Source, wanted: dict[str, str | None], result: ImportResult) -> dict[str, str]:
-    """`wanted` plus every other scalar field (filters and transforms may use them); unused fields of
-    other types are no loss and only noted, while wanted ones that cannot map are reported."""
-    unused = [f for f in src.fields if f not in wanted]
-    scalar = {f: None for f in unused if src.fields[f][0] in SCALAR_TYPES and "." not in f}
-    for f in unused:
-        if f not in scalar:
-            result.note(f"{src.fields[f][1]}: {f!r} ({src.fields[f][0]}) is not used downstream and not declared")
-    return declare_fields(src, {**scalar, **wanted}, result)
+def refs(src: Source, decls: dict[str, Decl]) -> dict[str, FieldRef]:
+    """GlassFlow field names -> spec columns, for translating expressions."""
+    return {gf_name: FieldRef(d.name, d.type) for gf_name, d in decls.items()}
+
+
+def record_key(
+    src: Source,
+    mapped: list[str],
+    result: ImportResult,
+    which: str = "the first mapped field that is not an array or map",
+) -> str:
+    """The dedup key, else the first of `mapped` (then of the schema) that can be a key (a scalar), named in a note."""
+    if src.dedup is not None:
+        if src.dedup[0] not in src.fields:
+            raise ImporterError(
+                result.path,
+                [(src.dedup[2], f"dedup key {src.dedup[0]!r} is not declared in the source's schema", "declare it")],
+            )
+        return src.dedup[0]
+    for gf_name in [*mapped, *(f for f in src.fields if f not in mapped)]:
+        found = spec_type(src.fields[gf_name][0], None) if gf_name in src.fields else None
+        if found is not None and not parse_type(found[0]).is_container:
+            if gf_name not in mapped:
+                which = "no mapped field can be a key: the first field of the schema that is not an array or map"
+            result.note(
+                f"{src.path}: no dedup; {gf_name!r} ({which}) becomes the record key: records without it go to "
+                "quarantine"
+            )
+            return gf_name
+    raise ImporterError(
+        result.path,
+        [(src.path, "no field can be the record key", "map a string or number field, or add a dedup transform")],
+    )
 
 
 def projections(
     select: list[tuple[Column, Source, str]],
-    fields: dict[str, dict[str, str]],
+    decls: dict[str, dict[str, Decl]],
     names: dict[str, str],
     result: ImportResult,
 ) -> dict[str, str]:
@@ -184,32 +272,39 @@ def projections(
     exprs: dict[str, str] = {}
     for col, src, ref in select:
         if ref in src.fields:
-            if ref in fields[src.sid]:
-                exprs[col.column] = f"{names[src.sid]}.{ref}"
-                check_column_type(col, fields[src.sid][ref], result)
+            if ref in decls[src.sid]:
+                exprs[col.column] = f"{names[src.sid]}.{decls[src.sid][ref].name}"
+                check_column_type(col, decls[src.sid][ref].type, result)
             else:
                 result.drop(col.path, f"field {ref!r} could not be imported (see above)")
             continue
         out, path = src.stateless[ref]
-        sql = translate_expr(out.expression, names[src.sid], set(fields[src.sid]))
-        cast = SPARK_CASTS.get(out.output_type.lower())
-        if sql is None or cast is None:
-            result.drop(path, f"expression {out.expression!r} has no Spark SQL translation here; write it in query:")
+        try:
+            sql = translate_expr(out.expression, names[src.sid], refs(src, decls[src.sid]))
+        except Untranslatable as exc:
+            result.drop(path, f"expression {out.expression!r}: {exc}")
             continue
-        exprs[col.column] = f"CAST(({sql}) AS {cast})"
+        output_type = out.output_type.lower()
+        if sql.field is not None and output_type in ("map", "array"):
+            exprs[col.column] = sql.text  # a map or array field as it is
+        elif output_type in SPARK_CASTS:
+            exprs[col.column] = f"CAST({sql.text} AS {SPARK_CASTS[output_type]})"
+        else:
+            result.drop(path, f"output_type {out.output_type} of an expression: write the column yourself in query:")
     if not exprs:
         raise ImporterError(result.path, [("sink", "no sink column could be imported", "")])
     return exprs
 
 
-def where_clauses(src: Source, fields: dict[str, str], name: str, result: ImportResult) -> list[str]:
+def where_clauses(src: Source, decls: dict[str, Decl], name: str, result: ImportResult) -> list[str]:
     where = []
     for expression, path, keep in src.filters:
-        sql = translate_expr(expression, name, set(fields))
-        if sql is None:
-            result.drop(path, f"filter {expression!r} has no Spark SQL translation here; write it in query: WHERE")
-        else:
-            where.append(f"({sql})" if keep else f"NOT ({sql})")
+        try:
+            sql = translate_expr(expression, name, refs(src, decls)).text
+        except Untranslatable as exc:
+            result.drop(path, f"filter {expression!r}: {exc}; write it in query: WHERE")
+            continue
+        where.append(sql if keep else f"NOT {sql}")
     return where
 
 
@@ -221,47 +316,49 @@ def select_sql(exprs: dict[str, str], source: str, join: str = "", where: list[s
 def single_source(
     p: Pipeline, src: Source, names: dict[str, str], result: ImportResult
 ) -> tuple[dict[str, Any], dict[str, Any], str | None]:
-    """A dedup pipeline; a join-less `query:` when filters, transforms or renamed columns need a SELECT."""
+    """A dedup pipeline; a join-less `query:` when filters or transforms need a SELECT."""
     select: list[tuple[Column, Source, str]] = []
     for col in p.columns:
         if col.ref in src.fields or col.ref in src.stateless:
             select.append((col, src, col.ref))
         else:
             result.drop(col.path, f"{col.ref!r} is not a field of source {src.sid!r}'s schema")
-    needs_sql = bool(src.filters or src.stateless) or any(col.column != ref for col, _, ref in select)
     mapped = {ref: col.column_type for col, _, ref in select if ref in src.fields}
-    key = src.dedup[0] if src.dedup else next(iter(mapped), None)
-    if key is None or key not in src.fields:
-        raise ImporterError(
-            result.path, [(src.path, "no field to use as the record key", "declare the source's fields")]
-        )
+    key = record_key(src, list(mapped), result)
+    # A field loaded into one column takes the column's name (and reads its GlassFlow name as the path).
+    uses = [ref for _, _, ref in select if ref in src.fields]
+    preferred = {col.ref: col.column for col, _, ref in select if ref in src.fields and uses.count(ref) == 1}
+    needs_sql = bool(src.filters or src.stateless)
     wanted: dict[str, str | None] = {key: None, **mapped}
-    fields = declare_all(src, wanted, result) if needs_sql else declare_fields(src, wanted, result)
-    if key not in fields:
-        raise ImporterError(result.path, [(src.path, f"key field {key!r} cannot be imported", "")])
-    if src.dedup is None:
-        result.note(f"{src.path}: no dedup; {key!r} becomes the record key (records without it go to quarantine)")
+    decls = (declare_all if needs_sql else declare)(src, wanted, result, preferred=preferred)
+    if key not in decls:
+        raise ImporterError(result.path, [(src.path, f"key field {key!r} cannot be imported (see above)", "")])
+    needs_sql = needs_sql or any(ref in decls and decls[ref].name != col.column for col, _, ref in select)
     name = names[src.sid]
-    sources = {name: source_block(src, fields, key, result)}
+    sources = {name: source_block(src, decls, key, result)}
     table = identifier(p.sink.table, "sink.table", result)
     if not needs_sql:
         if key not in mapped:
             result.note(f"{src.path}: key {key!r} is not a mapped column, but a dedup pipeline loads it too")
         for col, _, ref in select:
-            if ref in fields:
-                check_column_type(col, fields[ref], result)
-        result.note(f"sink.order_by [{key}]: Riverhouse creates the table if missing (GlassFlow needs it to exist)")
-        return sources, {"table": table, "order_by": [key]}, None
-    exprs = projections(select, {src.sid: fields}, names, result)
-    order_col = next((c for c, e in exprs.items() if e == f"{name}.{key}"), next(iter(exprs)))
+            if ref in decls:
+                check_column_type(col, decls[ref].type, result)
+        if not decls[key].scalar:
+            raise ImporterError(result.path, [(src.path, f"key {key!r} is an array or map", "")])
+        result.note(
+            f"sink.order_by [{decls[key].name}]: Riverhouse creates the table if missing (GlassFlow needs it to exist)"
+        )
+        return sources, {"table": table, "order_by": [decls[key].name]}, None
+    exprs = projections(select, {src.sid: decls}, names, result)
+    order_col = next((c for c, e in exprs.items() if e == f"{name}.{decls[key].name}"), next(iter(exprs)))
     result.note(
-        "query: a SELECT over one source (for its filter, transforms or renamed columns): rows pass through the "
-        "gold table and are written when the stream's watermark reaches them (`riverhouse run --drain`: all now)"
+        "query: a SELECT over one source (for its filter or transforms): rows pass through the gold table and are "
+        "written when the stream's watermark reaches them (`riverhouse run --drain`: all now)"
     )
     return (
         sources,
         {"table": table, "order_by": [order_col]},
-        select_sql(exprs, name, where=where_clauses(src, fields, name, result)),
+        select_sql(exprs, name, where=where_clauses(src, decls, name, result)),
     )
 
 
@@ -272,6 +369,11 @@ def joined(p: Pipeline, names: dict[str, str], result: ImportResult) -> tuple[An
     for side in (join.left, join.right):
         if side.sid not in by_id:
             raise ImporterError(result.path, [(f"{side.path}.source_id", f"{side.sid!r} is not a Kafka source", "")])
+        if side.key not in by_id[side.sid].fields:
+            raise ImporterError(
+                result.path,
+                [(side.path, f"join key {side.key!r} is not declared in {side.sid!r}'s schema", "declare the field")],
+            )
     left, right = by_id[join.left.sid], by_id[join.right.sid]
     windows = {s.path: parse_go_duration(s.window, f"{s.path}.time_window") for s in (join.left, join.right)}
     longest = max((join.left, join.right), key=lambda s: windows[s.path])
@@ -291,7 +393,7 @@ def joined(p: Pipeline, names: dict[str, str], result: ImportResult) -> tuple[An
         sid, ref = col.sid, col.ref
         if sid is None and join.outputs is not None:
             if ref not in join.outputs:
-                result.drop(col.path, f"{ref!r} is not one of join.output_fields")
+                result.drop(col.path, f"{ref!r} is not one of the join's output fields")
                 continue
             sid, ref = join.outputs[ref]
         if sid is None:
@@ -304,7 +406,10 @@ def joined(p: Pipeline, names: dict[str, str], result: ImportResult) -> tuple[An
             result.drop(col.path, f"{sid}.{ref} is not a field of the joined sources")
             continue
         select.append((col, by_id[sid], ref))
-    keys = {s.sid: s.dedup[0] if s.dedup else (join.left.key if s is left else join.right.key) for s in (left, right)}
+    keys = {
+        s.sid: record_key(s, [join.left.key if s is left else join.right.key], result, "its join key")
+        for s in (left, right)
+    }
     wanted: dict[str, dict[str, str | None]] = {
         left.sid: {join.left.key: None, keys[left.sid]: None},
         right.sid: {join.right.key: None, keys[right.sid]: None},
@@ -312,15 +417,20 @@ def joined(p: Pipeline, names: dict[str, str], result: ImportResult) -> tuple[An
     for col, src, ref in select:
         if ref in src.fields:
             wanted[src.sid][ref] = col.column_type
-    fields = {s.sid: declare_all(s, wanted[s.sid], result) for s in (left, right)}
-    sources = {names[s.sid]: source_block(s, fields[s.sid], keys[s.sid], result) for s in (left, right)}
+    decls = {s.sid: declare_all(s, wanted[s.sid], result) for s in (left, right)}
+    for side in (join.left, join.right):
+        decl = decls[side.sid].get(side.key)
+        if decl is None or not decl.scalar:
+            raise ImporterError(result.path, [(side.path, f"join key {side.key!r} cannot be imported as a key", "")])
+    sources = {names[s.sid]: source_block(s, decls[s.sid], keys[s.sid], result) for s in (left, right)}
 
     # Expressions (filters, transforms) need the SQL form; otherwise the readable `join:` block.
-    outputs = projections(select, fields, names, result)
-    where = where_clauses(left, fields[left.sid], names[left.sid], result)
+    outputs = projections(select, decls, names, result)
+    where = where_clauses(left, decls[left.sid], names[left.sid], result)
     for _, path, _ in right.filters:
         result.drop(path, "a filter on the right stream: WHERE would drop left rows; filter at the producer")
-    order_col = next((c for c, e in outputs.items() if e == f"{names[left.sid]}.{keys[left.sid]}"), next(iter(outputs)))
+    left_key_col = f"{names[left.sid]}.{decls[left.sid][keys[left.sid]].name}"
+    order_col = next((c for c, e in outputs.items() if e == left_key_col), next(iter(outputs)))
     result.note(
         "join: GlassFlow's docs call the left stream complete, yet its join service drops left events that find no "
         "match; Riverhouse makes it a LEFT join (unmatched left events emitted once their window closes). "
@@ -328,11 +438,12 @@ def joined(p: Pipeline, names: dict[str, str], result: ImportResult) -> tuple[An
     )
     sink = {"table": identifier(p.sink.table, "sink.table", result), "order_by": [order_col]}
     lname, rname = names[left.sid], names[right.sid]
+    lkey, rkey = decls[left.sid][join.left.key].name, decls[right.sid][join.right.key].name
     if not where and all(re.fullmatch(r"\w+\.\w+", e) for e in outputs.values()):
-        on = {"left": [join.left.key], "right": [join.right.key]}
+        on = {"left": [lkey], "right": [rkey]}
         block = {"type": "left", "left": lname, "right": rname, "on": on, "window": window, "select": outputs}
         return sources, block, None, None, sink
-    on_sql = f"\nLEFT JOIN {rname} ON {lname}.{join.left.key} = {rname}.{join.right.key}"
+    on_sql = f"\nLEFT JOIN {rname} ON {lname}.{lkey} = {rname}.{rkey}"
     return sources, None, select_sql(outputs, lname, on_sql, where), {"ttl": window}, sink
 
 
@@ -341,7 +452,7 @@ def sink_settings(p: Pipeline, spec: dict[str, Any], result: ImportResult) -> No
     if sink.max_batch_size is not None:
         if 0 < sink.max_batch_size <= 10_000_000:
             spec["sink"]["batch_size"] = sink.max_batch_size
-        else:
+        elif sink.max_batch_size != 0:
             result.drop("sink.max_batch_size", f"{sink.max_batch_size} is outside 1 .. 10,000,000")
     if sink.max_delay_time:
         interval = spec_window(sink.max_delay_time, "sink.max_delay_time", result)

@@ -64,6 +64,11 @@ def security_block(
 ) -> dict[str, str]:
     """`kafka.security` for the connection; what it cannot state is dropped with the reason."""
     protocol = conn.protocol.upper()
+    if conn.sasl_tls_enable and protocol not in TLS_PROTOCOLS:
+        # Older exports: GlassFlow's consumer turned TLS on when this was true, whatever the protocol said.
+        upgraded = "SASL_SSL" if protocol == "SASL_PLAINTEXT" else "SSL"
+        result.note(f"{where}.sasl_tls_enable: true: TLS is on, so protocol {protocol} is written as {upgraded}")
+        protocol = upgraded
     mechanism = (conn.mechanism or "").upper()
     authenticates = bool(mechanism) and mechanism != "NO_AUTH" and not conn.skip_auth
     security: dict[str, str] = {}

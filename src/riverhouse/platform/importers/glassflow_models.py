@@ -8,8 +8,13 @@ per-topic `schema` and `sink.table_mapping`).
 
 Why not the SDK's models: glassflow 4.x dropped v2 (its v2->v3 migration calls a
 running GlassFlow server), importing it writes ~/.glassflow/clickhouse.conf and
-sets up usage tracking, and its models ignore unknown keys, which would hide a
-misspelt setting instead of naming it. These models forbid unknown keys.
+sets up usage tracking, and its models ignore unknown keys silently.
+
+GlassFlow's own decoder (Go's encoding/json) ignores keys it does not know, and real
+exports carry some (`join_key_type`, `sasl_tls_enable`, ...). These models keep unknown
+keys (`extra="allow"`) so that the importer can name each one as not carried over
+(glassflow_read.unknown_settings) instead of refusing the config or dropping it silently.
+Keys of older exports that still mean something are modelled here and mapped.
 """
 
 from __future__ import annotations
@@ -27,11 +32,11 @@ def _lower(value: Any) -> Any:
 Offset = Annotated[Literal["earliest", "latest"], BeforeValidator(_lower)]
 
 
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class Model(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
 
 
-class KafkaConnection(Strict):
+class KafkaConnection(Model):
     brokers: list[str] = Field(min_length=1)
     protocol: str = "PLAINTEXT"
     mechanism: str | None = None
@@ -47,20 +52,31 @@ class KafkaConnection(Strict):
     skip_auth: bool | None = None
     client_cert: str | None = None
     client_key: str | None = None
+    # Older exports: TLS on a SASL connection (GlassFlow's consumer enabled TLS when true).
+    sasl_tls_enable: bool | None = None
 
 
-class SchemaRegistry(Strict):
+class SchemaRegistry(Model):
     url: str
     api_key: str | None = None
     api_secret: str | None = None
 
 
-class SchemaField(Strict):
+class SchemaField(Model):
     name: str
     type: str
 
 
-class SinkConnection(Strict):
+class SourceSchema(Model):
+    """v3 `schema`: JSON `fields` (the Enterprise reference's form of schema_fields), or an Avro/Protobuf `file`."""
+
+    fields: list[SchemaField] | None = None
+    file: str | None = None
+    message_type: str | None = None
+    parsed_fields: list[Any] | None = None  # read-only in GlassFlow's API: ignored on create
+
+
+class SinkConnection(Model):
     host: str
     port: str | int | None = None
     http_port: str | int | None = None
@@ -71,24 +87,24 @@ class SinkConnection(Strict):
     skip_certificate_verification: bool = False
 
 
-class SinkMapping(Strict):
+class SinkMapping(Model):
     name: str
     column_name: str
     column_type: str
 
 
-class StatelessOutput(Strict):
+class StatelessOutput(Model):
     expression: str
     output_name: str
     output_type: str
 
 
-class Metadata(Strict):
+class Metadata(Model):
     tags: list[str] | None = None
 
 
 # ---------------------------------------------------------------------------- v3
-class SourceV3(Strict):
+class SourceV3(Model):
     type: str = "kafka"
     source_id: str
     connection_params: KafkaConnection | None = None
@@ -97,37 +113,37 @@ class SourceV3(Strict):
     schema_fields: list[SchemaField] | None = None
     schema_registry: SchemaRegistry | None = None
     schema_version: str | None = None
-    # Enterprise Edition: Avro/Protobuf sources
+    # Enterprise Edition: Avro/Protobuf sources, and `schema.fields` for JSON
     format: str | None = None
-    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    schema_: SourceSchema | None = Field(default=None, alias="schema")
 
 
-class DedupConfig(Strict):
+class DedupConfig(Model):
     key: str
     time_window: str
 
 
-class FilterConfig(Strict):
+class FilterConfig(Model):
     expression: str
 
 
-class StatelessConfig(Strict):
+class StatelessConfig(Model):
     transforms: list[StatelessOutput] = Field(min_length=1)
 
 
-class DedupTransform(Strict):
+class DedupTransform(Model):
     type: Literal["dedup"]
     source_id: str
     config: DedupConfig
 
 
-class FilterTransform(Strict):
+class FilterTransform(Model):
     type: Literal["filter"]
     source_id: str
     config: FilterConfig
 
 
-class StatelessTransform(Strict):
+class StatelessTransform(Model):
     type: Literal["stateless"]
     source_id: str
     config: StatelessConfig
@@ -136,19 +152,19 @@ class StatelessTransform(Strict):
 Transform = Annotated[DedupTransform | FilterTransform | StatelessTransform, Field(discriminator="type")]
 
 
-class JoinSideV3(Strict):
+class JoinSideV3(Model):
     source_id: str
     key: str
     time_window: str
 
 
-class JoinOutputField(Strict):
+class JoinOutputField(Model):
     source_id: str
     name: str
     output_name: str | None = None
 
 
-class JoinV3(Strict):
+class JoinV3(Model):
     enabled: bool = False
     type: str | None = None
     left_source: JoinSideV3 | None = None
@@ -156,7 +172,7 @@ class JoinV3(Strict):
     output_fields: list[JoinOutputField] | None = None
 
 
-class SinkV3(Strict):
+class SinkV3(Model):
     type: str = "clickhouse"
     connection_params: SinkConnection
     table: str
@@ -165,8 +181,8 @@ class SinkV3(Strict):
     mapping: list[SinkMapping] = Field(min_length=1)
 
 
-class PipelineV3(Strict):
-    version: Literal["v3"] = "v3"
+class PipelineV3(Model):
+    version: str = "v3"
     pipeline_id: str
     name: str | None = None
     sources: list[SourceV3] = Field(min_length=1)
@@ -178,7 +194,7 @@ class PipelineV3(Strict):
 
 
 # ---------------------------------------------------------------------------- v2
-class DedupV2(Strict):
+class DedupV2(Model):
     enabled: bool = False
     id_field: str | None = None
     key: str | None = None  # the newest v2 exports say key, older ones id_field
@@ -186,12 +202,12 @@ class DedupV2(Strict):
     time_window: str | None = None
 
 
-class TopicSchemaV2(Strict):
+class TopicSchemaV2(Model):
     type: str = "json"
     fields: list[SchemaField] = Field(default_factory=list)
 
 
-class TopicV2(Strict):
+class TopicV2(Model):
     name: str
     id: str | None = None
     consumer_group_initial_offset: Offset = "latest"
@@ -203,37 +219,48 @@ class TopicV2(Strict):
     schema_version: str | None = None
 
 
-class SourceV2(Strict):
+class SourceV2(Model):
     type: str = "kafka"
     provider: str | None = None
     connection_params: KafkaConnection
     topics: list[TopicV2] = Field(min_length=1)
 
 
-class JoinSourceV2(Strict):
+class JoinSourceV2(Model):
     source_id: str
-    join_key: str
+    join_key: str | None = None
+    key: str | None = None  # some exports say key (GlassFlow's v2 reader reads join_key only)
+    join_key_type: str | None = None  # older exports: the key's type, which its field declares too
     time_window: str
     orientation: Annotated[Literal["left", "right"], BeforeValidator(_lower)]
 
 
-class JoinV2(Strict):
+class JoinRuleV2(Model):
+    """v2 `join.fields[]`: a joined field and its output name (glassflow-api models.JoinRule)."""
+
+    source_id: str
+    source_name: str
+    output_name: str | None = None
+
+
+class JoinV2(Model):
     enabled: bool = False
     type: str | None = None
     id: str | None = None
     sources: list[JoinSourceV2] | None = None
+    fields: list[JoinRuleV2] | None = None
 
 
-class FilterV2(Strict):
+class FilterV2(Model):
     enabled: bool = False
     expression: str | None = None
 
 
-class StatelessConfigV2(Strict):
+class StatelessConfigV2(Model):
     transform: list[StatelessOutput] | None = None
 
 
-class StatelessV2(Strict):
+class StatelessV2(Model):
     enabled: bool = False
     id: str | None = None
     type: str | None = None
@@ -241,7 +268,7 @@ class StatelessV2(Strict):
     config: StatelessConfigV2 | None = None
 
 
-class SchemaFieldV2(Strict):
+class SchemaFieldV2(Model):
     source_id: str
     name: str
     type: str
@@ -249,18 +276,18 @@ class SchemaFieldV2(Strict):
     column_type: str | None = None
 
 
-class SchemaV2(Strict):
+class SchemaV2(Model):
     fields: list[SchemaFieldV2] = Field(default_factory=list)
 
 
-class TableMappingV2(Strict):
+class TableMappingV2(Model):
     source_id: str
     field_name: str
     column_name: str
     column_type: str
 
 
-class SinkV2(Strict):
+class SinkV2(Model):
     type: str = "clickhouse"
     provider: str | None = None
     connection_params: SinkConnection | None = None
@@ -281,8 +308,8 @@ class SinkV2(Strict):
     table_mapping: list[TableMappingV2] | None = None
 
 
-class PipelineV2(Strict):
-    version: Literal["v2"] | None = None  # the first v2 exports carried no version
+class PipelineV2(Model):
+    version: str | None = None  # "v2", "2.0.0", or none (the first v2 exports)
     pipeline_id: str
     name: str | None = None
     source: SourceV2

@@ -2,11 +2,13 @@
 
 Each setting keeps the path the user wrote (`source.topics[0].deduplication` in
 v2, `transforms[0]` in v3), so what cannot be mapped is reported where it is.
+Keys GlassFlow's decoder would ignore are read past and reported (`unknown_settings`).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,12 @@ from pydantic import BaseModel, ValidationError
 
 from riverhouse.platform.importers import glassflow_models as gf
 from riverhouse.platform.importers.report import ImporterError, ImportResult
+from riverhouse.platform.spec_base import NotUtf8Error, read_utf8
+
+UNKNOWN_KEY = (
+    "not a setting of GlassFlow's documented format: GlassFlow's decoder ignores unknown keys, and so does "
+    "the import (check its spelling if you meant a setting)"
+)
 
 
 @dataclass
@@ -37,6 +45,7 @@ class JoinSide:
     key: str
     window: str
     path: str
+    key_type: str | None = None  # older v2 exports' join_key_type
 
 
 @dataclass
@@ -65,14 +74,18 @@ class Pipeline:
     columns: list[Column]
     sink: Any  # gf.SinkV3 | gf.SinkV2
     sink_connection: gf.SinkConnection | None
+    sink_source: str | None = None  # v2 sink.source_id: the source a join-less sink loads
+    join_disabled: bool = False  # a join described but `enabled: false`
 
 
 # ---------------------------------------------------------------------------- reading
 def read_config(path: Path) -> dict[str, Any]:
     try:
-        text = path.read_text()
+        text = read_utf8(path)
     except OSError as exc:
         raise ImporterError(str(path), [("", f"cannot read file: {exc.strerror}", "check the path")]) from None
+    except NotUtf8Error as exc:
+        raise ImporterError(str(path), [("", str(exc), "")]) from None
     try:
         data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
@@ -97,12 +110,34 @@ def validate_config(model: type[BaseModel], data: dict[str, Any], source: str) -
 
 
 def detect_version(data: dict[str, Any], source: str) -> str:
-    version = str(data.get("version") or ("v3" if "sources" in data else "v2" if "source" in data else "")).lower()
+    """v2 or v3: from `version` ("v3", or a release number such as "2.0.0" in older exports), else the layout."""
+    raw = data.get("version")
+    shape = "v3" if "sources" in data else "v2" if "source" in data else ""
+    match = re.fullmatch(r"v?([0-9]+)(?:\.[0-9]+)*", str(raw).strip().lower()) if raw else None
+    version = f"v{match.group(1)}" if match else ("" if raw else shape)
     if version not in ("v2", "v3"):
         raise ImporterError(
-            source, [("version", f"unsupported GlassFlow config version {data.get('version')!r}", "v2 and v3 are read")]
+            source,
+            [("version", f"unsupported GlassFlow config version {raw!r}", "v2 and v3 are read (also as 2.x.y, 3.x.y)")],
         )
+    if shape and shape != version:
+        # The layout decides: a "2.0.0" export with `sources` is read as what it is.
+        return shape
     return version
+
+
+def unknown_settings(node: Any, path: str = "") -> list[str]:
+    """Every key of the config that the models do not know, with its path (`join.sources[0].foo`)."""
+    out: list[str] = []
+    if isinstance(node, BaseModel):
+        out += [f"{path}.{key}" if path else key for key in node.model_extra or {}]
+        for name, info in type(node).model_fields.items():
+            key = info.alias or name
+            out += unknown_settings(getattr(node, name), f"{path}.{key}" if path else key)
+    elif isinstance(node, list):
+        for i, item in enumerate(node):
+            out += unknown_settings(item, f"{path}[{i}]")
+    return out
 
 
 def from_v3(cfg: gf.PipelineV3, result: ImportResult) -> Pipeline:
@@ -115,7 +150,10 @@ def from_v3(cfg: gf.PipelineV3, result: ImportResult) -> Pipeline:
         if s.topic is None or s.connection_params is None:
             raise ImporterError(result.path, [(path, "a Kafka source needs topic and connection_params", "")])
         _source_extras(s.format, s.schema_registry, s.schema_version, s.schema_, path, result)
-        fields = {f.name: (f.type.lower(), f"{path}.schema_fields[{j}]") for j, f in enumerate(s.schema_fields or [])}
+        fields: dict[str, tuple[str, str]] = {}
+        if s.schema_ is not None and s.schema_.fields:  # the Enterprise reference's form
+            fields |= {f.name: (f.type.lower(), f"{path}.schema.fields[{j}]") for j, f in enumerate(s.schema_.fields)}
+        fields |= {f.name: (f.type.lower(), f"{path}.schema_fields[{j}]") for j, f in enumerate(s.schema_fields or [])}
         sources.append(Source(s.source_id, path, s.topic, s.consumer_group_initial_offset, fields, s.connection_params))
     by_id = {s.sid: s for s in sources}
     for i, t in enumerate(cfg.transforms or []):
@@ -178,6 +216,8 @@ def from_v2(cfg: gf.PipelineV2, result: ImportResult) -> Pipeline:
                     result.path, [(f"{path}.deduplication", "enabled without id_field and time_window", "")]
                 )
             src.dedup = (key, t.deduplication.time_window, f"{path}.deduplication")
+            if key not in src.fields and t.deduplication.id_field_type:  # declared by its type only
+                src.fields[key] = (t.deduplication.id_field_type.lower(), f"{path}.deduplication.id_field_type")
         sources.append(src)
     first = sources[0]
     if cfg.filter and cfg.filter.enabled and cfg.filter.expression:
@@ -194,11 +234,28 @@ def from_v2(cfg: gf.PipelineV2, result: ImportResult) -> Pipeline:
         if set(by_side) != {"left", "right"} or len(cfg.join.sources or []) != 2:
             raise ImporterError(result.path, [("join.sources", "needs one left and one right source", "")])
         idx = {s.orientation: i for i, s in enumerate(cfg.join.sources or [])}
-        left, right = (
-            JoinSide(by_side[o].source_id, by_side[o].join_key, by_side[o].time_window, f"join.sources[{idx[o]}]")
-            for o in ("left", "right")
-        )
-        join = Join(left, right, None)
+        sides = []
+        for o in ("left", "right"):
+            s, where = by_side[o], f"join.sources[{idx[o]}]"
+            key = s.join_key or s.key
+            if not key:
+                raise ImporterError(result.path, [(where, "no join_key", "name the field the streams join on")])
+            if not s.join_key:
+                result.note(f"{where}.key: read as the join key (GlassFlow's v2 reader names it join_key)")
+            sides.append(JoinSide(s.source_id, key, s.time_window, where, s.join_key_type))
+            declared = next((src for src in sources if src.sid == s.source_id), None)
+            if declared is not None and s.join_key_type:
+                if key not in declared.fields:  # declared by its type only
+                    declared.fields[key] = (s.join_key_type.lower(), f"{where}.join_key_type")
+                elif declared.fields[key][0] != s.join_key_type.lower():
+                    result.note(
+                        f"{where}.join_key_type: {s.join_key_type}, but {declared.fields[key][1]} declares "
+                        f"{key!r} as {declared.fields[key][0]}: the declaration is used"
+                    )
+        outputs = None
+        if cfg.join.fields:
+            outputs = {r.output_name or r.source_name: (r.source_id, r.source_name) for r in cfg.join.fields}
+        join = Join(sides[0], sides[1], outputs)
     sink = cfg.sink
     if sink.table_mapping:
         columns = [
@@ -231,7 +288,8 @@ def from_v2(cfg: gf.PipelineV2, result: ImportResult) -> Pipeline:
             secure=sink.secure,
             skip_certificate_verification=sink.skip_certificate_verification,
         )
-    return Pipeline("v2", cfg.pipeline_id, cfg.name, sources, join, columns, sink, connection)
+    disabled = cfg.join is not None and not cfg.join.enabled and bool(cfg.join.sources)
+    return Pipeline("v2", cfg.pipeline_id, cfg.name, sources, join, columns, sink, connection, sink.source_id, disabled)
 
 
 def _source_extras(
@@ -243,5 +301,7 @@ def _source_extras(
         result.drop(f"{path}.schema_registry", "Riverhouse reads plain JSON with the fields declared in the spec")
     if version:
         result.drop(f"{path}.schema_version", "belongs to schema_registry, which is not carried over")
-    if schema:
-        result.drop(f"{path}.schema", "an Avro/Protobuf schema: Riverhouse sources read JSON messages only")
+    if schema is not None and (schema.file or schema.message_type):
+        result.drop(f"{path}.schema.file", "an Avro/Protobuf schema: Riverhouse sources read JSON messages only")
+    if schema is not None and schema.parsed_fields:
+        result.note(f"{path}.schema.parsed_fields: read-only in GlassFlow's API (ignored on create), and here")

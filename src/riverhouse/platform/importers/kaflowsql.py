@@ -19,7 +19,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlglot import exp
 
+from riverhouse.platform.importers.kaflowsql_query import InputField, infer_types, refuse_unsupported, rewrite_nested
 from riverhouse.platform.importers.report import ImporterError, ImportResult, identifier, spec_window
+from riverhouse.platform.spec_base import NotUtf8Error, read_utf8
 
 AVRO_TYPES = {"string": "string", "int": "int", "long": "long", "float": "float", "double": "double"}
 AVRO_TYPES |= {"boolean": "boolean"}
@@ -62,13 +64,26 @@ class KaflowPipeline(Strict):
 
 def read_pipeline(path: Path) -> KaflowPipeline:
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(read_utf8(path))
     except OSError as exc:
         raise ImporterError(str(path), [("", f"cannot read file: {exc.strerror}", "check the path")]) from None
+    except NotUtf8Error as exc:
+        raise ImporterError(str(path), [("", str(exc), "")]) from None
     except yaml.YAMLError as exc:
         raise ImporterError(str(path), [("", f"invalid YAML: {exc}", "")]) from None
     if not isinstance(data, dict):
         raise ImporterError(str(path), [("", "a KaflowSQL pipeline is a YAML mapping", "start with `name:`")])
+    if "query" not in data and ("kafka" in data or "state" in data) and "output" not in data:
+        raise ImporterError(
+            str(path),
+            [
+                (
+                    "",
+                    "this is KaflowSQL's global config.yaml (brokers, state storage), not a pipeline",
+                    "import the pipeline files (pipelines/*.yaml); brokers go to kafka.bootstrap_servers",
+                )
+            ],
+        )
     try:
         return KaflowPipeline.model_validate(data)
     except ValidationError as exc:
@@ -121,6 +136,7 @@ def avro_types(schema: dict[str, Any] | None, result: ImportResult) -> dict[str,
 
 def build_spec(p: KaflowPipeline, result: ImportResult) -> dict[str, Any]:
     select = parse_query(p.query, result.path)
+    refuse_unsupported(select, result.path)
     tables = [t for t in select.find_all(exp.Table)]
     if not tables:
         raise ImporterError(result.path, [("query", "no FROM source", "")])
@@ -129,9 +145,11 @@ def build_spec(p: KaflowPipeline, result: ImportResult) -> dict[str, Any]:
     for table in dict.fromkeys(t.name for t in tables):
         names[table] = identifier(table, "topic", result)
     driving_alias = (select.args.get("from_") or select.args.get("from")).this.alias_or_name
+    nested = rewrite_nested(select, alias_to_table, driving_alias, result.path)
 
     # Columns per source; unqualified ones belong to the FROM source when they cannot be told apart.
     columns: dict[str, list[str]] = {t: [] for t in names}
+    resolve: dict[int, tuple[str, str]] = {}  # Column node -> (table, column), for type inference
     for col in select.find_all(exp.Column):
         alias = col.table or driving_alias
         if not col.table and len(names) > 1:
@@ -142,6 +160,9 @@ def build_spec(p: KaflowPipeline, result: ImportResult) -> dict[str, Any]:
             raise ImporterError(result.path, [("query", f"unknown table or alias {alias!r} in {col.sql()}", "")])
         if col.name not in columns[table]:
             columns[table].append(col.name)
+        resolve[id(col)] = (table, col.name)
+    paths = {(alias_to_table[alias], column): path for (alias, column), path in nested.items()}
+    inferred = infer_types(select, resolve)
     for table in tables:
         table.set("this", exp.to_identifier(names[table.name]))
 
@@ -163,30 +184,40 @@ def build_spec(p: KaflowPipeline, result: ImportResult) -> dict[str, Any]:
         outputs.append(item.alias_or_name)
         if isinstance(body, exp.Column):
             projected[item.alias_or_name] = (alias_to_table[body.table or driving_alias], body.name)
+    # Types: output.schema (Avro) for columns projected as is, else inferred from use, else string.
+    fields = {t: {c: inferred.get((t, c), InputField()) for c in cols} for t, cols in columns.items()}
+    types = avro_types(p.output.schema_, result)
+    for out, (table, column) in projected.items():
+        if out in types:
+            fields[table][column] = InputField(types[out], None, f"output.schema's {out}")
+    for (table, column), path in paths.items():
+        fields[table][column].path = path
+    said = [f"{names[t]}.{c} {f.type} ({f.why})" for t, cols in fields.items() for c, f in cols.items() if f.why]
+    if said:
+        result.note("KaflowSQL declares no input types; typed from the query and output.schema: " + "; ".join(said))
+    untyped = [f"{names[t]}.{c}" for t, cols in fields.items() for c, f in cols.items() if not f.why]
+    if untyped:
+        result.note("typed string, nothing in the query says otherwise (check them): " + ", ".join(sorted(untyped)))
+
+    def scalar(table: str, candidates: list[str]) -> str | None:
+        return next((c for c in candidates if not fields[table][c].type.startswith(("array<", "map<"))), None)
+
     driving = alias_to_table[driving_alias]
     out_key = p.output.key
     driving_key = None
     if out_key and out_key in projected and projected[out_key][0] == driving:
-        driving_key = projected[out_key][1]
-    driving_key = driving_key or (join_keys[driving] or columns[driving] or [None])[0]
+        driving_key = scalar(driving, [projected[out_key][1]])
+    driving_key = driving_key or scalar(driving, [*join_keys[driving], *columns[driving]])
     if driving_key is None:
-        raise ImporterError(result.path, [("query", f"no column of {driving!r} to use as its key", "")])
+        raise ImporterError(result.path, [("query", f"no column of {driving!r} can be its key", "")])
     result.note(f"sources.{names[driving]}.key [{driving_key}]: records without it go to quarantine")
-
-    types = avro_types(p.output.schema_, result)
-    field_types: dict[str, dict[str, str]] = {t: {c: "string" for c in cols} for t, cols in columns.items()}
-    for out, (table, column) in projected.items():
-        if out in types:
-            field_types[table][column] = types[out]
-    untyped = [f"{names[t]}.{c}" for t, cols in field_types.items() for c, typ in cols.items() if typ == "string"]
-    if untyped:
-        result.note(
-            "KaflowSQL pipelines declare no input types: typed string (check them): " + ", ".join(sorted(untyped))
-        )
     sources: dict[str, Any] = {}
-    for table, cols in field_types.items():
-        key = driving_key if table == driving else (join_keys[table] or list(cols))[0]
-        sources[names[table]] = {"topic": table, "fields": cols, "key": [key]}
+    for table, cols in fields.items():
+        key = driving_key if table == driving else scalar(table, [*join_keys[table], *cols])
+        declared = {
+            c: f.type if f.path is None else {"type": f.type, "path": ".".join(f.path)} for c, f in cols.items()
+        }
+        sources[names[table]] = {"topic": table, "fields": declared, "key": [key]}
 
     spec: dict[str, Any] = {
         "name": identifier(p.name, "name", result),

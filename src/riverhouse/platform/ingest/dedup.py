@@ -1,4 +1,4 @@
-"""Window-bounded deduplication in Spark: inside a micro-batch, then Delta MERGE against silver.
+"""Window-bounded deduplication in Spark: inside a micro-batch, then against what silver holds.
 
 Semantics (`keep: first`): for each key, the first event (by event time, then
 Kafka partition and offset) is kept; a later event with the same key whose
@@ -8,31 +8,23 @@ has already been published downstream, so the stored event wins.
 
 Everything here runs on the executors: the batch is deduplicated with window functions
 (and, for the rare key whose events span more than a window inside one batch, the walk of
-`dedup_in_batch` per key group), then written with an insert-only `MERGE` whose condition
-is bounded to the days within a window of the batch, so Delta prunes the rest.
+`dedup_in_batch` per key group), then anti-joined with silver's rows within a window of the
+batch's event times (`not_in_silver`), and the rest is appended (ingest/writer.py).
 """
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
-from datetime import date, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from riverhouse.platform.state.delta_spark import Appended, ProgressHint, append_once
+
 ORDER_COLUMNS = ["_event_time", "_topic", "_partition", "_offset"]
-# Each batch adds a file to every day it touches, and each MERGE reads every file within a
-# window of the batch's days: past this many, those days are compacted.
-COMPACT_AT_FILES_DEFAULT = 16
-
-
-def compact_at_files() -> int:
-    """Files a MERGE may read before their days are compacted ($RIVERHOUSE_COMPACT_AT_FILES)."""
-    raw = os.environ.get("RIVERHOUSE_COMPACT_AT_FILES", "")
-    return int(raw) if raw.strip().isdigit() and int(raw) > 0 else COMPACT_AT_FILES_DEFAULT
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def _micros(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
@@ -108,104 +100,68 @@ def dedup_batch(valid: Any, key: list[str], window: timedelta) -> Any:
     return short.unionByName(long)
 
 
-def lookup_days(min_date: date, max_date: date, window: timedelta) -> tuple[date, date]:
-    """First and last `_event_date` a batch's MERGE reads: its own days, a window either side."""
-    days = timedelta(days=window.days + 1)
-    return min_date - days, max_date + days
+def time_bounds(lo_micros: int, hi_micros: int, window: timedelta) -> tuple[datetime, datetime]:
+    """The event times a batch's silver lookup covers: its own, a window either side (UTC)."""
+    lo = EPOCH + timedelta(microseconds=lo_micros) - window
+    hi = EPOCH + timedelta(microseconds=hi_micros) + window
+    return lo, hi
 
 
-def _sql_date(day: date) -> str:
-    return f"DATE'{day.isoformat()}'"
+def not_in_silver(
+    spark: Any, silver_path: str, unique: Any, key: list[str], window: timedelta, bounds: tuple[datetime, datetime]
+) -> Any:
+    """The batch's rows that no silver row duplicates: same key, event times within `window`.
 
-
-def merge_condition(key: list[str], window: timedelta, days: tuple[date, date]) -> str:
-    """Stored row `t` is a duplicate of batch row `s`: same key, event times within a window.
-
-    The `_event_date` bounds are literals, so Delta prunes silver to those partitions before
-    it reads a file: the MERGE's cost follows the window and the batch, not the history.
+    Silver is read only where a duplicate can be: the days and event times in `bounds` (literal
+    bounds, so Delta prunes partitions, then files by their `_event_time` statistics). The batch
+    is the build side of both joins, so memory follows the batch, not the window: first the
+    silver rows that match a batch row (a broadcast of the batch's keys), then the batch rows
+    that match none of those (a broadcast of the matches, at most a batch's worth of keys).
     """
+    from pyspark.sql import functions as F
+
+    lo, hi = bounds
     micros = _micros_literal(window)
-    keys = " AND ".join(f"t.`{k}` = s.`{k}`" for k in key)
-    return (
-        f"{keys} AND t._event_date BETWEEN {_sql_date(days[0])} AND {_sql_date(days[1])} "
-        f"AND unix_micros(t._event_time) BETWEEN unix_micros(s._event_time) - {micros} "
-        f"AND unix_micros(s._event_time) + {micros}"
-    )
-
-
-@dataclass(frozen=True)
-class MergeOutcome:
-    inserted: int
-    replayed: bool  # the table already had this batch (app transaction): nothing was written
-
-
-def merge_insert_only(spark: Any, path: str, rows: Any, condition: str, app_id: str, batch_id: int) -> MergeOutcome:
-    """`MERGE INTO silver t USING rows s ON condition WHEN NOT MATCHED THEN INSERT *`, once per batch id.
-
-    MERGE ignores the writer's txnAppId/txnVersion options; Delta reads the session's
-    `spark.databricks.delta.write.txnAppId/txnVersion` instead, records them in the MERGE's
-    commit, and skips the MERGE (returning no metrics row) when the table already holds
-    that version for the app. `spark` is the streaming query's own session, so two queries
-    running at once never see each other's settings.
-    """
-    from delta.tables import DeltaTable
-
-    spark.conf.set("spark.databricks.delta.write.txnAppId", app_id)
-    spark.conf.set("spark.databricks.delta.write.txnVersion", str(batch_id))
-    try:
-        metrics = (
-            DeltaTable.forPath(spark, path)
-            .alias("t")
-            .merge(rows.alias("s"), condition)
-            .whenNotMatchedInsertAll()
-            .execute()
-            .collect()
+    stored = (
+        spark.read.format("delta")
+        .load(silver_path)
+        .where(
+            (F.col("_event_date") >= F.lit(lo.date()))
+            & (F.col("_event_date") <= F.lit(hi.date()))
+            & (F.col("_event_time") >= F.lit(lo))
+            & (F.col("_event_time") <= F.lit(hi))
         )
-    finally:
-        spark.conf.unset("spark.databricks.delta.write.txnAppId")
-        spark.conf.unset("spark.databricks.delta.write.txnVersion")
-    if not metrics:
-        return MergeOutcome(0, replayed=True)
-    return MergeOutcome(int(metrics[0]["num_inserted_rows"]), replayed=False)
+        .select(*[F.col(k).alias(f"_s_{k}") for k in key], F.unix_micros("_event_time").alias("_s_t"))
+    )
+    probe = unique.select(*[F.col(k).alias(f"_b_{k}") for k in key], F.unix_micros("_event_time").alias("_b_t"))
+
+    def within(left: str, right: str) -> Any:
+        same = [F.col(f"{left}{k}") == F.col(f"{right}{k}") for k in key]
+        cond = F.abs(F.col(f"{left}t") - F.col(f"{right}t")) <= F.lit(micros)
+        for term in same:
+            cond = term & cond
+        return cond
+
+    matched = stored.join(F.broadcast(probe), within("_s_", "_b_"), "left_semi")
+    batch = unique.withColumn("_b_t", F.unix_micros("_event_time"))
+    for k in key:
+        batch = batch.withColumn(f"_b_{k}", F.col(k))
+    kept = batch.join(F.broadcast(matched), within("_b_", "_s_"), "left_anti")
+    return kept.select(*unique.columns)
 
 
 def insert_new(
-    spark: Any,
-    path: str,
+    silver_path: str,
     valid: Any,
     key: list[str],
     window: timedelta,
-    days: tuple[date, date],
+    bounds: tuple[datetime, datetime],
     app_id: str,
     batch_id: int,
-) -> MergeOutcome:
-    """Dedup the batch in Spark, then MERGE insert-only into silver, bounded to `days` (lookup_days)."""
+    metadata: dict[str, Any] | None = None,
+    hint: ProgressHint | None = None,
+) -> Appended:
+    """Dedup the batch in Spark, leave out what silver already holds, append the rest once per batch id."""
     unique = dedup_batch(valid, key, window)
-    return merge_insert_only(spark, path, unique, merge_condition(key, window, days), app_id, batch_id)
-
-
-def files_in_days(spark: Any, path: str, days: tuple[date, date]) -> int:
-    """Data files of silver in [days]: planned from the Delta log (partition values), no data read."""
-    from pyspark.sql import functions as F
-
-    table = spark.read.format("delta").load(path)
-    day = F.col("_event_date")
-    return len(table.where((day >= F.lit(days[0])) & (day <= F.lit(days[1]))).inputFiles())
-
-
-def compact_days(spark: Any, path: str, days: tuple[date, date]) -> dict[str, int]:
-    """Rewrite the small files of those days into few large ones (Delta OPTIMIZE).
-
-    OPTIMIZE changes no data (`dataChange` false): the change feed the loader and the
-    Dagster assets read has no rows for it, and each app's last batch id stays in the
-    log, so replays are still skipped.
-    """
-    from delta.tables import DeltaTable
-
-    where = f"_event_date >= {_sql_date(days[0])} AND _event_date <= {_sql_date(days[1])}"
-    done = DeltaTable.forPath(spark, path).optimize().where(where).executeCompaction().collect()
-    metrics = done[0]["metrics"] if done else None
-    return {
-        "files_removed": int(metrics["numFilesRemoved"]) if metrics else 0,
-        "files_added": int(metrics["numFilesAdded"]) if metrics else 0,
-    }
+    fresh = not_in_silver(valid.sparkSession, silver_path, unique, key, window, bounds)
+    return append_once(fresh, silver_path, app_id, batch_id, metadata=metadata, hint=hint, table="silver")

@@ -8,49 +8,64 @@ run on the executors at JVM speed. This is the one implementation of every rule.
 from __future__ import annotations
 
 import datetime
+from collections.abc import Callable
 from typing import Any
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import (
-    BooleanType,
-    DataType,
-    DoubleType,
-    FloatType,
-    IntegerType,
-    LongType,
-    StringType,
-    StructField,
-    StructType,
-)
+from pyspark.sql.types import StringType, StructField, StructType
 
+from riverhouse.platform.fields import RESERVED_JSON_KEY, FieldSpec
 from riverhouse.platform.spec import SourceSpec
+from riverhouse.platform.types import FLOATING, FieldType, spark_read_type, variant_shape
 
-CORRUPT = "_corrupt"  # from_json's column for a value that is not a JSON object of these types
+# from_json's column for a value that is not a JSON object of these types (no path may start with it).
+CORRUPT = RESERVED_JSON_KEY
 # Epoch milliseconds written as text: what producers send in a timestamp field as a number.
 EPOCH_MILLIS_RE = r"^-?[0-9]{1,15}$"
-
-# Timestamps and dates are read as text and converted here: Spark would read a JSON
-# number in a timestamp field as epoch *seconds*, while producers send milliseconds.
-JSON_TYPES: dict[str, DataType] = {
-    "string": StringType(),
-    "int": IntegerType(),
-    "long": LongType(),
-    "float": FloatType(),
-    "double": DoubleType(),
-    "boolean": BooleanType(),
-    "timestamp": StringType(),
-    "date": StringType(),
-}
-
 MAX_ABS_EPOCH_MILLIS = 10**15
 
 
-def json_struct(field_types: list[tuple[str, str]]) -> StructType:
-    """What `from_json` reads a value into."""
-    return StructType(
-        [StructField(name, JSON_TYPES[typ]) for name, typ in field_types] + [StructField(CORRUPT, StringType())]
-    )
+def json_struct(fields: list[FieldSpec]) -> StructType:
+    """What `from_json` reads a value into: each field at its path, objects on the way as nested structs.
+
+    Timestamps and dates are read as text and converted here (types.spark_read_type).
+    """
+    tree: dict[str, Any] = {}
+    for f in fields:
+        node = tree
+        for key in f.segments[:-1]:
+            node = node.setdefault(key, {})
+        node[f.segments[-1]] = f.type
+
+    def build(node: dict[str, Any]) -> list[StructField]:
+        return [
+            StructField(key, StructType(build(v)) if isinstance(v, dict) else spark_read_type(v))
+            for key, v in node.items()
+        ]
+
+    return StructType([*build(tree), StructField(CORRUPT, StringType())])
+
+
+def json_path(segments: tuple[str, ...]) -> str:
+    """`$['user']['id']`: keys are validated (fields.PATH_SEGMENT_RE: no quotes or brackets)."""
+    return "$" + "".join(f"['{key}']" for key in segments)
+
+
+def _at(parsed: Column, segments: tuple[str, ...]) -> Column:
+    col = parsed
+    for key in segments:
+        col = col.getField(key)
+    return col
+
+
+def _any_leaf(col: Column, typ: FieldType, test: Callable[[Column], Column]) -> Column:
+    """Does `test` hold for any scalar inside this value (the value itself for a scalar)?"""
+    if typ.element is None:
+        return test(col)
+    element = typ.element
+    values = col if typ.name == "array" else F.map_values(col)
+    return F.exists(values, lambda x: _any_leaf(x, element, test))
 
 
 def _epoch_millis_to_ts(col: Column) -> Column:
@@ -91,16 +106,28 @@ def _strict_json(text: Column) -> Column:
     return F.coalesce(F.try_parse_json(text), F.try_parse_json(F.regexp_replace(text, NON_FINITE_TOKEN_RE, "$10$3")))
 
 
-def _json_token_is_container(strict: Column, name: str) -> Column:
-    """Is the record's top-level `name` (in its strict parse) a JSON object or array (not a string)?"""
-    kind = F.schema_of_variant(F.try_variant_get(strict, f"$.{name}", "variant"))
-    return kind.startswith("OBJECT") | kind.startswith("ARRAY")
-
-
 def _duplicate_key(text: Column) -> Column:
     """The first key given twice at the top level of the record, else NULL."""
     keys = F.json_object_keys(text)
     return F.try_element_at(F.filter(keys, lambda k: F.size(F.filter(keys, lambda other: other == k)) > 1), F.lit(1))
+
+
+def _is_container(variant: Column) -> Column:
+    kind = F.schema_of_variant(variant)
+    return kind.startswith("OBJECT") | kind.startswith("ARRAY")
+
+
+def _json_in_string(strict: Column, f: FieldSpec) -> Column:
+    """Is a JSON object or array where the field (or an element or value of it) should hold a string?
+
+    The variant (the record's strict parse) tells a JSON object or array from a string that merely
+    starts with '{' or '['.
+    """
+    value = strict
+    shape = variant_shape(f.type)
+    if shape is None:
+        return _is_container(F.try_variant_get(value, json_path(f.segments), "variant"))
+    return _any_leaf(F.try_variant_get(value, json_path(f.segments), shape), f.ftype, _is_container)
 
 
 def _snippet(col: Column) -> Column:
@@ -109,7 +136,7 @@ def _snippet(col: Column) -> Column:
 
 def parse_records(batch: DataFrame, src: SourceSpec) -> DataFrame:
     """Kafka rows -> typed fields + _status/_reason/_event_time/_event_date (+ raw columns)."""
-    json_schema = json_struct([(f.name, f.type) for f in src.fields])
+    json_schema = json_struct(src.fields)
     size = F.octet_length(F.col("value"))
     oversized = size > F.lit(src.max_message_bytes)
     text = F.when(~oversized, F.col("value").cast("string"))
@@ -129,50 +156,63 @@ def parse_records(batch: DataFrame, src: SourceSpec) -> DataFrame:
         "_strict", F.when(F.col("_p").isNotNull(), _strict_json(F.col("_text")))
     )
     parsed, strict = F.col("_p"), F.col("_strict")
-    typed = {f.name: _typed(parsed[f.name], f.type) for f in src.fields}
+    raw = {f.name: _at(parsed, f.segments) for f in src.fields}
+    typed = {f.name: _typed(raw[f.name], f.type) for f in src.fields}
 
+    def json_text(segments: tuple[str, ...]) -> Column:
+        return F.get_json_object(F.col("_text"), json_path(segments))
+
+    # An object on a field's path that is something else ({"user": "u1"} for user.id): named first.
+    objects = list(dict.fromkeys(f.segments[:depth] for f in src.fields for depth in range(1, len(f.segments))))
+    not_an_object = [
+        (
+            json_text(prefix).isNotNull() & _at(parsed, prefix).isNull(),
+            F.concat(
+                F.lit(f"field '{'.'.join(prefix)}' should be a JSON object (fields are read inside it), got "),
+                _snippet(json_text(prefix)),
+            ),
+        )
+        for prefix in sorted(objects, key=len)
+    ]
     wrong_type = [
         (
-            F.get_json_object(F.col("_text"), f"$.{f.name}").isNotNull() & parsed[f.name].isNull(),
-            F.concat(
-                F.lit(f"field '{f.name}' should be {f.type}, got "),
-                _snippet(F.get_json_object(F.col("_text"), f"$.{f.name}")),
-            ),
+            json_text(f.segments).isNotNull() & raw[f.name].isNull(),
+            F.concat(F.lit(f"field {f.label} should be {f.type}, got "), _snippet(json_text(f.segments))),
         )
         for f in src.fields
     ]
     unconvertible = [
         (
-            parsed[f.name].isNotNull() & typed[f.name].isNull(),
-            F.concat(F.lit(f"field '{f.name}' is not a valid {f.type}: "), _snippet(parsed[f.name])),
+            raw[f.name].isNotNull() & typed[f.name].isNull(),
+            F.concat(F.lit(f"field {f.label} is not a valid {f.type}: "), _snippet(raw[f.name])),
         )
         for f in src.fields
         if f.type in ("timestamp", "date")
     ]
-    missing = [(typed[name].isNull(), f"missing required field '{name}'") for name in src.required_fields]
+    missing = [(typed[n].isNull(), f"missing required field {src.field(n).label}") for n in src.required_fields]
     # Values the declared type admits in Spark but the spec does not mean: NaN/Infinity (not
     # JSON; Jackson reads them, and 1e999 overflows to Infinity) would turn a ClickHouse sum()
     # into NaN; an object or array in a string field would be stored as its JSON text.
     non_finite = [
         (
-            F.isnan(parsed[f.name]) | (F.abs(parsed[f.name]) == F.lit(float("inf"))),
-            f"field '{f.name}' is not a finite number (NaN or Infinity); "
-            "set allow_non_finite: true on the field to accept such values",
+            _any_leaf(raw[f.name], f.ftype, lambda x: F.isnan(x) | (F.abs(x) == F.lit(float("inf")))),
+            f"field {f.label} {'holds a number that is not finite' if f.ftype.is_container else 'is not a finite number'}"
+            " (NaN or Infinity); set allow_non_finite: true on the field to accept such values",
         )
         for f in src.fields
-        if f.type in ("float", "double") and not f.allow_non_finite
+        if f.ftype.leaf.name in FLOATING and not f.allow_non_finite
     ]
     json_in_string = [
         (
-            # Cheap test first (CASE stops at it for ordinary strings); the variant parse then
-            # tells a JSON object/array from a string that merely starts with '{' or '['.
-            (parsed[f.name].startswith("{") | parsed[f.name].startswith("["))
-            & F.coalesce(_json_token_is_container(strict, f.name), F.lit(False)),
-            f"field '{f.name}' should be string, got a JSON object or array; "
+            # Cheap test first (CASE stops at it for ordinary strings), then the record's strict parse.
+            _any_leaf(raw[f.name], f.ftype, lambda x: x.startswith("{") | x.startswith("["))
+            & F.coalesce(_json_in_string(strict, f), F.lit(False)),
+            f"field {f.label} should be {f.type}, got a JSON object or array"
+            f"{' where a string belongs' if f.ftype.is_container else ''}; "
             "set allow_json_text: true on the field to keep its JSON text",
         )
         for f in src.fields
-        if f.type == "string" and not f.allow_json_text
+        if f.ftype.leaf.name == "string" and not f.allow_json_text
     ]
 
     et = src.event_time
@@ -219,7 +259,7 @@ def parse_records(batch: DataFrame, src: SourceSpec) -> DataFrame:
                 parsed[CORRUPT].isNotNull() & strict.isNull(),
                 F.concat(F.lit("not a JSON object: "), _snippet(F.col("_text"))),
             ),
-            *[(parsed[CORRUPT].isNotNull() & c, r) for c, r in wrong_type],
+            *[(parsed[CORRUPT].isNotNull() & c, r) for c, r in [*not_an_object, *wrong_type]],
             (parsed[CORRUPT].isNotNull(), F.concat(F.lit("not a JSON object: "), _snippet(F.col("_text")))),
             (strict.isNull(), "not strict JSON: a key appears twice in a nested object, or text follows the object"),
             *unconvertible,

@@ -10,9 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from riverhouse.platform.ingest.stream import checkpoint_dir, resolve_bootstrap
+from riverhouse.platform.kafka.bootstrap import resolve_bootstrap
 from riverhouse.platform.kafka.client import committed_offsets, librdkafka_config, watermarks
 from riverhouse.platform.spec import PipelineSpec
+from riverhouse.platform.state.checkpoints import checkpoint_dir
 from riverhouse.platform.state.settings import Settings
 
 Offsets = dict[str, dict[str, int]]

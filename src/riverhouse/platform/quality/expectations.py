@@ -18,19 +18,7 @@ from typing import Any
 import pyarrow as pa
 
 from riverhouse.platform.spec import PipelineSpec, SourceSpec
-
-# pandas dtype names a spec type may arrive as (nullable integers become float64 in pandas).
-PANDAS_TYPES: dict[str, list[str]] = {
-    "string": ["object", "str", "string"],
-    "int": ["int32", "Int32", "int64", "Int64", "float64"],
-    "long": ["int64", "Int64", "float64"],
-    "float": ["float32", "float64"],
-    "double": ["float64"],
-    "boolean": ["bool", "boolean", "object"],
-    # Timestamps are handed over as naive UTC: GX 1.x rejects tz-aware pandas dtypes by name.
-    "timestamp": ["datetime64[us]", "datetime64[ns]", "datetime64[ms]"],
-    "date": ["date", "object", "datetime64[s]", "datetime64[ms]", "datetime64[us]", "datetime64[ns]"],
-}
+from riverhouse.platform.types import pandas_dtypes
 
 
 @dataclass
@@ -96,7 +84,7 @@ def source_expectations(src: SourceSpec) -> list[Any]:
     for name in dict.fromkeys([*src.dedup_key, *src.required_fields, "_event_time"]):
         out.append(exp.ExpectColumnValuesToNotBeNull(column=name))
     for f in src.fields:
-        out.append(exp.ExpectColumnValuesToBeInTypeList(column=f.name, type_list=PANDAS_TYPES[f.type]))
+        out.append(exp.ExpectColumnValuesToBeInTypeList(column=f.name, type_list=pandas_dtypes(f.type)))
         if f.min is not None or f.max is not None:
             out.append(exp.ExpectColumnValuesToBeBetween(column=f.name, min_value=f.min, max_value=f.max))
     return out

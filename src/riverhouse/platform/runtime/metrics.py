@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, push_to_gateway, start_http_server
 
 if TYPE_CHECKING:
-    from riverhouse.platform.ingest.stream import BatchMetrics
+    from riverhouse.platform.ingest.writer import BatchMetrics
     from riverhouse.platform.spec import PipelineSpec
     from riverhouse.platform.state.settings import Settings
 

@@ -1,37 +1,26 @@
-"""Load new silver Delta versions into ClickHouse, exactly once.
+"""ClickHouse for Riverhouse: the client (DSN, retries), the tables (DDL, checks), the ledger, figures.
 
-For each Delta version v after the last one loaded, the rows v inserted (change
-data feed, read by Spark) are sorted by Kafka coordinates and cut into chunks of
-`batch_size`. Spark numbers the rows and the driver fetches one chunk at a time as
-Arrow, so its memory is bounded by a chunk, not by a version.
-Chunk i is inserted with `insert_deduplication_token = <pipeline>/<table>/<delta
-table id>/<v>/<i>`; after every chunk of v is in, v goes into a ledger table in
-ClickHouse. A crash anywhere re-runs to the same result: chunks already inserted
-are dropped by ClickHouse's block deduplication, the ledger moves only after a
-whole version, and nothing is skipped.
-
-chDB (the embedded engine) allows one process per on-disk path, so clients are
+The exactly-once load of Delta versions is in `versions.py`; a backfill's partition swap in
+`replace.py`. chDB (the embedded engine) allows one process per on-disk path, so clients are
 opened late and closed early (`open_client` is a context manager).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
-from riverhouse.platform.faults import crash_point
 from riverhouse.platform.spec import RESERVED_TABLE_PREFIX, PipelineSpec
 from riverhouse.platform.state.settings import dsn_secrets, redact_dsn, split_dsn
-from riverhouse.platform.state.tables import open_table
+from riverhouse.platform.types import NoClickHouseType, clickhouse_column, clickhouse_type_of_arrow
+from riverhouse.platform.types import clickhouse_type as spec_clickhouse_type
 
 # Riverhouse's own tables carry the reserved prefix, which no sink table may use (spec.py).
 LEDGER_TABLE = f"{RESERVED_TABLE_PREFIX}ledger"
@@ -47,17 +36,6 @@ PERMANENT_CONNECT_HINTS = ("NameResolutionError", "Name or service not known", "
 logger = logging.getLogger("riverhouse.clickhouse")
 DEDUP_WINDOW_BLOCKS = 10_000
 PARTITION_COLUMN = "_event_date"  # ClickHouse partition key: a backfill swaps whole days
-REBUILD_KEY = "riverhouse.rebuild"  # commit metadata of backfill versions
-CLICKHOUSE_TYPES = {
-    "string": "String",
-    "int": "Int32",
-    "long": "Int64",
-    "float": "Float32",
-    "double": "Float64",
-    "boolean": "Bool",
-    "timestamp": "DateTime64(6, 'UTC')",
-    "date": "Date32",
-}
 # Server error codes worth retrying: overload, timeouts, network, lost insert status.
 TRANSIENT_CODES = {3, 159, 164, 202, 209, 210, 241, 242, 252, 319, 425, 999, 1000}
 CODE_RE = re.compile(r"Code:\s*(\d+)")
@@ -65,10 +43,6 @@ CODE_RE = re.compile(r"Code:\s*(\d+)")
 
 class ClickHouseLoadError(RuntimeError):
     """A permanent problem (schema mismatch, bad DSN...): retrying will not help."""
-
-
-class TransientClickHouseError(RuntimeError):
-    pass
 
 
 def quote(identifier: str) -> str:
@@ -204,23 +178,12 @@ def open_client(dsn: str, attempts: int | None = None, log: Callable[[str], None
 
 
 def clickhouse_type(arrow_type: pa.DataType, where: str) -> str:
-    if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type) or pa.types.is_string_view(arrow_type):
-        return "String"
-    if pa.types.is_boolean(arrow_type):
-        return "Bool"
-    if pa.types.is_integer(arrow_type):
-        return ("UInt" if pa.types.is_unsigned_integer(arrow_type) else "Int") + str(arrow_type.bit_width)
-    if pa.types.is_float32(arrow_type):
-        return "Float32"
-    if pa.types.is_floating(arrow_type):
-        return "Float64"
-    if pa.types.is_timestamp(arrow_type):
-        return "DateTime64(6, 'UTC')"
-    if pa.types.is_date(arrow_type):
-        return "Date32"
-    if pa.types.is_decimal(arrow_type):
-        return f"Decimal({arrow_type.precision}, {arrow_type.scale})"
-    raise ClickHouseLoadError(f"{where}: type {arrow_type} has no ClickHouse column type; cast it in the query")
+    try:
+        return clickhouse_type_of_arrow(arrow_type)
+    except NoClickHouseType:
+        raise ClickHouseLoadError(
+            f"{where}: type {arrow_type} has no ClickHouse column type; cast it in the query"
+        ) from None
 
 
 def sink_table_path(spec: PipelineSpec, warehouse: str) -> str:
@@ -243,14 +206,13 @@ def expected_columns(spec: PipelineSpec, schema: pa.Schema | None = None) -> lis
         out = []
         for name in spec.plan.output_names:
             typ = clickhouse_type(schema.field(name).type, f"output column {name}")
-            out.append((name, typ if name in spec.sink.order_by else f"Nullable({typ})"))
+            out.append((name, clickhouse_column(typ, not_null=name in spec.sink.order_by)))
         return [*out, (PARTITION_COLUMN, "Date")]
     src = spec.sink_source
     out = []
     for f in src.fields:
-        typ = CLICKHOUSE_TYPES[f.type]
         not_null = f.name in src.required_fields or f.name in spec.sink.order_by
-        out.append((f.name, typ if not_null else f"Nullable({typ})"))
+        out.append((f.name, clickhouse_column(spec_clickhouse_type(f.type), not_null)))
     return [*out, (PARTITION_COLUMN, "Date")]
 
 
@@ -333,28 +295,6 @@ def ensure_schema(client: Any, spec: PipelineSpec, schema: pa.Schema | None = No
         )
 
 
-@dataclass
-class LoadResult:
-    table: str
-    versions_loaded: list[int] = field(default_factory=list)
-    rows_loaded: int = 0
-    chunks: int = 0
-    last_loaded_version: int | None = None
-    delta_version: int | None = None
-    seconds: float = 0.0
-
-    def summary(self) -> dict[str, Any]:
-        return {
-            "table": self.table,
-            "versions_loaded": len(self.versions_loaded),
-            "rows_loaded": self.rows_loaded,
-            "chunks": self.chunks,
-            "last_loaded_version": self.last_loaded_version,
-            "delta_version": self.delta_version,
-            "seconds": round(self.seconds, 3),
-        }
-
-
 def last_loaded_version(client: Any, spec: PipelineSpec, table_id: str) -> int | None:
     rows = client.query(
         f"SELECT max(delta_version), count() FROM {ledger_table(spec)} "
@@ -375,167 +315,6 @@ def last_loaded_version(client: Any, spec: PipelineSpec, table_id: str) -> int |
             )
         return None
     return int(rows[0][0])
-
-
-def rebuild_versions(table: Any, first: int, last: int) -> set[int]:
-    """Versions in [first, last] written by a backfill (their rows reach ClickHouse by partition swap)."""
-    if last < first:
-        return set()
-    out = set()
-    for commit in table.history(last - first + 1):
-        version = commit.get("version")
-        if version is not None and first <= int(version) <= last and _is_rebuild(commit):
-            out.add(int(version))
-    return out
-
-
-def _is_rebuild(commit: dict[str, Any]) -> bool:
-    """delta-spark keeps Riverhouse's commit metadata as JSON in `userMetadata` (delta-rs: top-level keys)."""
-    if REBUILD_KEY in commit:
-        return True
-    try:
-        meta = json.loads(commit.get("userMetadata") or "{}")
-    except ValueError:
-        return False
-    return isinstance(meta, dict) and REBUILD_KEY in meta
-
-
-def _changes(spark: Any, path: str, start: int, end: int, columns: list[str], emitted_only: bool) -> Any:
-    """The rows Delta versions start..end inserted (change data feed), as a Spark plan."""
-    from pyspark.sql import functions as F
-
-    changes = (
-        spark.read.format("delta")
-        .option("readChangeFeed", "true")
-        .option("startingVersion", start)
-        .option("endingVersion", end)
-        .load(path)
-        .where(F.col("_change_type") == "insert")
-    )
-    if emitted_only:
-        # Join pipelines keep every driving event in gold; only emitted rows reach ClickHouse.
-        changes = changes.where(F.col("_status") == "emitted")
-    return changes.select(*dict.fromkeys([*columns, "_commit_version"]))
-
-
-def _numbered_chunks(changes: Any, order: list[str], size: int) -> Any:
-    """Each row's chunk: its rank in (version, Kafka coordinates) order, divided by the chunk size.
-
-    The same rows always get the same chunk, so a replayed version re-sends identical
-    chunks with identical tokens.
-    """
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
-    rank = F.row_number().over(Window.partitionBy("_commit_version").orderBy(*order))
-    return changes.withColumn("_chunk", F.floor((rank - 1) / F.lit(size)).cast("long"))
-
-
-def load_new_versions(
-    spec: PipelineSpec,
-    dsn: str,
-    delta_path: str,
-    log: Callable[[str], None] | None = None,
-    client: Any = None,
-    spark: Any = None,
-) -> LoadResult:
-    """Load every silver version after the last one in the ledger; returns what was loaded.
-
-    `client`: an open client to reuse (continuous mode keeps one for the session: a new
-    connection costs ~0.1 s); by default one is opened for this load and closed after it.
-    `spark`: the session that reads the change feed (by default the process's session).
-    """
-    started = time.monotonic()
-    result = LoadResult(table=spec.sink.table)
-    silver = open_table(delta_path)
-    if silver is None:
-        raise ClickHouseLoadError(f"Delta table {delta_path} does not exist yet: run the pipeline first")
-    table_id = silver.metadata().id
-    current = silver.version()
-    result.delta_version = current
-    if spec.is_join:
-        columns = [*spec.plan.output_names, "_left_event_date"]
-        order = ["_left_topic", "_left_partition", "_left_offset"]
-        schema: pa.Schema | None = pa.schema(silver.schema())
-    else:
-        columns = [*(f.name for f in spec.sink_source.fields), "_event_date"]
-        order = ["_topic", "_partition", "_offset"]
-        schema = None
-    with nullcontext(client) if client is not None else open_client(dsn, log=log) as client:
-        with_retries(lambda: ensure_schema(client, spec, schema), "preparing the ClickHouse tables", log=log)
-        last = with_retries(lambda: last_loaded_version(client, spec, table_id), "reading the ledger", log=log)
-        result.last_loaded_version = last
-        first = 0 if last is None else last + 1
-        if first > current:
-            result.seconds = time.monotonic() - started
-            return result
-        skipped = rebuild_versions(silver, first, current)
-        if spark is None:
-            from riverhouse.platform.runtime.spark import get_spark
-
-            spark = get_spark()  # the process's session if there is one
-        changes = _changes(spark, delta_path, first, current, [*columns, *order], spec.is_join)
-        # One row per version (counts) reaches the driver here; the rows come chunk by chunk.
-        counts = {int(r[0]): int(r[1]) for r in changes.groupBy("_commit_version").count().collect()}
-        numbered = _numbered_chunks(changes, order, spec.sink.batch_size).persist()
-        try:
-            for version in range(first, current + 1):
-                rows = 0 if version in skipped else counts.get(version, 0)
-                chunks = _insert_version(client, spec, table_id, version, numbered, rows, columns, order, log)
-                crash_point("before_ledger_write")
-                with_retries(
-                    lambda v=version, n=rows, c=chunks: client.insert(
-                        ledger_table(spec),
-                        [[spec.name, spec.sink.table, table_id, v, n, c]],
-                        column_names=["pipeline", "target", "table_id", "delta_version", "rows", "chunks"],
-                    ),
-                    f"recording Delta version {version} in {LEDGER_TABLE}",
-                    log=log,
-                )
-                result.versions_loaded.append(version)
-                result.rows_loaded += rows
-                result.chunks += chunks
-                result.last_loaded_version = version
-        finally:
-            numbered.unpersist()
-    result.seconds = time.monotonic() - started
-    return result
-
-
-def _insert_version(
-    client: Any,
-    spec: PipelineSpec,
-    table_id: str,
-    version: int,
-    numbered: Any,
-    rows: int,
-    columns: list[str],
-    order: list[str],
-    log: Callable[[str], None] | None,
-) -> int:
-    """Insert a version's chunks in order; each chunk is fetched from Spark as Arrow when its turn comes."""
-    from pyspark.sql import functions as F
-
-    size = spec.sink.batch_size
-    chunks = 0
-    for chunk_index in range((rows + size - 1) // size):
-        chunk = (
-            numbered.where((F.col("_commit_version") == version) & (F.col("_chunk") == chunk_index))
-            .orderBy(*order)
-            .select(*columns[:-1], F.col(columns[-1]).alias(PARTITION_COLUMN))
-            .toArrow()
-        )
-        token = f"{spec.name}/{spec.sink.table}/{table_id}/{version}/{chunk_index}"
-        with_retries(
-            lambda c=chunk, t=token: client.insert_arrow(
-                qualified_table(spec), c, settings={"insert_deduplication_token": t}
-            ),
-            f"inserting Delta version {version} chunk {chunk_index} into {qualified_table(spec)}",
-            log=log,
-        )
-        chunks += 1
-        crash_point("during_clickhouse_insert")
-    return chunks
 
 
 def duplicate_key_count(client: Any, spec: PipelineSpec) -> int:

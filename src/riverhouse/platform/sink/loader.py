@@ -9,16 +9,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from typing import Any
 
-from riverhouse.platform.ingest.stream import sink_lock
 from riverhouse.platform.runtime import metrics
-from riverhouse.platform.sink.clickhouse import (
-    ClickHouseLoadError,
-    LoadResult,
-    load_new_versions,
-    open_client,
-    sink_table_path,
-)
+from riverhouse.platform.sink.clickhouse import ClickHouseLoadError, open_client, sink_table_path
+from riverhouse.platform.sink.versions import LoadResult, load_new_versions
 from riverhouse.platform.spec import PipelineSpec
+from riverhouse.platform.state.checkpoints import sink_lock
 from riverhouse.platform.state.settings import Settings
 
 
@@ -27,7 +22,6 @@ def load_sink(
     settings: Settings,
     log: Callable[[str], None] | None = None,
     client: Any = None,
-    spark: Any = None,
 ) -> LoadResult:
     """Load new Delta versions into ClickHouse, one loader per pipeline at a time."""
     began = time.monotonic()
@@ -39,7 +33,6 @@ def load_sink(
                 sink_table_path(spec, settings.warehouse),
                 log=log,
                 client=client,
-                spark=spark,
             )
     except ClickHouseLoadError:
         metrics.observe_load_error(spec.name)
@@ -61,9 +54,8 @@ class SinkLoader:
     same path meanwhile).
     """
 
-    def __init__(self, spec: PipelineSpec, settings: Settings, log: Callable[[str], None] | None, spark: Any = None):
+    def __init__(self, spec: PipelineSpec, settings: Settings, log: Callable[[str], None] | None):
         self.spec = spec
-        self.spark = spark
         self.settings = settings
         self.log = log
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="riverhouse-load")
@@ -128,4 +120,4 @@ class SinkLoader:
     def _load(self) -> LoadResult:
         with self._lock:
             self._waiting = False
-        return load_sink(self.spec, self.settings, self.log, client=self._open(), spark=self.spark)
+        return load_sink(self.spec, self.settings, self.log, client=self._open())

@@ -1,26 +1,104 @@
-"""delta-spark reads and writes shared by gold and backfills: pinned snapshots, windows, commits.
+"""delta-spark reads and writes shared by every layer: pinned snapshots, windows, appends once.
 
 Every read here is a Spark plan over a Delta table at a fixed version, so the several jobs of
 one run (counts, comparisons, writes) see the same snapshot even if they recompute it. The
 driver receives versions, counts and commit metadata, never the rows.
+
+Writes are appends marked with their writer's app id and batch (or run) number in the
+commit's userMetadata (`append_once`). A writer that replays a batch finds its mark in the
+Delta log and skips the table: exactly once per table without Delta's `txnAppId`/`txnVersion`,
+which in Delta 4.4 rebuild the whole snapshot state before every write (bench/analysis.md),
+and without session settings that two pipelines sharing a Spark Connect session could see.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
+import uuid
+from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
-USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
+from riverhouse.platform.state.delta_log import MARK_APP, MARK_BATCH, DeltaLog, DeltaLogError
 
 
-def table_version(spark: Any, path: str) -> int:
-    """The table's latest version (one row of its history)."""
-    from delta.tables import DeltaTable
+@dataclass(frozen=True)
+class Appended:
+    """What `append_once` did: the version holding the batch, and the rows it wrote (None: replayed)."""
 
-    return int(DeltaTable.forPath(spark, path).history(1).select("version").first()[0])
+    version: int
+    rows: int | None
+    observed: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def replayed(self) -> bool:
+        return self.rows is None
+
+
+class ProgressHint(Protocol):
+    """Where a writer keeps, per table, the last batch it committed (a hint; the log is the truth)."""
+
+    def table_progress(self, table: str) -> dict[str, Any] | None: ...
+
+    def record_table(self, table: str, app_id: str, batch_id: int, version: int) -> None: ...
+
+
+def table_version(path: str) -> int:
+    """The table's latest version, read from its Delta log (no Spark job)."""
+    version = DeltaLog(path).latest_version()
+    if version is None:
+        raise DeltaLogError(f"no Delta table at {path}")
+    return version
+
+
+def append_once(
+    rows: Any,
+    path: str,
+    app_id: str,
+    batch_id: int,
+    metadata: dict[str, Any] | None = None,
+    hint: ProgressHint | None = None,
+    table: str = "",
+    observe: list[Any] | None = None,
+) -> Appended:
+    """Append `rows` to the Delta table at `path` unless it already holds `app_id`'s batch `batch_id`.
+
+    The commit's userMetadata carries the mark (app id, batch id) and `metadata`. `observe`:
+    extra aggregate columns computed while writing (Spark's observed metrics, no extra job);
+    the row count is always among them.
+    """
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+
+    log = DeltaLog(path)
+    known = hint.table_progress(table) if hint is not None else None
+    after = -1
+    if known and known.get("app_id") == app_id:
+        if int(known["batch_id"]) >= batch_id:
+            return Appended(int(known["version"]), None)
+        after = int(known["version"])
+    done = log.find_batch(app_id, batch_id, after)
+    if done is not None:
+        if hint is not None:
+            hint.record_table(table, app_id, batch_id, done)
+        return Appended(done, None)
+    before = log.latest_version()
+    mark = {MARK_APP: app_id, MARK_BATCH: batch_id, **(metadata or {})}
+    observation = Observation(f"rh_append_{uuid.uuid4().hex[:8]}")
+    observed = rows.observe(observation, F.count(F.lit(1)).alias("_rows"), *(observe or []))
+    observed.write.format("delta").mode("append").option("userMetadata", json.dumps(mark, sort_keys=True)).save(path)
+    figures = dict(observation.get)
+    written = int(figures.pop("_rows"))
+    version = log.find_batch(app_id, batch_id, -1 if before is None else before)
+    if version is None:
+        if written == 0 and before is not None:
+            # Delta commits nothing for an empty append: no mark, and none needed, since a
+            # replay of this batch writes nothing again.
+            return Appended(before, 0, figures)
+        raise DeltaLogError(f"Delta table {path}: the commit of {app_id} batch {batch_id} is not in the log")
+    if hint is not None:
+        hint.record_table(table, app_id, batch_id, version)
+    return Appended(version, written, figures)
 
 
 def read_at(spark: Any, path: str, version: int) -> Any:
@@ -111,16 +189,6 @@ def replace_where(df: Any, path: str, predicate: str, metadata: dict[str, str]) 
     )
 
 
-@contextmanager
-def commit_metadata(spark: Any, metadata: dict[str, str]) -> Iterator[None]:
-    """The commit(s) inside carry `metadata` as their userMetadata (MERGE has no writer options)."""
-    spark.conf.set(USER_METADATA_CONF, json.dumps(metadata, sort_keys=True))
-    try:
-        yield
-    finally:
-        spark.conf.unset(USER_METADATA_CONF)
-
-
 def user_metadata(raw: str | None) -> dict[str, Any]:
     """A commit's userMetadata as a dict ({} when absent or not Riverhouse's JSON)."""
     if not raw:
@@ -130,24 +198,3 @@ def user_metadata(raw: str | None) -> dict[str, Any]:
     except ValueError:
         return {}
     return value if isinstance(value, dict) else {}
-
-
-def latest_metadata_with(spark: Any, path: str, key: str, depth: int = 50) -> dict[str, Any] | None:
-    """The userMetadata of the newest of the last `depth` commits that holds `key`."""
-    from delta.tables import DeltaTable
-
-    for row in DeltaTable.forPath(spark, path).history(depth).select("version", "userMetadata").collect():
-        meta = user_metadata(row["userMetadata"])
-        if key in meta:
-            return meta
-    return None
-
-
-def insert_absent(spark: Any, path: str, rows: Any, condition: str) -> int:
-    """`MERGE INTO t USING rows s ON condition WHEN NOT MATCHED THEN INSERT *`; returns rows inserted."""
-    from delta.tables import DeltaTable
-
-    metrics = (
-        DeltaTable.forPath(spark, path).alias("t").merge(rows.alias("s"), condition).whenNotMatchedInsertAll().execute()
-    ).collect()
-    return int(metrics[0]["num_inserted_rows"]) if metrics else 0

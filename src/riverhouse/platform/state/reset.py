@@ -16,9 +16,9 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from riverhouse.platform.ingest.stream import checkpoint_dir, pipeline_lock
 from riverhouse.platform.sink.clickhouse import LEDGER_TABLE, ledger_table, open_client, qualified_table, with_retries
 from riverhouse.platform.spec import PipelineSpec
+from riverhouse.platform.state.checkpoints import checkpoint_dir, pipeline_lock
 from riverhouse.platform.state.settings import Settings
 from riverhouse.platform.state.tables import TableLayout
 

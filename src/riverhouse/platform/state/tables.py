@@ -1,35 +1,24 @@
-"""Delta tables: layout, schemas, creation with delta-spark, and the delta-rs helpers.
+"""Delta tables: layout, schemas, creation with delta-spark, and delta-rs readers.
 
-delta-spark writes every table the ingest writes (bronze, quarantine, silver) and creates
-them (`ensure_delta_table`). The delta-rs helpers below serve the readers that need no JVM
-(checks, CLI status) and the gold/backfill code of issue 18, which still uses them;
-tests/spark/test_delta_interop.py shows delta-rs reading what delta-spark writes.
+delta-spark writes and creates every table (`ensure_delta_table`). The delta-rs helpers
+below only read, for what needs no Spark job (checks, CLI status, tests); the driver's
+bookkeeping reads (versions, commits, added files) are in `delta_log.py`.
 """
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
 from riverhouse.platform.spec import FieldSpec, SourceSpec
+from riverhouse.platform.state.storage import storage_options
+from riverhouse.platform.types import arrow_type
 
-ARROW_TYPES: dict[str, pa.DataType] = {
-    "string": pa.string(),
-    "int": pa.int32(),
-    "long": pa.int64(),
-    "float": pa.float32(),
-    "double": pa.float64(),
-    "boolean": pa.bool_(),
-    "timestamp": pa.timestamp("us", tz="UTC"),
-    "date": pa.date32(),
-}
 TS = pa.timestamp("us", tz="UTC")
 
 KAFKA_COLUMNS = [
@@ -44,7 +33,7 @@ HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 
 
 def field_arrow(f: FieldSpec) -> pa.Field:
-    return pa.field(f.name, ARROW_TYPES[f.type])
+    return pa.field(f.name, arrow_type(f.type))
 
 
 def bronze_schema(src: SourceSpec) -> pa.Schema:
@@ -111,42 +100,11 @@ class TableLayout:
         return self.path("quarantine", source)
 
 
-def storage_options() -> dict[str, str] | None:
-    """delta-rs storage options (S3 credentials...) from RIVERHOUSE_STORAGE_OPTIONS (JSON)."""
-    raw = os.environ.get("RIVERHOUSE_STORAGE_OPTIONS")
-    return json.loads(raw) if raw else None
-
-
 def open_table(path: str) -> DeltaTable | None:
     try:
-        return DeltaTable(path, storage_options=storage_options())
+        return DeltaTable(path, storage_options=storage_options() or None)
     except TableNotFoundError:
         return None
-
-
-def ensure_table(path: str, schema: pa.Schema, partition_by: list[str], cdf: bool = False) -> DeltaTable:
-    """Open the table, creating it (empty, version 0) with this schema if it does not exist."""
-    table = open_table(path)
-    if table is not None:
-        existing = {f.name for f in pa.schema(table.schema())}
-        missing = [f.name for f in schema if f.name not in existing]
-        if missing:
-            raise RuntimeError(
-                f"Delta table {path} exists but lacks column(s) {', '.join(missing)}: it was written "
-                "by another spec. Reset the pipeline (`riverhouse reset <pipeline>`) or point it at a new warehouse."
-            )
-        return table
-    if not path.startswith(("s3://", "s3a://", "gs://", "az://", "abfss://")):
-        os.makedirs(path, exist_ok=True)
-    configuration = {"delta.enableChangeDataFeed": "true"} if cdf else None
-    return DeltaTable.create(
-        path,
-        schema=schema,
-        partition_by=partition_by,
-        configuration=configuration,
-        storage_options=storage_options(),
-        mode="ignore",
-    )
 
 
 def spark_schema(schema: pa.Schema) -> Any:
@@ -156,12 +114,34 @@ def spark_schema(schema: pa.Schema) -> Any:
     return from_arrow_schema(schema)
 
 
-def ensure_delta_table(spark: Any, path: str, schema: pa.Schema, partition_by: list[str], cdf: bool = False) -> None:
-    """Create the table with delta-spark unless it exists; an existing one must have every column."""
-    from delta.tables import DeltaTable
+# Delta table properties per kind of table. Statistics only on the columns Riverhouse prunes
+# on (Delta collects min/max of the first 32 columns by default, binary payloads included,
+# which costs every write); silver compacts its small per-batch files itself (auto compaction
+# writes with dataChange=false, so the change feed and the loader never see those rows again).
+BRONZE_PROPERTIES = {"delta.dataSkippingStatsColumns": "_event_time"}
+QUARANTINE_PROPERTIES = {"delta.dataSkippingStatsColumns": "_kafka_timestamp"}
+SILVER_PROPERTIES = {
+    "delta.enableChangeDataFeed": "true",
+    "delta.dataSkippingStatsColumns": "_event_time,_kafka_timestamp",
+    "delta.autoOptimize.autoCompact": "true",
+}
+GOLD_PROPERTIES = {"delta.dataSkippingStatsColumns": "_left_event_time"}
 
-    if DeltaTable.isDeltaTable(spark, path):
-        existing = set(DeltaTable.forPath(spark, path).toDF().columns)
+
+def ensure_delta_table(
+    spark: Any, path: str, schema: pa.Schema, partition_by: list[str], properties: dict[str, str] | None = None
+) -> None:
+    """Create the table with delta-spark unless it exists; an existing one must have every column.
+
+    Created by appending no rows (version 0 holds the schema, partitioning and properties): a
+    plain DataFrame write, which works the same on a local session and through Spark Connect
+    (Delta's Python `DeltaTable` API needs Delta's Connect server plugin; SQL `CREATE TABLE
+    delta.`path`` needs SQL on files, which Riverhouse sessions turn off).
+    """
+    from riverhouse.platform.state.delta_log import DeltaLog
+
+    if DeltaLog(path).exists():
+        existing = set(spark.read.format("delta").load(path).columns)
         missing = [f.name for f in schema if f.name not in existing]
         if missing:
             raise RuntimeError(
@@ -169,16 +149,16 @@ def ensure_delta_table(spark: Any, path: str, schema: pa.Schema, partition_by: l
                 "by another spec. Point the pipeline at a new warehouse or reset it (riverhouse reset)."
             )
         return
-    # Delta's builder names the table `delta.`<path>``, which Riverhouse sessions refuse
-    # (spark.sql.runSQLOnFiles=false keeps spec SQL from reading files). Only this create
-    # runs in a session of its own that allows it; no spec SQL ever runs there.
-    creator = spark.newSession()
-    creator.conf.set("spark.sql.runSQLOnFiles", "true")
-    builder = DeltaTable.createIfNotExists(creator).location(path).addColumns(spark_schema(schema))
-    builder = builder.partitionedBy(*partition_by)
-    if cdf:
-        builder = builder.property("delta.enableChangeDataFeed", "true")
-    builder.execute()
+    writer = spark.createDataFrame([], spark_schema(schema)).write.format("delta").partitionBy(*partition_by)
+    for key, value in (properties or {}).items():
+        writer = writer.option(key, value)
+    # Two processes creating the same table at once: Delta lets one commit version 0 and fails
+    # the other with a concurrent-append error; the loser finds the table made.
+    try:
+        writer.mode("append").save(path)
+    except Exception:
+        if not DeltaLog(path).exists():
+            raise
 
 
 def plain_strings(table: pa.Table) -> pa.Table:
@@ -201,14 +181,3 @@ def read_inserts(path: str, start: int, end: int, columns: list[str]) -> pa.Tabl
     changes = plain_strings(changes.select(wanted))
     changes = changes.filter(pc.equal(changes.column("_change_type"), "insert"))
     return changes.drop_columns(["_change_type"])
-
-
-def committed(table: DeltaTable, app_id: str, batch_id: int) -> bool:
-    """Has this app already committed this batch (or a later one) to the table?"""
-    version = table.transaction_version(app_id)
-    return version is not None and version >= batch_id
-
-
-def commit_properties(app_id: str, batch_id: int, extra: dict[str, Any] | None = None) -> CommitProperties:
-    meta = {"riverhouse.batch_id": str(batch_id), **{k: str(v) for k, v in (extra or {}).items()}}
-    return CommitProperties(app_transactions=[Transaction(app_id=app_id, version=batch_id)], custom_metadata=meta)

@@ -1,0 +1,213 @@
+"""The foreachBatch body: one micro-batch of a source -> bronze, quarantine, silver, each exactly once.
+
+Every write is a delta-spark append of the batch's DataFrame, run by the executors; the driver
+receives observed metrics (counts, the batch's event-time bounds), never rows.
+
+Where it runs: in the run's own process with a local Spark session, or in a Python process
+beside the Spark Connect server (Spark starts one per query and pickles this object into it).
+So it holds nothing that cannot travel (no callbacks, no locks), imports little, and tells
+the run what it did through the checkpoint folder (state/checkpoints.BatchChannel).
+
+Exactly once: Spark's checkpoint fixes the offsets of every batch id before the batch runs,
+and replays the same offsets after a crash. Each table's commit carries this stream's app id
+and the batch id (state/delta_spark.append_once), so a replayed batch skips every table it
+already reached and finishes the rest. Silver's rows are the batch's valid rows minus the
+duplicates of rows silver already holds: a deterministic function of the batch and of silver
+before it, so a replay that reaches silver again writes the same rows.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from riverhouse.platform.errors import StreamStopped
+from riverhouse.platform.faults import FaultPlan
+from riverhouse.platform.ingest.dedup import insert_new, time_bounds
+from riverhouse.platform.ingest.parse import fill_missing_dates
+from riverhouse.platform.spec import PipelineSpec, SourceSpec
+from riverhouse.platform.state.checkpoints import BatchChannel
+from riverhouse.platform.state.delta_log import MARK_MAX_EVENT_TIME, DeltaLog
+from riverhouse.platform.state.delta_spark import append_once
+from riverhouse.platform.state.tables import TableLayout, bronze_schema, quarantine_schema, silver_schema
+
+
+@dataclass
+class BatchMetrics:
+    batch_id: int
+    source: str = ""
+    read: int = 0
+    quarantined: int = 0
+    valid: int = 0
+    inserted: int = 0
+    duplicates_dropped: int = 0
+    # Records of a batch that a crashed run had already committed to silver: Spark
+    # replays the batch, every table skips it, and they are counted here instead.
+    replayed: int = 0
+    bronze_version: int | None = None
+    silver_version: int | None = None
+    started_at: float = 0.0  # time.time() when the batch began
+    seconds: float = 0.0
+    # Where the batch's time went: bronze (Kafka read + parse + write), quarantine, silver (dedup + write).
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def from_report(cls, report: dict[str, Any]) -> BatchMetrics:
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in report.items() if k in known})
+
+
+class BatchWriter:
+    """Called by Spark for each micro-batch (foreachBatch): writes the tables, reports the figures."""
+
+    def __init__(
+        self, spec: PipelineSpec, source: str, layout: TableLayout, app_id: str, checkpoint: Path, faults: FaultPlan
+    ):
+        self.spec = spec
+        self.source_name = source
+        self.src: SourceSpec = spec.sources[source]
+        self.app_id = app_id
+        self.channel = BatchChannel(checkpoint)
+        self.faults = faults
+        self.bronze_path = layout.bronze(source)
+        self.quarantine_path = layout.quarantine(source)
+        self.silver_path = layout.silver(source)
+        self.bronze_columns = bronze_schema(self.src).names
+        self.quarantine_columns = quarantine_schema(self.src).names
+        self.silver_columns = silver_schema(self.src).names
+
+    def __call__(self, batch_df: Any, batch_id: int) -> None:
+        if self.channel.stop_requested():
+            # Failing (not returning) keeps Spark from committing a batch nobody wrote;
+            # the next run replays it from the offsets already in the checkpoint.
+            raise StreamStopped(f"batch {batch_id} not started: the stream is stopping")
+        self.channel.begin(int(batch_id))
+        try:
+            metrics = self._process(batch_df, int(batch_id))
+        finally:
+            self.channel.end()
+        self.channel.report(metrics.batch_id, asdict(metrics))
+
+    def _process(self, batch_df: Any, batch_id: int) -> BatchMetrics:
+        from pyspark import StorageLevel
+        from pyspark.sql import functions as F
+
+        started = time.monotonic()
+        metrics = BatchMetrics(batch_id=batch_id, source=self.source_name, started_at=time.time())
+        # The batch is already parsed: the parse is part of the streaming query's plan, so it
+        # is analysed and compiled once per query. What changes per batch (the batch id, the
+        # date given to records with no time at all) is added on top of the cache.
+        rows = fill_missing_dates(batch_df, datetime.datetime.now(datetime.UTC).date())
+        rows = rows.select(*[c for c in self.bronze_columns if c != "_batch_id"], *self._silver_only())
+        # Read by every write: Kafka read + parse happen once, in the first write.
+        rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            self._write(rows.withColumn("_batch_id", F.lit(batch_id).cast("long")), batch_id, metrics)
+        finally:
+            rows.unpersist()
+        metrics.seconds = time.monotonic() - started
+        return metrics
+
+    def _silver_only(self) -> list[str]:
+        return [c for c in self.silver_columns if c not in self.bronze_columns]
+
+    def _write(self, rows: Any, batch_id: int, metrics: BatchMetrics) -> None:
+        from pyspark.sql import functions as F
+
+        stage = metrics.stage_seconds
+        ok = F.col("_status") == "ok"
+        valid_time = F.unix_micros(F.when(ok, F.col("_event_time")))
+        mark = time.monotonic()
+        bronze = append_once(
+            rows.select(*self.bronze_columns),
+            self.bronze_path,
+            self.app_id,
+            batch_id,
+            hint=self.channel,
+            table="bronze",
+            observe=[
+                F.sum(F.when(ok, 1).otherwise(0)).alias("valid"),
+                F.min(valid_time).alias("lo"),
+                F.max(valid_time).alias("hi"),
+            ],
+        )
+        figures = self._figures(rows, ok, valid_time) if bronze.replayed else {"read": bronze.rows, **bronze.observed}
+        metrics.read = int(figures["read"] or 0)
+        metrics.valid = int(figures["valid"] or 0)
+        metrics.quarantined = metrics.read - metrics.valid
+        metrics.bronze_version = bronze.version
+        stage["bronze"] = time.monotonic() - mark
+        self.faults.hit("after_bronze_commit")
+        if not metrics.read:
+            return
+        if metrics.quarantined:
+            mark = time.monotonic()
+            rejected = rows.where(F.col("_status") == "rejected").select(*self.quarantine_columns)
+            append_once(rejected, self.quarantine_path, self.app_id, batch_id, hint=self.channel, table="quarantine")
+            stage["quarantine"] = time.monotonic() - mark
+        if not metrics.valid:
+            return
+        mark = time.monotonic()
+        self._write_silver(rows.where(ok).select(*self.silver_columns), batch_id, metrics, figures)
+        stage["silver"] = time.monotonic() - mark
+        self.faults.hit("after_silver_commit")
+
+    def _figures(self, rows: Any, ok: Any, valid_time: Any) -> dict[str, Any]:
+        """The batch's counts when bronze already had it (a replay): one aggregate over the cache."""
+        from pyspark.sql import functions as F
+
+        row = rows.agg(
+            F.count(F.lit(1)).alias("read"),
+            F.sum(F.when(ok, 1).otherwise(0)).alias("valid"),
+            F.min(valid_time).alias("lo"),
+            F.max(valid_time).alias("hi"),
+        ).first()
+        return row.asDict()
+
+    def _write_silver(self, valid: Any, batch_id: int, metrics: BatchMetrics, figures: dict[str, Any]) -> None:
+        dedup = self.src.dedup
+        max_micros = max(int(figures["hi"]), self._silver_max_micros())
+        mark = {MARK_MAX_EVENT_TIME: max_micros}
+        hint = _SilverHint(self.channel, max_micros)
+        if dedup is None:
+            silver = append_once(valid, self.silver_path, self.app_id, batch_id, mark, hint, "silver")
+        else:
+            bounds = time_bounds(int(figures["lo"]), int(figures["hi"]), dedup.window)
+            key = self.src.dedup_key
+            silver = insert_new(self.silver_path, valid, key, dedup.window, bounds, self.app_id, batch_id, mark, hint)
+        metrics.silver_version = silver.version
+        if silver.replayed:
+            metrics.replayed = metrics.valid
+            return
+        metrics.inserted = int(silver.rows or 0)
+        metrics.duplicates_dropped = metrics.valid - metrics.inserted
+
+    def _silver_max_micros(self) -> int:
+        """The newest event time silver holds so far (its last commit's mark), or 0."""
+        previous = self.channel.table_progress("silver") or {}
+        if previous.get("max_event_micros") is not None:
+            return int(previous["max_event_micros"])
+        mark = DeltaLog(self.silver_path).latest_mark(MARK_MAX_EVENT_TIME)
+        return int(mark[MARK_MAX_EVENT_TIME]) if mark else 0
+
+
+class _SilverHint:
+    """The silver progress hint, which also keeps the newest event time silver holds."""
+
+    def __init__(self, channel: BatchChannel, max_micros: int):
+        self.channel = channel
+        self.max_micros = max_micros
+
+    def table_progress(self, table: str) -> dict[str, Any] | None:
+        return self.channel.table_progress(table)
+
+    def record_table(self, table: str, app_id: str, batch_id: int, version: int) -> None:
+        from riverhouse.platform.state.checkpoints import write_json
+
+        write_json(
+            self.channel.tables / f"{table}.json",
+            {"app_id": app_id, "batch_id": batch_id, "version": version, "max_event_micros": self.max_micros},
+        )

@@ -1,0 +1,189 @@
+"""Silver dedup with delta-spark: in-batch window functions, an anti-join with silver's window, once per batch.
+
+The expected rows are written out by hand from the rule (first event per key within the window
+wins; a row silver already holds wins over a later one), or come from the reference walk
+(`dedup_in_batch`, plain Arrow) for the randomized batch.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from riverhouse.platform.ingest.dedup import dedup_batch, dedup_in_batch, insert_new, not_in_silver
+from riverhouse.platform.state.delta_log import MARK_APP, MARK_BATCH, DeltaLog
+from riverhouse.platform.state.delta_spark import Appended
+from riverhouse.platform.state.tables import (
+    SILVER_PROPERTIES,
+    ensure_delta_table,
+    open_table,
+    read_inserts,
+    silver_schema,
+    spark_schema,
+)
+from tests.conftest import orders_spec
+
+pytestmark = pytest.mark.spark
+T0 = datetime(2026, 1, 1, 12, tzinfo=UTC)
+WINDOW = timedelta(hours=1)
+SCHEMA = silver_schema(orders_spec("t").sink_source)
+
+
+def batch(events: list[tuple[str, timedelta, int]]) -> pa.Table:
+    times = [T0 + e[1] for e in events]
+    data = {
+        "order_id": [e[0] for e in events],
+        "user_id": ["u"] * len(events),
+        "amount": [1] * len(events),
+        "price": [1.0] * len(events),
+        "created_at": times,
+        "_event_time": times,
+        "_event_date": [t.date() for t in times],
+        "_topic": ["t"] * len(events),
+        "_partition": [0] * len(events),
+        "_offset": [e[2] for e in events],
+        "_kafka_timestamp": times,
+        "_batch_id": [0] * len(events),
+    }
+    return pa.table(data, schema=SCHEMA)
+
+
+def write(
+    spark: Any, path: str, events: list[tuple[str, timedelta, int]], batch_id: int, app: str = "app"
+) -> int | None:
+    """The batch through the ingest's silver step; returns the rows appended (None: the batch was replayed)."""
+    rows = batch(events)
+    df = spark.createDataFrame(rows.to_pylist(), spark_schema(SCHEMA))
+    times = rows.column("_event_time").to_pylist()
+    bounds = (min(times) - WINDOW, max(times) + WINDOW)
+    out: Appended = insert_new(path, df, ["order_id"], WINDOW, bounds, app, batch_id)
+    return out.rows
+
+
+def silver_ids(spark: Any, path: str) -> list[tuple[str, int]]:
+    return sorted((r[0], r[1]) for r in spark.read.format("delta").load(path).select("order_id", "_offset").collect())
+
+
+@pytest.fixture
+def silver(spark: Any, tmp_path: Path) -> str:
+    path = str(tmp_path / "silver")
+    ensure_delta_table(spark, path, SCHEMA, ["_event_date"], SILVER_PROPERTIES)
+    return path
+
+
+def test_batches_keep_the_first_event_per_key_and_window(spark: Any, silver: str) -> None:
+    assert (
+        write(spark, silver, [("a", timedelta(0), 0), ("b", timedelta(0), 1), ("a", timedelta(minutes=5), 2)], 0) == 2
+    )
+    # A later batch: 'a' within the window of the stored one is a duplicate; 'a' two hours later is new.
+    out = write(
+        spark, silver, [("a", timedelta(minutes=50), 3), ("a", timedelta(hours=2), 4), ("c", timedelta(0), 5)], 1
+    )
+    assert out == 2
+    # An event older than the stored one but within its window is a duplicate too (late arrival).
+    assert write(spark, silver, [("b", timedelta(minutes=-20), 6)], 2) == 0
+    assert silver_ids(spark, silver) == [("a", 0), ("a", 4), ("b", 1), ("c", 5)]
+
+
+def test_a_replayed_batch_is_skipped_by_its_mark_in_the_log(spark: Any, silver: str) -> None:
+    events = [("a", timedelta(0), 0), ("b", timedelta(0), 1)]
+    assert write(spark, silver, events, 0) == 2
+    version = DeltaLog(silver).latest_version()
+    # The same batch id again (a crash after silver's commit, before Spark's): nothing is written,
+    # even with rows that would otherwise be new.
+    assert write(spark, silver, [("new", timedelta(0), 7)], 0) is None
+    assert DeltaLog(silver).latest_version() == version
+    assert silver_ids(spark, silver) == [("a", 0), ("b", 1)]
+    # Another stream (another app id) is not mistaken for this one.
+    assert write(spark, silver, [("new", timedelta(0), 7)], 0, app="other-app") == 1
+    commit = DeltaLog(silver).commit(DeltaLog(silver).latest_version())
+    assert (commit.user_metadata[MARK_APP], commit.user_metadata[MARK_BATCH]) == ("other-app", 0)
+    # Neither Delta app transactions nor session settings are used: nothing for another pipeline to see.
+    assert not commit.txns
+    assert spark.conf.get("spark.databricks.delta.write.txnAppId", None) is None
+
+
+def test_only_silver_rows_within_the_batchs_window_are_read(spark: Any, silver: str, capsys: Any) -> None:
+    for day in range(6):
+        write(spark, silver, [(f"d{day}", timedelta(days=day), day)], day)
+    # A batch on day 5: the stored d5 is found (a duplicate), and a d0 far outside the window is new.
+    out = write(
+        spark, silver, [("x", timedelta(days=5), 99), ("d5", timedelta(days=5), 98), ("d0", timedelta(days=5), 97)], 6
+    )
+    assert out == 2
+    assert ("d5", 98) not in silver_ids(spark, silver) and {("x", 99), ("d0", 97)} <= set(silver_ids(spark, silver))
+    # Delta prunes by the literal bounds: the anti-join's scan of silver has them as partition filters.
+    rows = batch([("probe", timedelta(days=5), 1)])
+    df = spark.createDataFrame(rows.to_pylist(), spark_schema(SCHEMA))
+    day5 = T0 + timedelta(days=5)
+    plan = not_in_silver(spark, silver, df, ["order_id"], WINDOW, (day5 - WINDOW, day5 + WINDOW))
+    plan.explain(mode="formatted")
+    scans = [line for line in capsys.readouterr().out.splitlines() if line.startswith("PartitionFilters")]
+    assert scans and all("2026-01-06" in line for line in scans), scans
+
+
+def test_in_batch_dedup_in_spark_keeps_what_the_walk_keeps(spark: Any) -> None:
+    """Window functions (and the walk for keys spanning more than a window) give the reference's rows."""
+    rng = random.Random(7)
+    events = [(f"k{rng.randrange(30)}", timedelta(minutes=rng.randrange(0, 300)), i) for i in range(600)]
+    events += [("edge", timedelta(0), 1000), ("edge", WINDOW, 1001), ("edge", WINDOW + timedelta(microseconds=1), 1002)]
+    events += [("tie", timedelta(0), 1004), ("tie", timedelta(0), 1003)]
+    rows = batch(events)
+    df = spark.createDataFrame(rows.to_pylist(), spark_schema(SCHEMA))
+    got = sorted((r[0], r[1]) for r in dedup_batch(df, ["order_id"], WINDOW).select("order_id", "_offset").collect())
+    reference = dedup_in_batch(rows, ["order_id"], WINDOW)
+    expected = sorted(
+        zip(reference.column("order_id").to_pylist(), reference.column("_offset").to_pylist(), strict=True)
+    )
+    assert got == expected
+    # The window's edge belongs to the window; one microsecond past it is a new event; ties go to the lower offset.
+    assert ("edge", 1000) in got and ("edge", 1001) not in got and ("edge", 1002) in got
+    assert ("tie", 1003) in got and ("tie", 1004) not in got
+
+
+def test_many_small_batches_are_compacted_and_replays_still_skipped(spark: Any, silver: str) -> None:
+    """Auto compaction rewrites a day's small files (dataChange=false): same rows, nothing new in the
+    change feed or for the loader, and a replayed batch is still recognised by its mark."""
+    spark.conf.set("spark.databricks.delta.autoCompact.minNumFiles", "4")
+    try:
+        for i in range(6):
+            write(spark, silver, [(f"k{i}", timedelta(minutes=i), i)], i)
+    finally:
+        spark.conf.unset("spark.databricks.delta.autoCompact.minNumFiles")
+    log = DeltaLog(silver)
+    operations = [log.commit(v).info.get("operation") for v in range(1, log.latest_version() + 1)]
+    assert "OPTIMIZE" in operations
+    compaction = next(
+        v for v in range(1, log.latest_version() + 1) if log.commit(v).info.get("operation") == "OPTIMIZE"
+    )
+    assert log.added_files(log.commit(compaction)) == []  # the loader inserts nothing for it
+    assert read_inserts(silver, compaction, compaction, ["order_id"]).num_rows == 0
+    assert silver_ids(spark, silver) == [(f"k{i}", i) for i in range(6)]
+    assert write(spark, silver, [("k0", timedelta(0), 50)], 5) is None
+    # ... and stored keys are still found in the compacted file.
+    assert write(spark, silver, [("k3", timedelta(minutes=20), 30), ("new", timedelta(0), 31)], 6) == 1
+
+
+def test_delta_rs_reads_what_delta_spark_writes(spark: Any, silver: str) -> None:
+    """Readers that need no JVM (checks, CLI status, the window swap) keep working on these tables:
+    table features, a checkpoint (every 10 commits), the change feed; Riverhouse's marks are in the log."""
+    for i in range(12):
+        write(spark, silver, [(f"k{i}", timedelta(minutes=i), i)], i)
+    assert (Path(silver) / "_delta_log" / "00000000000000000010.checkpoint.parquet").exists()
+    table = open_table(silver)
+    assert table.version() == DeltaLog(silver).latest_version()
+    assert json.loads(table.history(1)[0]["userMetadata"])[MARK_BATCH] == 11
+    assert sorted(table.to_pyarrow_table(columns=["order_id"]).column("order_id").to_pylist()) == sorted(
+        f"k{i}" for i in range(12)
+    )
+    inserts = read_inserts(silver, 1, table.version(), ["order_id"])
+    assert inserts.num_rows == 12
+    assert "changeDataFeed" in (table.protocol().writer_features or [])
+    # The log reader finds a batch across the checkpoint (its hint-less scan reads commits back).
+    assert DeltaLog(silver).find_batch("app", 3) is not None and DeltaLog(silver).find_batch("app", 12) is None
