@@ -2,6 +2,11 @@
 
 Each test gets its own topic and its own state folder (warehouse, checkpoints,
 chDB path), so tests share the expensive parts without sharing data.
+
+RIVERHOUSE_TEST_ENGINE=connect: one engine (`riverhouse engine start`, a Spark Connect server
+under a temporary home) serves the whole test session; the `spark` fixture, Settings made in
+the test process and the subprocesses of `subprocess_env` attach to it (RIVERHOUSE_SPARK_REMOTE).
+Off by default: each process then runs Spark in-process.
 """
 
 from __future__ import annotations
@@ -23,10 +28,44 @@ from riverhouse.platform.state.settings import Settings
 REPO = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="session")
-def spark() -> Any:
-    from riverhouse.platform.runtime.spark import get_spark
+TEST_ENGINE = os.environ.get("RIVERHOUSE_TEST_ENGINE", "").strip().lower() == "connect"
+# What makes a process a Spark Connect client (pyspark sets the first once it made a session):
+# a subprocess chooses for itself, from RIVERHOUSE_SPARK_REMOTE.
+CONNECT_CLIENT_ENV = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE")
 
+
+@pytest.fixture(scope="session", autouse=True)
+def test_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str | None]:
+    """The session's shared engine URL when RIVERHOUSE_TEST_ENGINE=connect, else None (in-process Spark)."""
+    if not TEST_ENGINE:
+        yield None
+        return
+    from riverhouse.platform.runtime import engine
+    from riverhouse.platform.runtime.spark import REMOTE_ENV
+
+    state_dir = tmp_path_factory.mktemp("engine")
+    url = engine.start(state_dir).url
+    previous = os.environ.get(REMOTE_ENV)
+    os.environ[REMOTE_ENV] = url
+    try:
+        yield url
+    finally:
+        if previous is None:
+            os.environ.pop(REMOTE_ENV, None)
+        else:
+            os.environ[REMOTE_ENV] = previous
+        engine.stop(state_dir)
+
+
+@pytest.fixture(scope="session")
+def spark(test_engine: str | None) -> Any:
+    from riverhouse.platform.runtime.spark import get_spark, release_session
+
+    if test_engine:
+        session = get_spark(conf={"spark.remote": test_engine})
+        yield session
+        release_session(session)
+        return
     session = get_spark("local[2]", app_name="riverhouse-tests")
     yield session
     session.stop()
@@ -113,7 +152,9 @@ def riverhouse_cmd() -> list[str]:
 
 
 def subprocess_env(settings: Settings, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RIVERHOUSE_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RIVERHOUSE_") and k not in CONNECT_CLIENT_ENV}
     env.update({"RIVERHOUSE_HOME": str(settings.home), "RIVERHOUSE_KAFKA_BOOTSTRAP": settings.kafka_bootstrap or ""})
+    if TEST_ENGINE and os.environ.get("RIVERHOUSE_SPARK_REMOTE"):  # the shared test engine
+        env["RIVERHOUSE_SPARK_REMOTE"] = os.environ["RIVERHOUSE_SPARK_REMOTE"]
     env.update(extra)
     return env

@@ -18,8 +18,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from riverhouse.cli_support import HomeOption, err, fail, out, settings_for
+from riverhouse.platform.errors import EngineUnavailable
 from riverhouse.platform.kafka import local_kafka
-from riverhouse.platform.runtime.spark import JavaMissingError
+from riverhouse.platform.runtime import engine
+from riverhouse.platform.runtime.spark import REMOTE_ENV, JavaMissingError, SparkConfError, redact_remote
 from riverhouse.platform.spec import SpecError, check_together, load_spec
 from riverhouse.platform.state.settings import Settings, dsn_database, redact_dsn
 
@@ -31,6 +33,35 @@ app = typer.Typer(
 )
 DEMO_SPEC = Path("pipelines/orders_dedup.yaml")
 DEMO_JOIN_SPEC = Path("pipelines/orders_enriched.yaml")
+
+EngineOption = Annotated[
+    bool,
+    typer.Option(
+        "--engine/--no-engine",
+        help=f"Start the local engine (a Spark Connect server) when {REMOTE_ENV} names none and it is not "
+        "running; --no-engine: runs start Spark in their own process",
+    ),
+]
+
+
+def start_local_engine(settings: Settings, wanted: bool) -> tuple[str, bool]:
+    """Where runs get Spark, and whether this command started the engine (it then stops it)."""
+    if os.environ.get(REMOTE_ENV):
+        return f"Spark Connect at {redact_remote(os.environ[REMOTE_ENV])} ({REMOTE_ENV})", False
+    running = engine.status(settings.engine_state_dir)
+    if running:
+        return f"Spark Connect at {running.url} (the running local engine, pid {running.pid})", False
+    if not wanted:
+        return "Spark in each run's own process (no engine)", False
+    err.print("starting the engine (a Spark Connect server)...", highlight=False)
+    started = time.monotonic()
+    try:
+        state = engine.start(settings.engine_state_dir)
+    except (engine.EngineError, JavaMissingError, SparkConfError) as exc:
+        fail(str(exc))
+        raise AssertionError("unreachable") from None
+    took = time.monotonic() - started
+    return f"Spark Connect at {state.url} (local engine started in {took:.0f}s, pid {state.pid})", True
 
 
 # ---------------------------------------------------------------------------- validate
@@ -273,6 +304,9 @@ def _guarded(action: Any) -> Any:
         MetricsError,
         SpecError,
         local_kafka.LocalKafkaError,
+        EngineUnavailable,
+        engine.EngineError,
+        SparkConfError,
     ) as exc:
         fail(str(exc))
     except KeyboardInterrupt:
@@ -337,6 +371,7 @@ def demo(
     join_spec_file: Annotated[Path, typer.Option("--join-spec", help="Join pipeline spec")] = DEMO_JOIN_SPEC,
     skip_join: Annotated[bool, typer.Option("--skip-join", help="Only the dedup pipeline")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object")] = False,
+    use_engine: EngineOption = True,
     home: HomeOption = None,
 ) -> None:
     """The whole thing on the embedded defaults: local Kafka -> Spark -> Delta -> ClickHouse via Dagster.
@@ -349,18 +384,27 @@ def demo(
     join_spec = None if skip_join else _load_or_fail(join_spec_file)
     base = settings_for(home)
     log = (lambda m: None) if as_json else (lambda m: err.print(m, highlight=False))
-    result = _guarded(
-        lambda: run_demo(
-            spec,
-            base.home / "demo",
-            count=count,
-            duplicate_rate=duplicate_rate,
-            malformed=malformed,
-            log=log,
-            progress_console=None if as_json else err,
-            join_spec=join_spec,
+    # The engine of the base home (kept running if it was): the demo's own home is reset each run.
+    where, engine_started = start_local_engine(base, use_engine)
+    running = engine.status(base.engine_state_dir)
+    log(f"engine: {where}")
+    try:
+        result = _guarded(
+            lambda: run_demo(
+                spec,
+                base.home / "demo",
+                count=count,
+                duplicate_rate=duplicate_rate,
+                malformed=malformed,
+                log=log,
+                progress_console=None if as_json else err,
+                join_spec=join_spec,
+                spark_remote=running.url if running and not os.environ.get(REMOTE_ENV) else None,
+            )
         )
-    )
+    finally:
+        if engine_started:
+            engine.stop(base.engine_state_dir)
     if as_json:
         print(json.dumps(result["summary"]))
         return
@@ -381,6 +425,8 @@ def demo(
         f"(Kafka -> Delta -> ClickHouse, including Spark start-up)",
         highlight=False,
     )
+    stopped = " (started for the demo, stopped again)" if engine_started else ""
+    out.print(f"engine: {where}{stopped}", highlight=False)
     out.print(
         f"state kept in {base.home / 'demo'}; look at it in the UI with `riverhouse ui --home {base.home / 'demo'}`",
         highlight=False,
@@ -443,19 +489,26 @@ def reset(
 def ui(
     port: Annotated[int, typer.Option(help="Port on 127.0.0.1")] = 3000,
     pipelines: Annotated[Path, typer.Option(help="Folder of pipeline specs")] = Path("pipelines"),
+    use_engine: EngineOption = True,
     home: HomeOption = None,
 ) -> None:
-    """Start the local Kafka and the Dagster UI on 127.0.0.1; Ctrl-C (or SIGTERM) stops them all.
+    """Start the local Kafka, the engine and the Dagster UI on 127.0.0.1; Ctrl-C (or SIGTERM) stops them all.
 
     Stopping takes `dagster dev` down first (with its code server, webserver and daemon), then
-    anything of its tree still running, then the local Kafka if this command started it.
+    anything of its process tree still running (runs in flight included), then the engine and
+    the local Kafka, each if this command started it.
     """
     settings = settings_for(home)
-    was_running = local_kafka.status(settings.kafka_state_dir) is not None
+    dagster = shutil.which("dagster", path=str(Path(sys.executable).parent)) or shutil.which("dagster")
+    if not dagster:
+        fail("the dagster command was not found in this environment; reinstall riverhouse")
+    assert dagster is not None
+    kafka_was_running = local_kafka.status(settings.kafka_state_dir) is not None
     try:
         state = local_kafka.start(settings.kafka_state_dir)
     except local_kafka.LocalKafkaError as exc:
         fail(str(exc))
+    where, engine_started = start_local_engine(settings, use_engine)
     from riverhouse.deploy import local_dagster_home
 
     dagster_home = local_dagster_home(settings.home / "dagster")
@@ -465,21 +518,26 @@ def ui(
         "RIVERHOUSE_HOME": str(settings.home),
         "RIVERHOUSE_PIPELINES": str(pipelines.resolve()),
     }
-    dagster = shutil.which("dagster", path=str(Path(sys.executable).parent)) or shutil.which("dagster")
-    if not dagster:
-        fail("the dagster command was not found in this environment; reinstall riverhouse")
     err.print(f"local Kafka at {state.bootstrap}; ClickHouse {redact_dsn(settings.clickhouse_dsn)}", highlight=False)
+    err.print(f"engine: {where}", highlight=False)
     err.print(f"Dagster UI on http://127.0.0.1:{port} (Ctrl-C to stop)")
     from riverhouse.platform.runtime.process_tree import run_until_signalled
 
-    def stop_kafka() -> None:
-        if was_running:
-            err.print("the local Kafka keeps running (it was running before); `riverhouse kafka stop` stops it")
+    running_engine = engine.status(settings.engine_state_dir)
+    # Stopped last, each by its own clean shutdown (never as a leftover of dagster's tree).
+    keep = {state.pid, *([running_engine.pid] if running_engine else [])}
+
+    def stop_started() -> None:
+        if engine_started:
+            engine.stop(settings.engine_state_dir)
+            err.print("engine stopped", highlight=False)
+        if kafka_was_running:
+            err.print("the local Kafka keeps running (it ran before `riverhouse ui`); `riverhouse kafka stop`")
         elif local_kafka.stop(settings.kafka_state_dir):
-            err.print("local Kafka stopped")
+            err.print("local Kafka stopped", highlight=False)
 
     argv = [dagster, "dev", "-h", "127.0.0.1", "-p", str(port), "-m", "riverhouse.definitions"]
-    raise typer.Exit(run_until_signalled(argv, env, keep={state.pid}, finally_=stop_kafka))
+    raise typer.Exit(run_until_signalled(argv, env, keep=keep, finally_=stop_started))
 
 
 def main() -> None:
@@ -487,10 +545,12 @@ def main() -> None:
 
 
 # Sub-commands in modules of their own; registered last, they use the helpers above.
+from riverhouse.cli_engine import engine_app  # noqa: E402
 from riverhouse.cli_kafka import kafka_app  # noqa: E402
 from riverhouse.cli_migrate import deploy_config, import_app  # noqa: E402
 
 app.add_typer(kafka_app, name="kafka")
+app.add_typer(engine_app, name="engine")
 app.add_typer(import_app, name="import")
 app.command("deploy-config")(deploy_config)
 

@@ -29,14 +29,16 @@ from riverhouse.platform.kafka.generator import (
     user_events,
 )
 from riverhouse.platform.pipeline import Pipeline, PipelineError
+from riverhouse.platform.runtime import engine
 from riverhouse.platform.spec import PipelineSpec
 from riverhouse.platform.state.settings import Settings
 from riverhouse.resources import resources_from_settings
 
 
 def reset_state(home: Path) -> None:
-    """Stop the state folder's local Kafka and delete its tables, checkpoints and ClickHouse."""
+    """Stop the state folder's local Kafka and engine; delete its tables, checkpoints and ClickHouse."""
     local_kafka.stop(home / "kafka")
+    engine.stop(home / "engine")
     if home.exists():
         shutil.rmtree(home)
 
@@ -111,12 +113,16 @@ def run_demo(
     log: Callable[[str], None] = print,
     progress_console: Any = None,
     join_spec: PipelineSpec | None = None,
+    spark_remote: str | None = None,
 ) -> dict[str, Any]:
+    """`spark_remote`: the Spark Connect engine the runs attach to (None: as the home's settings say)."""
     started = time.monotonic()
     home = home.resolve()
     log(f"resetting demo state in {home}")
     reset_state(home)
     settings = Settings.from_env(home).with_(kafka_bootstrap=None)
+    if spark_remote:
+        settings = settings.with_(spark_conf={**settings.spark_conf, "spark.remote": spark_remote})
     state = local_kafka.start(settings.kafka_state_dir)
     log(f"local Kafka started at {state.bootstrap}")
     # The runs go to the Dagster instance `riverhouse ui --home <home>` opens, so the UI shows

@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from riverhouse.platform.kafka import local_kafka
+from riverhouse.platform.runtime import engine
 from riverhouse.platform.sink.clickhouse import open_client, qualified_table
 from riverhouse.platform.state.settings import Settings
 from tests.conftest import REPO, order, orders_spec, produce, riverhouse_cmd, subprocess_env
@@ -89,12 +90,15 @@ def ui(kafka: str, topic: str, settings: Settings, tmp_path: Path) -> Iterator[d
     try:
         yield {"url": url, "spec": spec, "port": port}
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)  # dagster dev and its children: our own group
+        # `riverhouse ui` passes it to dagster dev, waits for its shutdown, then stops the engine
+        # and the local Kafka it started; those stops below only act if it could not.
+        os.killpg(proc.pid, signal.SIGTERM)
         try:
-            proc.wait(timeout=30)
+            proc.wait(timeout=120)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
-        local_kafka.stop(settings.kafka_state_dir)  # `riverhouse ui` starts one; the test used its own
+        engine.stop(settings.engine_state_dir)
+        local_kafka.stop(settings.kafka_state_dir)  # the test used its own broker
 
 
 @pytest.fixture

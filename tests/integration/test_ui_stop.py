@@ -1,8 +1,9 @@
 """Issue 27, item 9: `riverhouse ui`, sent SIGTERM or SIGINT, leaves no process behind.
 
-The real command: the local broker, `dagster dev` and what it starts (code server, webserver,
-daemon). Every process of its tree is listed from /proc while it serves the UI; after the
-signal, the command exits and none of them is left, the broker included.
+The real command: the local broker, the engine (a Spark Connect server, in one of the two
+cases), `dagster dev` and what it starts (code server, webserver, daemon). Every process of its
+tree is listed from /proc while it serves the UI; after the signal, the command exits and none
+of them is left, the broker and the engine included.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pytest
 import yaml
 
 from riverhouse.platform.kafka import local_kafka
+from riverhouse.platform.runtime import engine as engine_state
 from riverhouse.platform.state.settings import Settings
 from tests.conftest import orders_spec, riverhouse_cmd, subprocess_env
 
@@ -58,8 +60,8 @@ def free_port() -> int:
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reading a process tree needs Linux's /proc")
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_ui_stops_its_whole_tree_on_a_signal(tmp_path: Path, signum: int) -> None:
+@pytest.mark.parametrize(("signum", "engine"), [(signal.SIGTERM, "--engine"), (signal.SIGINT, "--no-engine")])
+def test_ui_stops_its_whole_tree_on_a_signal(tmp_path: Path, signum: int, engine: str) -> None:
     settings = Settings.from_env(tmp_path / "home")
     pipelines = tmp_path / "pipelines"
     pipelines.mkdir()
@@ -69,7 +71,7 @@ def test_ui_stops_its_whole_tree_on_a_signal(tmp_path: Path, signum: int) -> Non
     port = free_port()
     tree: list[int] = []
     ui = subprocess.Popen(
-        [*riverhouse_cmd(), "ui", "--port", str(port), "--pipelines", str(pipelines)],
+        [*riverhouse_cmd(), "ui", "--port", str(port), "--pipelines", str(pipelines), engine],
         env=subprocess_env(settings, RIVERHOUSE_KAFKA_BOOTSTRAP=""),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -77,14 +79,14 @@ def test_ui_stops_its_whole_tree_on_a_signal(tmp_path: Path, signum: int) -> Non
         start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 240
+        deadline = time.monotonic() + 420
         while True:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=2):
                     break
             except OSError:
                 assert ui.poll() is None, f"riverhouse ui exited: {ui.stdout.read() if ui.stdout else ''}"
-                assert time.monotonic() < deadline, "the Dagster UI did not come up within 240 s"
+                assert time.monotonic() < deadline, "the Dagster UI did not come up within 420 s"
                 time.sleep(1)
         broker = local_kafka.status(settings.kafka_state_dir)
         assert broker is not None
@@ -94,10 +96,12 @@ def test_ui_stops_its_whole_tree_on_a_signal(tmp_path: Path, signum: int) -> Non
         assert ui.wait(timeout=120) == 0
         assert [pid for pid in tree if running(pid)] == []
         assert local_kafka.status(settings.kafka_state_dir) is None
+        assert engine_state.status(settings.engine_state_dir) is None
     finally:  # whatever the test started and left: by PID
         if ui.poll() is None:
             ui.kill()
         for pid in tree:
             if running(pid):
                 os.kill(pid, signal.SIGKILL)
+        engine_state.stop(settings.engine_state_dir)
         local_kafka.stop(settings.kafka_state_dir)

@@ -10,7 +10,6 @@ import glob
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,14 +19,10 @@ from pathlib import Path
 
 import pyspark
 
+from riverhouse.platform.runtime.processes import free_port, pid_alive
+
 SPARK_HOME = Path(pyspark.__file__).parent
 PG_PASSWORD = "riverhouse-prod-test"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for_text(path: Path, text: str, timeout_s: float, proc: subprocess.Popen[bytes] | None = None) -> None:
@@ -39,21 +34,6 @@ def wait_for_text(path: Path, text: str, timeout_s: float, proc: subprocess.Pope
             raise RuntimeError(f"{proc.args} exited ({proc.returncode}): {path.read_text(errors='replace')[-3000:]}")
         time.sleep(0.5)
     raise TimeoutError(f"{text!r} not in {path} within {timeout_s:.0f}s: {path.read_text(errors='replace')[-3000:]}")
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child of ours counts as gone.
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def descendants(pid: int) -> list[int]:

@@ -26,7 +26,11 @@ REPO = Path(__file__).resolve().parents[2]
 DOCKER = REPO / "docker"
 COMPOSE = yaml.safe_load((DOCKER / "compose.yaml").read_text())
 SERVICES: dict[str, dict[str, Any]] = COMPOSE["services"]
-DRIVERS = ("riverhouse-code", "riverhouse-stream")  # the services whose processes run pipelines
+# The services whose processes run pipeline code: the code server's runs and the continuous
+# service (Spark Connect clients), and the engine (Spark's driver: foreachBatch bodies run there).
+DRIVERS = ("riverhouse-code", "riverhouse-stream", "spark-connect")
+CLIENTS = ("riverhouse-code", "riverhouse-stream")
+ENGINE = "spark-connect"
 DAGSTER = ("riverhouse-code", "dagster-webserver", "dagster-daemon")
 # Variables the code reads that a production deployment leaves unset, and why.
 NOT_FOR_PRODUCTION = {
@@ -38,6 +42,14 @@ NOT_FOR_PRODUCTION = {
     "RIVERHOUSE_METRICS_PORT": "continuous mode only: set on riverhouse-stream, not on run workers",
     "RIVERHOUSE_METRICS_HOST": "continuous mode only: set on riverhouse-stream",
     "RIVERHOUSE_METRICS_LAG_INTERVAL": "has a default (15 s)",
+    "RIVERHOUSE_SPARK_CONF": "optional extra Spark settings; the image's spark-defaults.conf holds the cluster's",
+    "RIVERHOUSE_ENGINE_PID": "set by the engine itself for the Python workers it starts",
+}
+# Per service: variables only another role reads.
+EXCUSED = {
+    "riverhouse-stream": {"RIVERHOUSE_METRICS_PUSHGATEWAY", "RIVERHOUSE_ENGINE_MEMORY"},  # serves its metrics
+    "riverhouse-code": {"RIVERHOUSE_ENGINE_MEMORY"},  # the engine's own heap: set on the engine
+    "spark-connect": set(),
 }
 
 
@@ -73,9 +85,7 @@ def test_every_variable_the_code_reads_is_set_where_pipelines_run_or_excused() -
     assert {"RIVERHOUSE_WAREHOUSE", "RIVERHOUSE_CLICKHOUSE_DSN", "RIVERHOUSE_METRICS_PUSHGATEWAY"} <= read
     needed = read - set(NOT_FOR_PRODUCTION)
     for service in DRIVERS:
-        # The continuous service serves its metrics instead of pushing them.
-        excused = {"RIVERHOUSE_METRICS_PUSHGATEWAY"} if service == "riverhouse-stream" else set()
-        missing = needed - set(env(service)) - excused
+        missing = needed - set(env(service)) - EXCUSED[service]
         assert not missing, f"{service} lacks {sorted(missing)}"
     set_anywhere = {name for s in SERVICES for name in env(s) if name.startswith("RIVERHOUSE_")}
     assert image_env()["RIVERHOUSE_JARS"] == "/opt/riverhouse/jvm/lib"  # where the image copies the jars
@@ -107,6 +117,28 @@ def test_addresses_and_ports_agree_between_services() -> None:
         kafka["KAFKA_ADVERTISED_LISTENERS"].split(",")[0], 0
     )
     assert ":" + str(hostport(code["RIVERHOUSE_KAFKA_BOOTSTRAP"], 0)[1]) in kafka["KAFKA_LISTENERS"]
+
+    # The runs attach to the engine; the engine is the cluster's driver.
+    engine = SERVICES[ENGINE]
+    remote_host, remote_port = hostport(code["RIVERHOUSE_SPARK_REMOTE"], 0)
+    assert code["RIVERHOUSE_SPARK_REMOTE"].startswith("sc://")
+    assert remote_host == engine["hostname"]
+    command = engine["command"]
+    assert command[:4] == ["riverhouse", "engine", "start", "--foreground"]
+    assert command[command.index("--port") + 1] == str(remote_port)
+    assert command[command.index("--host") + 1] == "0.0.0.0"  # reachable from the other containers
+    assert "ports" not in engine  # Spark Connect has no authentication without TLS: not published
+    for client in CLIENTS:
+        assert env(client)["RIVERHOUSE_SPARK_REMOTE"] == code["RIVERHOUSE_SPARK_REMOTE"]
+        assert SERVICES[client]["depends_on"][ENGINE] == {"condition": "service_healthy"}
+    assert env(ENGINE)["RIVERHOUSE_SPARK_MASTER"] == code["RIVERHOUSE_SPARK_MASTER"]
+    # Spark writes the offsets on the engine, the runs lock and read them: one volume, one path.
+    checkpoints = code["RIVERHOUSE_CHECKPOINTS"]
+    assert env(ENGINE)["RIVERHOUSE_CHECKPOINTS"] == checkpoints
+    for service in DRIVERS:
+        mounts = {m.split(":")[1]: m.split(":")[0] for m in SERVICES[service]["volumes"]}
+        holding = [path for path in mounts if checkpoints.startswith(path.rstrip("/") + "/")]
+        assert holding and mounts[holding[0]] == "riverhouse-state", f"{service}: checkpoints not on the volume"
 
     master_host, master_port = hostport(code["RIVERHOUSE_SPARK_MASTER"], 0)
     assert master_host == SERVICES["spark-master"]["hostname"]

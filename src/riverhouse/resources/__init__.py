@@ -33,7 +33,11 @@ DSN_VARIABLE = "RIVERHOUSE_CLICKHOUSE_DSN"
 
 
 class RiverhouseSpark(PySparkResource):
-    """Spark: `spark.master` local[2] by default, or any Spark 4 master URL (spark://host:7077...)."""
+    """Spark: `spark.master` local[2] by default, or any Spark 4 master URL (spark://host:7077...).
+
+    With `spark.remote` (sc://host:port, the engine) every step attaches to that Spark Connect
+    server instead; a step's session ends with its process (the engine drops it when idle).
+    """
 
     spark_config: dict[str, Any] = {SPARK_MASTER: "local[2]", **RESTRICTED_SPARK_CONF}
 

@@ -14,6 +14,8 @@ batch's event times (`not_in_silver`), and the rest is appended (ingest/writer.p
 
 from __future__ import annotations
 
+import uuid
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -21,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from riverhouse.platform.state.delta_log import files_overlapping
 from riverhouse.platform.state.delta_spark import Appended, ProgressHint, append_once
 
 ORDER_COLUMNS = ["_event_time", "_topic", "_partition", "_offset"]
@@ -72,32 +75,57 @@ def _micros_literal(window: timedelta) -> int:
     return int(window / timedelta(microseconds=1))
 
 
-def dedup_batch(valid: Any, key: list[str], window: timedelta) -> Any:
-    """The batch's valid rows minus in-batch duplicates, as a Spark plan (no rows reach the driver).
+@dataclass
+class InBatch:
+    """`dedup_batch`'s result: the rows kept, how many keys were walked, and the caches to release."""
 
-    Per key, ordered by event time then Kafka coordinates: when every event of the key lies
-    within a window of its first, only the first survives (`row_number() = 1`); a key that
-    spans more than a window (rare: a batch covers seconds to minutes) is walked in order by
-    `dedup_in_batch` on its own group, on an executor.
+    unique: Any
+    long_keys: int
+    cached: list[Any] = field(default_factory=list)
+
+    def release(self) -> None:
+        for frame in self.cached:
+            frame.unpersist()
+
+
+def dedup_batch(valid: Any, key: list[str], window: timedelta) -> InBatch:
+    """The batch's valid rows minus in-batch duplicates, as a cached Spark plan; and the keys walked.
+
+    One hash aggregate per key: its first event (by event time, then Kafka coordinates: `min_by`
+    over the ordering struct) and the span of its event times. When the span is within the
+    window (nearly always: a batch covers seconds to minutes), the first event is the only one
+    kept. The rare key spanning more than a window is walked in order by `dedup_in_batch` on its
+    own group, on an executor; that branch (a Python stage) is planned only when such keys exist,
+    which the aggregate's observed count says. The result is persisted, since the silver step
+    reads it twice (probe and anti-join); the caller releases it (`InBatch.release`).
     """
-    from pyspark.sql import Window
+    from pyspark import StorageLevel
+    from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
-    by_key = Window.partitionBy(*key)
-    ordered = by_key.orderBy(*ORDER_COLUMNS)
-    span = F.unix_micros(F.max("_event_time").over(by_key)) - F.unix_micros(F.min("_event_time").over(by_key))
-    ranked = valid.withColumn("_rank", F.row_number().over(ordered)).withColumn(
-        "_long", span > F.lit(_micros_literal(window))
-    )
-    short = ranked.filter(~F.col("_long") & (F.col("_rank") == 1)).drop("_rank", "_long")
     columns = valid.columns
-    schema = valid.schema
+    micros = _micros_literal(window)
+    span = F.unix_micros(F.max("_event_time")) - F.unix_micros(F.min("_event_time"))
+    per_key = valid.groupBy(*key).agg(
+        F.min_by(F.struct(*columns), F.struct(*ORDER_COLUMNS)).alias("_first"), span.alias("_span")
+    )
+    per_key = per_key.persist(StorageLevel.MEMORY_AND_DISK)
+    seen = Observation(f"rh_dedup_{uuid.uuid4().hex[:8]}")
+    is_long = F.col("_span") > F.lit(micros)
+    per_key.observe(seen, F.sum(F.when(is_long, 1).otherwise(0)).alias("long")).count()
+    long_keys = int(seen.get["long"] or 0)
+    unique = per_key.where(~is_long).select(*[F.col(f"_first.{c}").alias(c) for c in columns])
+    if long_keys:
+        schema = valid.schema
 
-    def walk(group: pa.Table) -> pa.Table:
-        return dedup_in_batch(group.select(columns), key, window)
+        def walk(group: pa.Table) -> pa.Table:
+            return dedup_in_batch(group.select(columns), key, window)
 
-    long = ranked.filter(F.col("_long")).drop("_rank", "_long").groupBy(*key).applyInArrow(walk, schema)
-    return short.unionByName(long)
+        spanning = valid.join(per_key.where(is_long).select(*key), key, "left_semi")
+        walked = spanning.groupBy(*key).applyInArrow(walk, schema)
+        unique = unique.unionByName(walked).persist(StorageLevel.MEMORY_AND_DISK)
+        return InBatch(unique, long_keys, [unique, per_key])
+    return InBatch(unique, long_keys, [per_key])
 
 
 def time_bounds(lo_micros: int, hi_micros: int, window: timedelta) -> tuple[datetime, datetime]:
@@ -112,25 +140,27 @@ def not_in_silver(
 ) -> Any:
     """The batch's rows that no silver row duplicates: same key, event times within `window`.
 
-    Silver is read only where a duplicate can be: the days and event times in `bounds` (literal
-    bounds, so Delta prunes partitions, then files by their `_event_time` statistics). The batch
-    is the build side of both joins, so memory follows the batch, not the window: first the
-    silver rows that match a batch row (a broadcast of the batch's keys), then the batch rows
-    that match none of those (a broadcast of the matches, at most a batch's worth of keys).
+    Silver is read only where a duplicate can be: the files whose days and `_event_time`
+    statistics overlap `bounds`, chosen from the Delta log (`delta_log.files_overlapping`: what
+    Delta's planner would choose, without rebuilding the snapshot after every commit), read by
+    Spark as Parquet, key and event-time columns only. The batch is the build side of both
+    joins, so memory follows the batch, not the window: first the silver rows that match a
+    batch row (a broadcast of the batch's keys), then the batch rows that match none of those
+    (a broadcast of the matches, at most a batch's worth of keys).
     """
     from pyspark.sql import functions as F
+    from pyspark.sql.types import StructField, StructType
 
     lo, hi = bounds
     micros = _micros_literal(window)
+    files = files_overlapping(silver_path, "_event_time", lo, hi, "_event_date")
+    if not files:
+        return unique  # silver holds nothing within a window of this batch
+    stored_types = {f.name: f.dataType for f in unique.schema.fields}
     stored = (
-        spark.read.format("delta")
-        .load(silver_path)
-        .where(
-            (F.col("_event_date") >= F.lit(lo.date()))
-            & (F.col("_event_date") <= F.lit(hi.date()))
-            & (F.col("_event_time") >= F.lit(lo))
-            & (F.col("_event_time") <= F.lit(hi))
-        )
+        spark.read.schema(StructType([StructField(c, stored_types[c]) for c in [*key, "_event_time"]]))
+        .parquet(*files)
+        .where((F.col("_event_time") >= F.lit(lo)) & (F.col("_event_time") <= F.lit(hi)))
         .select(*[F.col(k).alias(f"_s_{k}") for k in key], F.unix_micros("_event_time").alias("_s_t"))
     )
     probe = unique.select(*[F.col(k).alias(f"_b_{k}") for k in key], F.unix_micros("_event_time").alias("_b_t"))
@@ -162,6 +192,12 @@ def insert_new(
     hint: ProgressHint | None = None,
 ) -> Appended:
     """Dedup the batch in Spark, leave out what silver already holds, append the rest once per batch id."""
-    unique = dedup_batch(valid, key, window)
-    fresh = not_in_silver(valid.sparkSession, silver_path, unique, key, window, bounds)
-    return append_once(fresh, silver_path, app_id, batch_id, metadata=metadata, hint=hint, table="silver")
+    in_batch = dedup_batch(valid, key, window)
+    try:
+        fresh = not_in_silver(valid.sparkSession, silver_path, in_batch.unique, key, window, bounds)
+        # One file per day and batch (a batch is bounded by maxOffsetsPerTrigger): fewer files for
+        # the next batches' lookups and for compaction.
+        fresh = fresh.coalesce(1)
+        return append_once(fresh, silver_path, app_id, batch_id, metadata=metadata, hint=hint, table="silver")
+    finally:
+        in_batch.release()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -143,17 +144,31 @@ class BatchWriter:
         self.faults.hit("after_bronze_commit")
         if not metrics.read:
             return
-        if metrics.quarantined:
+        rejected = rows.where(F.col("_status") == "rejected").select(*self.quarantine_columns)
+        quarantine = self._quarantine(rejected, batch_id, stage) if metrics.quarantined else None
+        try:
+            if metrics.valid:
+                mark = time.monotonic()
+                self._write_silver(rows.where(ok).select(*self.silver_columns), batch_id, metrics, figures)
+                stage["silver"] = time.monotonic() - mark
+        finally:
+            if quarantine is not None:
+                quarantine.result()
+        self.faults.hit("after_silver_commit")
+
+    def _quarantine(self, rejected: Any, batch_id: int, stage: dict[str, float]) -> Future[Any]:
+        """Append the rejected records on a thread of its own: the commit overlaps silver's work."""
+
+        def append() -> None:
             mark = time.monotonic()
-            rejected = rows.where(F.col("_status") == "rejected").select(*self.quarantine_columns)
             append_once(rejected, self.quarantine_path, self.app_id, batch_id, hint=self.channel, table="quarantine")
             stage["quarantine"] = time.monotonic() - mark
-        if not metrics.valid:
-            return
-        mark = time.monotonic()
-        self._write_silver(rows.where(ok).select(*self.silver_columns), batch_id, metrics, figures)
-        stage["silver"] = time.monotonic() - mark
-        self.faults.hit("after_silver_commit")
+
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="riverhouse-quarantine")
+        try:
+            return pool.submit(append)
+        finally:
+            pool.shutdown(wait=False)
 
     def _figures(self, rows: Any, ok: Any, valid_time: Any) -> dict[str, Any]:
         """The batch's counts when bronze already had it (a replay): one aggregate over the cache."""

@@ -18,14 +18,14 @@ import base64
 import contextlib
 import json
 import os
-import signal
-import socket
 import subprocess
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from riverhouse.platform.runtime.processes import free_port, pid_alive, port_free, terminate
 
 STATE_FILE = "state.json"
 BROKER_FILE = "broker.json"
@@ -49,17 +49,7 @@ class LocalKafkaState:
     state_dir: str = ""
 
     def is_alive(self) -> bool:
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        try:  # a zombie child of ours still answers kill(0)
-            status = Path(f"/proc/{self.pid}/status").read_text()
-            return "\nState:\tZ" not in status
-        except OSError:
-            return True
+        return pid_alive(self.pid)
 
     @property
     def secure(self) -> bool:
@@ -85,23 +75,6 @@ def status(state_dir: Path) -> LocalKafkaState | None:
     return state if state and state.is_alive() else None
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        # As the broker binds: connections of its previous run in TIME_WAIT do not hold the port.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def _cluster_id() -> str:
     # Kafka's Uuid.randomUuid().toString(): 16 random bytes, URL-safe base64 without padding,
     # never starting with '-' (Kafka rejects those as command-line arguments).
@@ -117,10 +90,10 @@ def _broker_record(state_dir: Path, secure: bool) -> dict[str, Any]:
     try:
         record = json.loads(path.read_text())
     except (OSError, ValueError):
-        record = {"cluster_id": _cluster_id(), "ports": {"PLAINTEXT": _free_port(), "CONTROLLER": _free_port()}}
+        record = {"cluster_id": _cluster_id(), "ports": {"PLAINTEXT": free_port(), "CONTROLLER": free_port()}}
     if secure:
-        record["ports"].setdefault("SASL_SSL", _free_port())
-        record["ports"].setdefault("SSL", _free_port())
+        record["ports"].setdefault("SASL_SSL", free_port())
+        record["ports"].setdefault("SSL", free_port())
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=2))
     tmp.replace(path)
@@ -217,7 +190,7 @@ def start(
     record = _broker_record(state_dir, secure)
     ports: dict[str, int] = record["ports"]
     wanted = ["PLAINTEXT", "CONTROLLER"] + (["SASL_SSL", "SSL"] if secure else [])
-    if busy := [f"{name} {ports[name]}" for name in wanted if not _port_free(ports[name])]:
+    if busy := [f"{name} {ports[name]}" for name in wanted if not port_free(ports[name])]:
         raise LocalKafkaError(
             f"the local Kafka's port(s) {', '.join(busy)} (fixed in {state_dir / BROKER_FILE} at its first start) "
             "are taken by another process: stop that process, or remove the state folder to start afresh"
@@ -245,7 +218,7 @@ def start(
         if secure:
             _ensure_scram_user(state)
     except BaseException:
-        _terminate(proc.pid, lambda: proc.poll() is None)
+        terminate(proc.pid, lambda: proc.poll() is None)
         raise
     tmp = state_dir / (STATE_FILE + ".tmp")
     tmp.write_text(json.dumps({"pid": proc.pid, "bootstrap": state.bootstrap, "started_at": state.started_at,
@@ -317,32 +290,13 @@ def _ensure_scram_user(state: LocalKafkaState) -> None:
         future.result(timeout=30)
 
 
-def _terminate(pid: int, alive: Any, timeout_s: float = 30.0) -> None:
-    try:
-        os.kill(pid, signal.SIGTERM)  # Kafka's shutdown hook: controlled shutdown, logs flushed
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and alive():
-        _reap(pid)
-        time.sleep(0.1)
-    if alive():
-        os.kill(pid, signal.SIGKILL)
-    _reap(pid)
-
-
-def _reap(pid: int) -> None:
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)
-
-
 def stop(state_dir: Path, timeout_s: float = 30.0) -> bool:
     """Stop the broker recorded in the state file (only that PID). True if one was running."""
     state = status(Path(state_dir))
     (Path(state_dir) / STATE_FILE).unlink(missing_ok=True)
     if not state:
         return False
-    _terminate(state.pid, state.is_alive, timeout_s)
+    terminate(state.pid, state.is_alive, timeout_s)  # Kafka's shutdown hook: controlled shutdown
     return True
 
 

@@ -49,6 +49,11 @@ def _missing(what: str) -> JarsMissingError:
     )
 
 
+def spark_jar_files() -> list[Path]:
+    """The pinned Spark jars (Kafka connector, delta-spark, ...) of jvm/lib/spark; empty without `make jars`."""
+    return _jars("spark")
+
+
 def broker_classpath() -> str:
     """Class path of the Kafka broker, or a JarsMissingError saying how to get it."""
     jars = _jars("broker")

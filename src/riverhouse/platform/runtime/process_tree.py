@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from riverhouse.platform.runtime.processes import pid_alive as alive
+
 PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -63,18 +65,6 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def alive(pid: int) -> bool:
-    """Running (not merely a zombie waiting for its parent)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    state = _processes().get(pid)
-    return state is None or state[1] != "Z"
-
-
 def reap(exclude: set[int]) -> None:
     """Collect the exit status of this process's finished children (re-parented orphans included),
     except `exclude`: children whose owners wait for them themselves (a Popen)."""
@@ -109,10 +99,12 @@ def stop_tree(
     `keep`: processes the caller stops itself afterwards (the local broker). What does not
     stop within the grace periods is killed.
     """
+    keep = set(keep) | {child for pid in keep for child in descendants(pid)}  # kept with their subtrees
     before = [p for p in descendants(os.getpid()) if p not in keep]
     _signal(proc.pid, signum)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=grace_s)
+    keep |= {child for pid in keep for child in descendants(pid)}
     rest = [p for p in dict.fromkeys([*before, *descendants(os.getpid())]) if p not in keep and alive(p)]
     for pid in rest:
         _signal(pid, signal.SIGTERM)
@@ -150,4 +142,5 @@ def run_until_signalled(
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
-    return 0 if received else (proc.returncode or 0)
+    code = proc.returncode or 0
+    return 0 if received or code in (-signal.SIGINT, -signal.SIGTERM) else code

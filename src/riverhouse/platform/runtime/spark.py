@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -13,22 +15,28 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-# Small-machine defaults: few shuffle partitions, Arrow for Python <-> JVM.
-DEFAULT_CONF: dict[str, str] = {
-    "spark.sql.shuffle.partitions": "4",
+# Every session (a user's RIVERHOUSE_SPARK_CONF may change them): UTC, Arrow for Python <-> JVM.
+SESSION_DEFAULTS: dict[str, str] = {
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
-    "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
+}
+# Small-machine defaults, in local mode only: a cluster keeps its own (spark-defaults.conf,
+# spark-submit's flags, RIVERHOUSE_SPARK_CONF).
+LOCAL_DEFAULTS: dict[str, str] = {
+    "spark.sql.shuffle.partitions": "4",
+    "spark.ui.enabled": "false",
     "spark.driver.memory": "2g",
     # Delta rebuilds a table's snapshot (log replay) in 50 tasks by default: on a 2-core
     # machine that was the largest share of a batch (make bench: 25 s of 61 s); 4 tasks
     # replay the same log in 5 s. A cluster with large logs may raise it in its settings.
     "spark.databricks.delta.snapshotPartitions": "4",
-    # Spec SQL runs in these sessions: no `SELECT ... FROM text.`/path`` reads of the driver's files.
-    "spark.sql.runSQLOnFiles": "false",
 }
+# Spec SQL runs in these sessions: no `SELECT ... FROM text.`/path`` reads of the driver's files; plans
+# printed whole (Spark's default of 25 fields ends a long SELECT with "... N more fields"), so that
+# gold/plan_guard.py sees every expression of a spec's query.
+SQL_SAFETY_CONF: dict[str, str] = {"spark.sql.runSQLOnFiles": "false", "spark.sql.debug.maxToStringFields": "100000"}
 # Spark replaces a conf's or a data source option's value with "*********(redacted)" in
 # plans, the UI, the event log and its own log lines when the key or the value matches.
 # Besides Spark's defaults: the Kafka connector options that hold a secret once Riverhouse
@@ -37,6 +45,111 @@ REDACTION_CONF: dict[str, str] = {
     "spark.redaction.regex": r"(?i)secret|password|token|access[.]?key|jaas|keystore\.key|ssl\.key",
     "spark.sql.redaction.options.regex": r"(?i)url|jaas|password|secret|token|keystore\.key|ssl\.key",
 }
+# Applied last on every session and on the engine: nothing (a setting, the resource's config) overrides them.
+FIXED_CONF: dict[str, str] = {**REDACTION_CONF, **SQL_SAFETY_CONF}
+
+MASTER_ENV = "RIVERHOUSE_SPARK_MASTER"
+REMOTE_ENV = "RIVERHOUSE_SPARK_REMOTE"
+CONF_ENV = "RIVERHOUSE_SPARK_CONF"
+DEFAULT_MASTER = "local[2]"
+ENGINE_RETRIES = 6
+ENGINE_MAX_BACKOFF_MS = 10_000
+LOG_CONFIG = Path(__file__).with_name("log4j2.properties")
+# Under Spark Connect a client sets these on its own session; every other setting is the server's.
+_SESSION_PREFIXES = ("spark.sql.", "spark.databricks.delta.")
+_SERVER_ONLY = {"spark.sql.extensions", "spark.sql.catalog.spark_catalog", "spark.sql.warehouse.dir"}
+
+
+class SparkConfError(ValueError):
+    """RIVERHOUSE_SPARK_CONF cannot be used; the message says why and what to write."""
+
+
+def user_conf(text: str | None = None) -> dict[str, str]:
+    """RIVERHOUSE_SPARK_CONF: a JSON object of Spark settings, e.g. {"spark.executor.memory": "4g"}.
+
+    JSON, as RIVERHOUSE_STORAGE_OPTIONS: values hold commas, spaces and `=` (extraJavaOptions,
+    jar lists) that a `k=v,k=v` list could not carry. The fixed settings (redaction, SQL
+    safety) and the master/remote (their own variables) are refused, not silently dropped.
+    """
+    text = os.environ.get(CONF_ENV, "") if text is None else text
+    if not text.strip():
+        return {}
+    example = '{"spark.sql.shuffle.partitions": "16", "spark.executor.memory": "4g"}'
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise SparkConfError(f"{CONF_ENV} is not JSON ({exc}): write a JSON object such as {example}") from None
+    if not isinstance(data, dict):
+        raise SparkConfError(f"{CONF_ENV} must be a JSON object of Spark settings, such as {example}")
+    conf: dict[str, str] = {}
+    for key, value in data.items():
+        if not isinstance(value, str | int | float | bool) or not key.startswith("spark."):
+            raise SparkConfError(
+                f"{CONF_ENV}: {key!r} must be a Spark setting (spark....) with a string, number or boolean value"
+            )
+        conf[key] = str(value).lower() if isinstance(value, bool) else str(value)
+    if fixed := sorted(set(conf) & set(FIXED_CONF)):
+        raise SparkConfError(
+            f"{CONF_ENV} sets {', '.join(fixed)}, which Riverhouse keeps fixed (secrets stay out of plans and "
+            "logs; spec SQL cannot read files by path): remove them"
+        )
+    for key, variable in (("spark.master", MASTER_ENV), ("spark.remote", REMOTE_ENV)):
+        if key in conf:
+            raise SparkConfError(f"{CONF_ENV} sets {key}: set {variable} instead")
+    return conf
+
+
+def spark_defaults_master() -> str | None:
+    """`spark.master` of spark-defaults.conf ($SPARK_CONF_DIR, else $SPARK_HOME/conf), if it sets one."""
+    folder = os.environ.get("SPARK_CONF_DIR") or (
+        os.path.join(os.environ["SPARK_HOME"], "conf") if os.environ.get("SPARK_HOME") else ""
+    )
+    if not folder:
+        return None
+    try:
+        lines = Path(folder, "spark-defaults.conf").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        key, _, value = line.strip().replace("=", " ", 1).partition(" ")
+        if key == "spark.master" and value.strip():
+            return value.strip()
+    return None
+
+
+def configured_master() -> str:
+    """The master sessions use when the caller names none.
+
+    RIVERHOUSE_SPARK_MASTER; else what Spark itself was given: under `spark-submit` its
+    --master is already in the JVM ("" = leave it to Spark); else spark-defaults.conf's; else local[2].
+    """
+    if os.environ.get(MASTER_ENV):
+        return os.environ[MASTER_ENV]
+    if os.environ.get("PYSPARK_GATEWAY_PORT"):  # this Python was started by spark-submit
+        return ""
+    return spark_defaults_master() or DEFAULT_MASTER
+
+
+def is_local(master: str) -> bool:
+    return master.startswith("local")
+
+
+def session_conf(master: str, conf: dict[str, str] | None = None) -> dict[str, str]:
+    """Every setting of a Riverhouse session (or engine) on `master`, lowest precedence first.
+
+    Defaults (small-machine ones in local mode only) < the pinned jars, Delta and quiet logs <
+    RIVERHOUSE_SPARK_CONF < `conf` (the caller's: settings, the Dagster resource) < the fixed ones.
+    """
+    from riverhouse.platform.runtime.jars import spark_conf
+
+    quiet = {"spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG_CONFIG}"}
+    local = LOCAL_DEFAULTS if is_local(master) else {}
+    return {**SESSION_DEFAULTS, **local, **spark_conf(), **quiet, **user_conf(), **(conf or {}), **FIXED_CONF}
+
+
+def connect_session_conf(conf: dict[str, str]) -> dict[str, str]:
+    """The part of `conf` a Spark Connect client sets on its own session (the rest is the server's)."""
+    return {k: v for k, v in conf.items() if k.startswith(_SESSION_PREFIXES) and k not in _SERVER_ONLY}
 
 
 class JavaMissingError(RuntimeError):
@@ -106,9 +219,8 @@ def local_spark_home(package_dir: Path, version: str = "") -> Path | None:
     return home if (home / "bin").exists() else None
 
 
-@contextmanager
-def _launch_env(master: str) -> Iterator[None]:
-    """SPARK_HOME for starting the JVM: the local overlay when it applies, else untouched.
+def overlay_spark_home(master: str) -> Path | None:
+    """The local overlay SPARK_HOME (see local_spark_home) when it applies, else None.
 
     Only local mode and only when nobody chose a SPARK_HOME or another worker Python:
     cluster managers (YARN) ship `pyspark.zip` to executors from SPARK_HOME.
@@ -116,12 +228,18 @@ def _launch_env(master: str) -> Iterator[None]:
     import pyspark
 
     python = os.environ.get("PYSPARK_PYTHON", sys.executable)
-    overlay = None
-    if master.startswith("local") and "SPARK_HOME" not in os.environ and python == sys.executable:
-        try:
-            overlay = local_spark_home(Path(pyspark.__file__).parent, pyspark.__version__)
-        except OSError:
-            overlay = None
+    if not is_local(master) or "SPARK_HOME" in os.environ or python != sys.executable:
+        return None
+    try:
+        return local_spark_home(Path(pyspark.__file__).parent, pyspark.__version__)
+    except OSError:
+        return None
+
+
+@contextmanager
+def _launch_env(master: str) -> Iterator[None]:
+    """SPARK_HOME for starting the JVM: the local overlay when it applies, else untouched."""
+    overlay = overlay_spark_home(master)
     if overlay is None:
         yield
         return
@@ -133,22 +251,102 @@ def _launch_env(master: str) -> Iterator[None]:
         os.environ.pop("SPARK_HOME", None)
 
 
-def get_spark(master: str = "local[2]", app_name: str = "riverhouse", conf: dict[str, str] | None = None) -> Any:
-    """Get (or create) the process's SparkSession: the pinned jars (Kafka connector, Delta), redaction."""
+def get_spark(master: str | None = None, app_name: str = "riverhouse", conf: dict[str, str] | None = None) -> Any:
+    """The process's SparkSession: through Spark Connect when an engine is given, else in this process.
+
+    `conf["spark.remote"]` (Settings puts the running engine of its home there) or
+    RIVERHOUSE_SPARK_REMOTE name a Spark Connect engine (`sc://host:port`): a down engine fails
+    at once, naming `riverhouse engine start`. Otherwise a classic session on `master` (None:
+    the process's session if it has one, else configured_master()) with the pinned jars
+    (Kafka connector, Delta), Delta's extension, redaction and the SQL safety settings.
+    """
+    conf = dict(conf or {})
+    remote = conf.pop("spark.remote", None) or os.environ.get(REMOTE_ENV) or None
+    if remote:
+        return _connect(remote, conf)
+    if master is None:
+        if (existing := _connect_session()) is not None:
+            return existing
+        master = configured_master()
     check_java()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    from riverhouse.platform.runtime.jars import spark_conf
-
-    log_config = Path(__file__).with_name("log4j2.properties")
-    quiet = {"spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{log_config}"}
-    builder = SparkSession.builder.master(master).appName(app_name)
-    # The pinned jars (Spark's Kafka connector, delta-spark) and Delta's extension, on every session.
-    for key, value in {**DEFAULT_CONF, **REDACTION_CONF, **spark_conf(), **quiet, **(conf or {})}.items():
+    builder = SparkSession.builder.appName(app_name)
+    if master:  # "": spark-submit gave the master (and its settings) to the JVM already
+        builder = builder.master(master)
+    for key, value in session_conf(master, conf).items():
         builder = builder.config(key, value)
     with _launch_env(master):
         spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def _connect_session() -> Any:
+    """The Spark Connect session this process already uses, if any."""
+    if "SPARK_CONNECT_MODE_ENABLED" not in os.environ:
+        return None
+    from pyspark.sql import SparkSession
+
+    try:
+        return SparkSession.active()
+    except Exception:  # PySparkRuntimeError NO_ACTIVE_OR_DEFAULT_SESSION
+        return None
+
+
+def _connect(remote: str, conf: dict[str, str]) -> Any:
+    """A Spark Connect session on `remote` with this session's SQL settings (the server holds the rest)."""
+    from riverhouse.platform.runtime.engine import require_reachable
+
+    require_reachable(remote)
+    from pyspark.errors import PySparkRuntimeError
+    from pyspark.sql import SparkSession
+
+    try:
+        spark = SparkSession.builder.remote(remote).getOrCreate()
+    except PySparkRuntimeError as exc:
+        if "SESSION_ALREADY_EXIST" not in str(exc):
+            raise
+        raise RuntimeError(
+            "this process already runs Spark in-process; it cannot also attach to the engine at "
+            f"{redact_remote(remote)}: one process uses one kind of session"
+        ) from None
+    # pyspark retries an unreachable server for 10 minutes or more: a run whose engine died would
+    # hang that long. About 25 s (backoff 0.05 s x4 up to 10 s, 6 retries) rides out a hiccup.
+    from pyspark.sql.connect.client.retries import DefaultPolicy
+
+    spark.client.set_retry_policies([DefaultPolicy(max_retries=ENGINE_RETRIES, max_backoff=ENGINE_MAX_BACKOFF_MS)])
+    # Per session (each run its own): the SQL settings; static ones were given at the server's start.
+    for key, value in connect_session_conf({**SESSION_DEFAULTS, **user_conf(), **conf, **FIXED_CONF}).items():
+        try:
+            spark.conf.set(key, value)
+        except Exception as exc:
+            raise SparkConfError(
+                f"{key} cannot be set on a session of the engine at {redact_remote(remote)} ({exc}): a static "
+                f"setting is the engine's, given when it starts ({CONF_ENV} of `riverhouse engine start`)"
+            ) from None
+    return spark
+
+
+def is_connect(spark: Any) -> bool:
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def release_session(spark: Any) -> None:
+    """End a Spark Connect session on its server (a classic session is left to its process).
+
+    pyspark releases a query's last results in the background and its `stop()` releases the
+    session first: waiting for those releases keeps the engine's log free of errors about them.
+    """
+    if not is_connect(spark):
+        return
+    pending = list(getattr(spark.client, "_release_futures", ()))
+    concurrent.futures.wait(pending, timeout=10)
+    spark.stop()
+
+
+def redact_remote(remote: str) -> str:
+    """A Spark Connect URL without its parameters (`;token=...`): safe to print."""
+    return remote.split("/;", 1)[0].split(";", 1)[0]

@@ -12,14 +12,22 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-# Spark settings every Riverhouse session gets. `runSQLOnFiles` off: SQL can no longer read
-# files by naming them (SELECT ... FROM json.`/etc/...`), a second barrier behind the spec
-# SQL allow-list (riverhouse.platform.sql). Spark 4.2 has no setting that turns off
-# reflect()/java_method(); the allow-list keeps them out of spec SQL, and gold/plan_guard.py
-# refuses a query whose analyzed plan has them.
-# `maxToStringFields`: plans print all their columns (Spark's default of 25 ends a long SELECT with
-# "... N more fields"), so gold/plan_guard.py sees every expression of a spec's query.
-RESTRICTED_SPARK_CONF = {"spark.sql.runSQLOnFiles": "false", "spark.sql.debug.maxToStringFields": "100000"}
+from riverhouse.platform.runtime.spark import (
+    DEFAULT_MASTER,
+    REMOTE_ENV,
+    SQL_SAFETY_CONF,
+    SparkConfError,
+    configured_master,
+    redact_remote,
+    user_conf,
+)
+
+# Spark settings every Riverhouse session gets (runtime/spark.py keeps them fixed). `runSQLOnFiles`
+# off: SQL can no longer read files by naming them (SELECT ... FROM json.`/etc/...`), a second
+# barrier behind the spec SQL allow-list (riverhouse.platform.sql). Spark 4.2 has no setting that
+# turns off reflect()/java_method(); the allow-list keeps them out of spec SQL, and
+# gold/plan_guard.py refuses a query whose analyzed plan has them.
+RESTRICTED_SPARK_CONF = SQL_SAFETY_CONF
 # DSN query parameters whose values are shown when a DSN is printed; every other one's is hidden.
 DSN_QUERY_SHOWN = frozenset(
     {
@@ -41,12 +49,20 @@ class Settings:
     clickhouse_dsn: str = field(repr=False)  # printed only through redact_dsn
     kafka_state_dir: Path
     kafka_bootstrap: str | None = None  # overrides the spec's bootstrap_servers
-    spark_master: str = "local[2]"
+    spark_master: str = DEFAULT_MASTER
+    # `spark.remote` here (Spark's own key) sends every session to that Spark Connect engine.
     spark_conf: dict[str, str] = field(default_factory=lambda: dict(RESTRICTED_SPARK_CONF))
 
     @classmethod
     def from_env(cls, home: str | Path | None = None) -> Settings:
         root = Path(home or os.environ.get("RIVERHOUSE_HOME", ".riverhouse")).resolve()
+        try:
+            user_conf()  # read by every session; a mistake in it is said before anything starts
+        except SparkConfError as exc:
+            raise SettingsError(str(exc)) from None
+        spark_conf = dict(RESTRICTED_SPARK_CONF)
+        if remote := engine_remote(root):
+            spark_conf["spark.remote"] = remote
         return cls(
             home=root,
             warehouse=os.environ.get("RIVERHOUSE_WAREHOUSE", str(root / "warehouse")),
@@ -56,11 +72,41 @@ class Settings:
             clickhouse_dsn=os.environ.get("RIVERHOUSE_CLICKHOUSE_DSN", f"chdb://{root / 'clickhouse'}"),
             kafka_state_dir=Path(os.environ.get("RIVERHOUSE_KAFKA_STATE", str(root / "kafka"))),
             kafka_bootstrap=os.environ.get("RIVERHOUSE_KAFKA_BOOTSTRAP") or None,
-            spark_master=os.environ.get("RIVERHOUSE_SPARK_MASTER", "local[2]"),
+            spark_master=configured_master(),
+            spark_conf=spark_conf,
         )
+
+    @property
+    def engine_state_dir(self) -> Path:
+        """The local engine's folder (`riverhouse engine start`): its port, pid and logs."""
+        return self.home / "engine"
+
+    @property
+    def spark_remote(self) -> str | None:
+        """The Spark Connect engine this process's sessions attach to; None: Spark runs in-process."""
+        return self.spark_conf.get("spark.remote") or os.environ.get(REMOTE_ENV) or None
 
     def with_(self, **changes: object) -> Settings:
         return replace(self, **changes)  # type: ignore[arg-type]
+
+
+def engine_remote(home: Path) -> str | None:
+    """Where a home's sessions run: RIVERHOUSE_SPARK_REMOTE, else the home's running local engine.
+
+    A URL with parameters (`;token=...`) stays in the environment only (get_spark reads it
+    there): settings end up in the Dagster resource's config, which the UI shows.
+    """
+    from riverhouse.platform.errors import EngineUnavailable
+    from riverhouse.platform.runtime import engine
+
+    if remote := os.environ.get(REMOTE_ENV):
+        try:
+            engine.parse_remote(remote)
+        except EngineUnavailable as exc:
+            raise SettingsError(f"{REMOTE_ENV}: {exc}") from None
+        return remote if redact_remote(remote) == remote else None
+    state = engine.status(home / "engine")
+    return state.url if state else None
 
 
 def local_folder(variable: str, value: str) -> Path:

@@ -1,0 +1,409 @@
+"""The engine: a Spark Connect server, supervised like the local Kafka.
+
+`riverhouse engine start` runs Spark's own Connect server (`SparkConnectServer`, shipped in
+pyspark's jars) through pyspark's bin/spark-submit with the pinned jars (jvm/lib/spark) and the
+settings every Riverhouse session gets (runtime/spark.py: Delta's extension and catalog,
+redaction, the SQL safety settings, RIVERHOUSE_SPARK_CONF). Riverhouse processes attach to it
+with `SparkSession.builder.remote("sc://host:port")`: the JVM, its JIT and Delta's caches stay
+warm between triggered runs, and each run still has its own session (its own SQL settings).
+
+Everything lives under the state folder (`<home>/engine/`): `engine.json` (the port, chosen
+free at the first start and kept, so clients' addresses stay valid), `state.json` (pid and
+address while it runs), `spark-engine.conf` (the settings it started with; mode 0600, a
+user's settings may hold credentials) and `logs/engine.out`.
+
+Under Spark Connect a `foreachBatch` body runs in a Python process the server starts beside
+itself: `python -m pyspark.sql.connect.streaming.worker.foreach_batch_worker`, one per
+streaming query, a direct child of the engine's JVM (measured: its parent pid is the JVM's,
+same process group, no pyspark daemon in between). It runs this interpreter (PYSPARK_PYTHON)
+with the server's environment, so it imports the same riverhouse; `engine_pid()` tells such a
+body (or anyone) which process the engine is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+from riverhouse.platform.errors import EngineUnavailable
+from riverhouse.platform.runtime import processes
+from riverhouse.platform.runtime.spark import (
+    DEFAULT_MASTER,
+    REMOTE_ENV,
+    check_java,
+    configured_master,
+    overlay_spark_home,
+    redact_remote,
+    release_session,
+    session_conf,
+)
+
+SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+STATE_FILE = "state.json"
+ENGINE_FILE = "engine.json"
+CONF_FILE = "spark-engine.conf"
+LOG_FILE = "engine.out"
+MEMORY_ENV = "RIVERHOUSE_ENGINE_MEMORY"
+# Set in the engine's environment to its JVM's pid: its Python workers (foreachBatch) read it.
+PID_ENV = "RIVERHOUSE_ENGINE_PID"
+DEFAULT_MEMORY = os.environ.get(MEMORY_ENV, "2g")
+CONNECT_PORT = 15002  # Spark Connect's own default (a URL without a port means it)
+# What makes a Python process a Spark Connect client or a spark-submit child: the server and
+# the Python workers it starts must not inherit them (they would attach to themselves).
+_CLIENT_ENV = (
+    "SPARK_REMOTE",
+    "SPARK_CONNECT_MODE_ENABLED",
+    "SPARK_LOCAL_REMOTE",
+    "SPARK_API_MODE",
+    "PYSPARK_GATEWAY_PORT",
+    "PYSPARK_GATEWAY_SECRET",
+    "PYSPARK_SUBMIT_ARGS",
+    REMOTE_ENV,
+)
+
+
+class EngineError(RuntimeError):
+    """The engine could not be started or stopped; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class EngineState:
+    pid: int
+    url: str  # sc://host:port, what clients use
+    started_at: float
+    master: str
+    memory: str
+    state_dir: str = ""
+
+    def is_alive(self) -> bool:
+        return processes.pid_alive(self.pid)
+
+    @property
+    def address(self) -> str:
+        return self.url.removeprefix("sc://")
+
+
+def read_state(state_dir: Path) -> EngineState | None:
+    try:
+        data = json.loads((Path(state_dir) / STATE_FILE).read_text())
+        return EngineState(
+            int(data["pid"]),
+            str(data["url"]),
+            float(data["started_at"]),
+            str(data["master"]),
+            str(data["memory"]),
+            str(state_dir),
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def status(state_dir: Path) -> EngineState | None:
+    """The engine recorded in the state folder, if its process is alive."""
+    state = read_state(state_dir)
+    return state if state and state.is_alive() else None
+
+
+def parse_remote(url: str) -> tuple[str, int]:
+    """Host and port of a Spark Connect URL (`sc://host[:port][/;params]`)."""
+    if not url.startswith("sc://"):
+        raise EngineUnavailable(f"{redact_remote(url)!r} is not a Spark Connect address: write sc://host:port")
+    hostport = url.removeprefix("sc://").split("/", 1)[0].split(";", 1)[0]
+    if hostport.startswith("["):  # [ipv6]:port
+        host, _, rest = hostport[1:].partition("]")
+        port = rest.removeprefix(":")
+    else:
+        host, _, port = hostport.partition(":")
+    try:
+        return host or "localhost", int(port) if port else CONNECT_PORT
+    except ValueError:
+        raise EngineUnavailable(f"{redact_remote(url)!r}: the port is not a number (sc://host:port)") from None
+
+
+def require_reachable(url: str, timeout_s: float = 3.0) -> None:
+    """Fail at once, saying how to start it, when nothing listens at the engine's address.
+
+    Spark Connect's client would retry an unreachable server with backoff for minutes.
+    """
+    host, port = parse_remote(url)
+    if not processes.port_open(host, port, timeout_s):
+        raise EngineUnavailable(
+            f"the Spark engine at {host}:{port} does not answer. Start it with `riverhouse engine start` "
+            f"(add --home to name a state folder), point {REMOTE_ENV} at a running Spark Connect server, "
+            f"or unset {REMOTE_ENV} to run Spark inside each run's process"
+        )
+
+
+def engine_lost(exc: BaseException, remote: str) -> EngineUnavailable | None:
+    """The error to raise when a Spark Connect call failed because the engine stopped answering.
+
+    The client retries an unreachable server for about 25 s (runtime/spark.py), then raises
+    gRPC's UNAVAILABLE. None for any other error (a failed query stays that query's error).
+    """
+    chain: list[BaseException] = []
+    seen: BaseException | None = exc
+    while seen is not None and seen not in chain:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    for error in chain:
+        code = getattr(error, "getGrpcStatusCode", None)
+        # A retried call ends with the raw gRPC error's text; the status code then says UNKNOWN.
+        if (code is not None and code().name == "UNAVAILABLE") or "StatusCode.UNAVAILABLE" in str(error):
+            host, port = parse_remote(remote)
+            return EngineUnavailable(
+                f"the Spark engine at {host}:{port} stopped answering during the run. Start it again with "
+                "`riverhouse engine start` and run again: the run resumes from its last committed batch"
+            )
+    return None
+
+
+def _record(state_dir: Path, port: int | None, host: str) -> dict[str, Any]:
+    """The engine's port, chosen free at the first start and kept (clients hold its address)."""
+    path = state_dir / ENGINE_FILE
+    try:
+        record = json.loads(path.read_text())
+        int(record["port"])
+    except (OSError, ValueError, KeyError, TypeError):
+        record = {}
+    if port is not None:
+        record["port"] = port
+    record.setdefault("port", processes.free_port(host))
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=2))
+    tmp.replace(path)
+    return record
+
+
+def _properties(conf: dict[str, str]) -> str:
+    """Java .properties text: `\\` escapes there (the redaction regexes hold backslashes)."""
+
+    def escape(text: str) -> str:
+        return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+    return "".join(f"{escape(key)}={escape(value)}\n" for key, value in sorted(conf.items()))
+
+
+def _spark_home(master: str) -> Path:
+    import pyspark
+
+    return overlay_spark_home(master) or Path(pyspark.__file__).parent
+
+
+def server_command(state_dir: Path, master: str, memory: str, host: str, port: int) -> tuple[list[str], dict[str, str]]:
+    """spark-submit's command line and environment for the engine; writes its settings file."""
+    import pyspark
+
+    from riverhouse.platform.runtime.jars import spark_jar_files
+
+    conf = session_conf(master)
+    conf.pop("spark.jars", None)  # --jars below replaces it: one list, spark-connect included
+    packages = conf.pop("spark.jars.packages", None)
+    conf.update({"spark.connect.grpc.binding.address": host, "spark.connect.grpc.binding.port": str(port)})
+    conf_file = state_dir / CONF_FILE
+    conf_file.touch(mode=0o600)
+    os.chmod(conf_file, 0o600)
+    conf_file.write_text(_properties(conf))
+    home = _spark_home(master)
+    connect_jar = sorted((Path(pyspark.__file__).parent / "jars").glob("spark-connect_*.jar"))
+    jars = [str(j) for j in [*spark_jar_files(), *connect_jar]]
+    argv = [str(home / "bin" / "spark-submit"), "--class", SERVER_CLASS, "--name", "riverhouse-engine"]
+    argv += ["--master", master, "--driver-memory", memory, "--properties-file", str(conf_file)]
+    argv += ["--load-spark-defaults"]  # a cluster's spark-defaults.conf still applies; ours wins
+    # Both: --jars reaches executors on a cluster; the driver's class path is where Delta's
+    # catalog must be found when the server builds its sessions (spark.jars alone is too late).
+    argv += ["--jars", ",".join(jars), "--driver-class-path", os.pathsep.join(jars)]
+    if packages:  # no jvm/lib/spark: Ivy fetches the POM's coordinates (network at start)
+        argv += ["--packages", packages]
+    env = {k: v for k, v in os.environ.items() if k not in _CLIENT_ENV}
+    python = os.environ.get("PYSPARK_PYTHON", sys.executable)
+    env.update({"SPARK_HOME": str(home), "PYSPARK_PYTHON": python, "PYSPARK_DRIVER_PYTHON": python})
+    # `exec` keeps the pid from sh through spark-submit and spark-class to the JVM: $$ is the JVM's.
+    wrapper = ["/bin/sh", "-c", f'{PID_ENV}=$$; export {PID_ENV}; exec "$0" "$@"']
+    return wrapper + argv, env
+
+
+def start(
+    state_dir: Path,
+    master: str | None = None,
+    memory: str = DEFAULT_MEMORY,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    timeout_s: float = 180.0,
+) -> EngineState:
+    """Start the engine in the background (or return the running one); wait for a session round trip."""
+    state_dir = Path(state_dir).resolve()
+    running = status(state_dir)
+    if running:
+        return running
+    if crashed := read_state(state_dir):
+        _kill_leftovers(crashed.pid)
+    check_java()
+    master = master or configured_master() or DEFAULT_MASTER
+    (state_dir / "logs").mkdir(parents=True, exist_ok=True)
+    (state_dir / STATE_FILE).unlink(missing_ok=True)
+    port = int(_record(state_dir, port, host)["port"])
+    if not processes.port_free(port, host):
+        raise EngineError(
+            f"the engine's port {port} (kept in {state_dir / ENGINE_FILE} since its first start) is taken by "
+            "another process: stop that process, or start the engine with --port"
+        )
+    argv, env = server_command(state_dir, master, memory, host, port)
+    log = open(state_dir / "logs" / LOG_FILE, "ab")  # noqa: SIM115 - handed to the child
+    proc = subprocess.Popen(
+        argv,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=env,
+        cwd=state_dir,  # Spark's derby.log and spark-warehouse/ defaults land here, not in the user's folder
+        start_new_session=True,  # survives the command that started it; its group holds its Python workers
+    )
+    log.close()
+    client_host = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    state = EngineState(proc.pid, f"sc://{client_host}:{port}", time.time(), master, memory, str(state_dir))
+    try:
+        _wait_until_ready(state, proc, timeout_s)
+    except BaseException:
+        processes.terminate(proc.pid, lambda: processes.group_alive(proc.pid), group=True)
+        raise
+    record = {"pid": proc.pid, "url": state.url, "started_at": state.started_at, "master": master, "memory": memory}
+    tmp = state_dir / (STATE_FILE + ".tmp")
+    tmp.write_text(json.dumps(record))
+    tmp.replace(state_dir / STATE_FILE)
+    return state
+
+
+def run_foreground(state_dir: Path, master: str | None, memory: str, host: str, port: int) -> NoReturn:
+    """Become the engine (a container's main process): no state file, the caller's signals stop it."""
+    check_java()
+    state_dir = Path(state_dir).resolve()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    argv, env = server_command(state_dir, master or configured_master() or DEFAULT_MASTER, memory, host, port)
+    os.chdir(state_dir)
+    os.execve(argv[0], argv, env)
+
+
+def _wait_until_ready(state: EngineState, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    """Until a session round trip works: the port opens only once Spark is up; the query loads Delta's catalog."""
+    host, port = parse_remote(state.url)
+    deadline = time.monotonic() + timeout_s
+    last_error = ""
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise EngineError(f"the engine exited with code {proc.returncode} while starting:\n{log_tail(state)}")
+        if not processes.port_open(host, port, 1.0):
+            time.sleep(0.2)
+            continue
+        try:
+            probe(state.url)
+            return
+        except Exception as exc:  # up, but its sessions fail (a jar missing): retried until the deadline
+            last_error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            time.sleep(1.0)
+    raise EngineError(
+        f"the engine did not answer a session within {timeout_s:.0f}s"
+        + (f" (last error: {last_error})" if last_error else "")
+        + f":\n{log_tail(state)}"
+    )
+
+
+def probe(url: str) -> float:
+    """Seconds for a new session's round trip: a catalog query (Delta's) and a Spark job.
+
+    Spark Connect's own session class, not the process-wide builder: this process does not
+    become a Connect client (pyspark marks that in its environment, which children inherit).
+    """
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    started = time.monotonic()
+    session = ConnectSession.builder.remote(url).create()
+    try:
+        session.sql("SHOW NAMESPACES").collect()
+        if session.range(3).count() != 3:
+            raise EngineError(f"the engine at {redact_remote(url)} answered a count of 3 rows wrongly")
+    finally:
+        release_session(session)
+    return time.monotonic() - started
+
+
+def log_tail(state: EngineState, lines: int = 20) -> str:
+    path = Path(state.state_dir) / "logs" / LOG_FILE
+    text = ""
+    with contextlib.suppress(OSError):
+        text = path.read_text(errors="replace")
+    return "\n".join(text.splitlines()[-lines:]) + f"\n(full log in {path})"
+
+
+def stop(state_dir: Path, timeout_s: float = 30.0) -> bool:
+    """Stop the engine recorded in the state folder and the workers it started (its process group)."""
+    recorded = read_state(Path(state_dir))
+    state = recorded if recorded and recorded.is_alive() else None
+    (Path(state_dir) / STATE_FILE).unlink(missing_ok=True)
+    if not state:
+        if recorded:
+            _kill_leftovers(recorded.pid)
+        return False
+    # SIGTERM: Spark's shutdown hook stops the server and its streaming queries; the Python
+    # workers of the group get it too (a worker exits with the JVM's socket anyway).
+    processes.terminate(state.pid, lambda: processes.group_alive(state.pid), timeout_s, group=True)
+    return True
+
+
+def _group_members(pgid: int) -> list[tuple[int, str]]:
+    """(pid, command line) of every process in the process group `pgid`."""
+    members = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if int((proc / "stat").read_text().rsplit(")", 1)[1].split()[2]) == pgid:
+                members.append((int(proc.name), (proc / "cmdline").read_text().replace("\0", " ")))
+    return members
+
+
+def _kill_leftovers(pgid: int) -> None:
+    """Python workers a killed engine left behind (its process group outlives its JVM).
+
+    When the JVM dies (SIGKILL, OOM), a worker busy in a foreachBatch body keeps retrying
+    the server it talks to. Only pyspark's workers are killed: the group id is the dead JVM's
+    pid, which the system may since have given to an unrelated process.
+    """
+    for pid, cmdline in _group_members(pgid):
+        if pid != pgid and "pyspark" in cmdline:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def memory_used(pid: int) -> int:
+    """Resident bytes of the engine's process group (the JVM and the Python workers it started)."""
+    total = 0
+    for member, _ in _group_members(pid):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[21]) * os.sysconf("SC_PAGE_SIZE")  # rss, in pages (field 24 of stat)
+    return total
+
+
+def engine_pid(state_dir: Path | None = None) -> int | None:
+    """The pid of the engine's JVM, for fault injection (SIGKILL the engine mid-batch).
+
+    Inside the engine's Python workers (a foreachBatch body under Spark Connect) from the
+    environment the engine gave them; with `state_dir`, the running engine recorded there.
+    None elsewhere (a classic in-process session: the caller's own process is the engine).
+    """
+    if state_dir is not None:
+        state = status(Path(state_dir))
+        return state.pid if state else None
+    with contextlib.suppress(ValueError):
+        pid = int(os.environ.get(PID_ENV, ""))
+        if processes.pid_alive(pid):
+            return pid
+    return None

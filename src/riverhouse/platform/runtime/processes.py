@@ -1,0 +1,94 @@
+"""The background processes Riverhouse supervises (the local Kafka, the engine): pids, ports, stopping.
+
+Each runs in a session of its own (`start_new_session=True`), so it outlives the command that
+started it, ignores that terminal's Ctrl-C, and its process group holds the children it starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie child of ours still answers kill(0)
+        status = Path(f"/proc/{pid}/status").read_text()
+        return "\nState:\tZ" not in status
+    except OSError:
+        return True
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any process of the group is left (zombies not yet reaped by their parent count)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # As a server binds: connections of its previous run in TIME_WAIT do not hold the port.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def port_open(host: str, port: int, timeout_s: float = 1.0) -> bool:
+    """Whether something accepts TCP connections there (refused and unreachable answer at once)."""
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError:
+        return False
+    return True
+
+
+def reap(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def terminate(pid: int, alive: Callable[[], bool], timeout_s: float = 30.0, group: bool = False) -> None:
+    """SIGTERM (the process's shutdown hooks run), then SIGKILL after `timeout_s`.
+
+    `group`: signal the whole process group led by `pid` (a server and the workers it started).
+    """
+    kill: Callable[[int, int], None] = os.killpg if group else os.kill
+    try:
+        kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and alive():
+        reap(pid)
+        time.sleep(0.1)
+    if alive():
+        with contextlib.suppress(ProcessLookupError):
+            kill(pid, signal.SIGKILL)
+        while alive() and time.monotonic() < deadline + 10:
+            reap(pid)
+            time.sleep(0.1)
+    reap(pid)

@@ -1,0 +1,208 @@
+"""The engine (`riverhouse engine start|stop|status`): a real Spark Connect server, used by real clients.
+
+The clients run in processes of their own, as runs do: pyspark marks a process that made a
+Spark Connect session, and this test process may run Spark in-process for other tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from riverhouse.platform.runtime import engine, processes
+from riverhouse.platform.runtime.spark import REDACTION_CONF
+from riverhouse.platform.state.settings import Settings
+from tests.conftest import CONNECT_CLIENT_ENV, orders_spec_data, riverhouse_cmd, subprocess_env
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+# A client as a run is one: its home's settings choose the engine, get_spark attaches to it.
+CLIENT = textwrap.dedent(
+    """
+    import json, sys
+    from pathlib import Path
+    from riverhouse.platform.runtime.spark import get_spark, release_session
+    from riverhouse.platform.state.settings import Settings
+
+    work = Path(sys.argv[1])
+    settings = Settings.from_env(sys.argv[2])
+    spark = get_spark(settings.spark_master, conf=settings.spark_conf)
+    out = {"session": type(spark).__module__, "remote": settings.spark_remote}
+    out["sum"] = spark.range(1, 101).selectExpr("sum(id) AS s").collect()[0]["s"]
+    spark.range(0, 50).selectExpr("id", "id % 7 AS bucket").write.format("delta").save(str(work / "table"))
+    out["delta_rows"] = spark.read.format("delta").load(str(work / "table")).count()
+    out["redaction"] = {k: spark.conf.get(k) for k in ("spark.redaction.regex", "spark.sql.redaction.options.regex")}
+    out["shuffle_partitions"] = spark.conf.get("spark.sql.shuffle.partitions")
+
+    (work / "in").mkdir()
+    for n in range(3):
+        (work / "in" / f"{n}.json").write_text("\\n".join(json.dumps({"n": n * 10 + j}) for j in range(10)))
+
+    def write_batch(batch, batch_id):
+        import os
+        from riverhouse.platform.runtime.engine import engine_pid
+
+        batch.write.format("delta").mode("append").save(str(work / "sink"))
+        with open(f"/proc/{os.getpid()}/cmdline") as f:
+            cmd = f.read().replace("\\0", " ")
+        seen = {"pid": os.getpid(), "ppid": os.getppid(), "engine_pid": engine_pid(), "cmd": cmd}
+        (work / f"batch-{batch_id}.json").write_text(json.dumps(seen))
+
+    query = (
+        spark.readStream.schema("n INT").option("maxFilesPerTrigger", 1).json(str(work / "in"))
+        .writeStream.foreachBatch(write_batch).option("checkpointLocation", str(work / "checkpoint"))
+        .trigger(availableNow=True).start()
+    )
+    query.awaitTermination()
+    sink = spark.read.format("delta").load(str(work / "sink"))
+    out["sink_rows"] = sink.count()
+    out["sink_sum"] = sink.selectExpr("sum(n) AS s").collect()[0]["s"]
+    release_session(spark)
+    print(json.dumps(out))
+    """
+)
+
+
+# A client whose foreachBatch body SIGKILLs the engine's JVM in its second batch (a crash point).
+CRASH = textwrap.dedent(
+    """
+    import json, sys
+    from pathlib import Path
+    from riverhouse.platform.runtime.engine import engine_lost
+    from riverhouse.platform.runtime.spark import get_spark
+    from riverhouse.platform.state.settings import Settings
+
+    work = Path(sys.argv[1])
+    settings = Settings.from_env(sys.argv[2])
+    spark = get_spark(settings.spark_master, conf=settings.spark_conf)
+
+    def crash_in_second_batch(batch, batch_id):
+        import os, signal
+        from riverhouse.platform.runtime.engine import engine_pid
+
+        if batch_id == 1:
+            os.kill(engine_pid(), signal.SIGKILL)
+        batch.write.format("delta").mode("append").save(str(work / "crash-sink"))
+
+    try:
+        query = (
+            spark.readStream.schema("n INT").option("maxFilesPerTrigger", 1).json(str(work / "in"))
+            .writeStream.foreachBatch(crash_in_second_batch)
+            .option("checkpointLocation", str(work / "crash-checkpoint")).trigger(availableNow=True).start()
+        )
+        query.awaitTermination()
+        print(json.dumps({"lost": None}))
+    except Exception as exc:
+        lost = engine_lost(exc, settings.spark_remote)
+        print(json.dumps({"lost": str(lost) if lost else None, "error": str(exc)[:500]}))
+    """
+)
+
+
+def cli(*args: str, env: dict[str, str] | None = None, timeout: int = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*riverhouse_cmd(), *args], capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def clean_env() -> dict[str, str]:
+    drop = {"RIVERHOUSE_SPARK_REMOTE", "RIVERHOUSE_HOME", *CONNECT_CLIENT_ENV}
+    return {k: v for k, v in os.environ.items() if k not in drop}
+
+
+def status(home: Path) -> dict[str, Any]:
+    proc = cli("engine", "status", "--json", "--home", str(home), env=clean_env())
+    return dict(json.loads(proc.stdout))
+
+
+def test_engine_lifecycle_serves_dataframes_delta_and_foreach_batch_and_survives_a_crash(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    down = status(home)
+    assert down["running"] is False
+
+    started = cli("engine", "start", "--memory", "1g", "--home", str(home), env=clean_env())
+    assert started.returncode == 0, started.stderr
+    up = status(home)
+    assert up["running"] is True and up["memory"] == "1g" and up["master"] == "local[2]"
+    assert up["engine"] in started.stdout  # says where it runs
+    pid, url = up["pid"], up["engine"]
+    host, port = engine.parse_remote(url)
+    assert host == "127.0.0.1"
+    assert cli("engine", "start", "--home", str(home), env=clean_env()).stdout.count("already running") == 1
+
+    work = tmp_path / "work"
+    work.mkdir()
+    client = subprocess.run(
+        [sys.executable, "-c", CLIENT, str(work), str(home)],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=600,
+    )
+    assert client.returncode == 0, client.stderr[-3000:]
+    out = json.loads(client.stdout.strip().splitlines()[-1])
+    assert out["session"].startswith("pyspark.sql.connect") and out["remote"] == url
+    assert out["sum"] == 5050
+    assert out["delta_rows"] == 50
+    assert out["redaction"] == REDACTION_CONF  # the engine started with the fixed settings, escapes intact
+    assert out["shuffle_partitions"] == "4"
+    assert (out["sink_rows"], out["sink_sum"]) == (30, sum(range(30)))
+    batches = [json.loads(p.read_text()) for p in sorted(work.glob("batch-*.json"))]
+    assert len(batches) == 3  # maxFilesPerTrigger 1: one batch a file
+    for seen in batches:
+        # The foreachBatch body runs in a Python worker the engine's JVM starts directly, and it
+        # can name the JVM: what a crash point needs to SIGKILL the engine mid-batch.
+        assert "foreach_batch_worker" in seen["cmd"]
+        assert seen["ppid"] == pid and seen["engine_pid"] == pid
+    assert engine.engine_pid(home / "engine") == pid
+
+    stopped = cli("engine", "stop", "--home", str(home), env=clean_env())
+    assert stopped.returncode == 0 and "engine stopped" in stopped.stdout
+    assert not processes.pid_alive(pid) and not processes.group_alive(pid)  # no JVM, no worker left
+    assert not processes.port_open(host, port)
+    assert status(home)["running"] is False
+
+    again = cli("engine", "start", "--memory", "1g", "--home", str(home), env=clean_env())
+    try:
+        assert again.returncode == 0, again.stderr
+        restarted = status(home)
+        assert restarted["engine"] == url  # the same port: clients' addresses stay valid
+
+        # Killed mid-batch: the run fails (within the client's retries, not pyspark's 10 minutes),
+        # saying the engine went away; a start cleans up after it, on the same port.
+        crash = subprocess.run(
+            [sys.executable, "-c", CRASH, str(work), str(home)],
+            capture_output=True,
+            text=True,
+            env=clean_env(),
+            timeout=300,
+        )
+        result = json.loads(crash.stdout.strip().splitlines()[-1])
+        assert result["lost"] and "`riverhouse engine start`" in result["lost"], result
+        assert not processes.pid_alive(restarted["pid"]) and status(home)["running"] is False
+        third = cli("engine", "start", "--memory", "1g", "--home", str(home), env=clean_env())
+        assert third.returncode == 0, third.stderr
+        assert status(home)["engine"] == url
+        assert not processes.group_alive(restarted["pid"])  # the crashed engine's workers are gone too
+    finally:
+        cli("engine", "stop", "--home", str(home), env=clean_env())
+    assert engine.status(home / "engine") is None
+
+
+def test_a_run_whose_engine_is_down_fails_at_once_naming_the_start_command(
+    kafka: str, topic: str, settings: Settings, tmp_path: Path
+) -> None:
+    spec = tmp_path / "orders.yaml"
+    spec.write_text(yaml.safe_dump(orders_spec_data(topic)))
+    down = f"sc://127.0.0.1:{processes.free_port()}"
+    env = {k: v for k, v in subprocess_env(settings).items() if k not in CONNECT_CLIENT_ENV}
+    proc = cli("run", str(spec), env={**env, "RIVERHOUSE_SPARK_REMOTE": down}, timeout=300)
+    assert proc.returncode == 1
+    assert "does not answer" in proc.stderr and "`riverhouse engine start`" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -1,0 +1,232 @@
+"""Which Spark a process gets, and with which settings, without starting one.
+
+The engine's lifecycle against a real Spark Connect server is tests/integration/test_engine.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from riverhouse.platform.errors import EngineUnavailable
+from riverhouse.platform.runtime import engine, processes
+from riverhouse.platform.runtime.spark import (
+    REDACTION_CONF,
+    SparkConfError,
+    configured_master,
+    connect_session_conf,
+    get_spark,
+    session_conf,
+    user_conf,
+)
+from riverhouse.platform.state.settings import Settings, SettingsError
+from riverhouse.resources import SPARK_MASTER, resources_from_settings
+from tests.conftest import riverhouse_cmd
+
+pytestmark = pytest.mark.unit
+
+SPARK_ENV = ("RIVERHOUSE_SPARK_REMOTE", "RIVERHOUSE_SPARK_CONF", "RIVERHOUSE_SPARK_MASTER", "PYSPARK_GATEWAY_PORT")
+
+
+@pytest.fixture(autouse=True)
+def clean_spark_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in SPARK_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("SPARK_CONF_DIR", raising=False)
+    monkeypatch.delenv("SPARK_HOME", raising=False)
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def record_engine(home: Path, pid: int, url: str) -> None:
+    """The state file `riverhouse engine start` writes once its engine answers."""
+    folder = home / "engine"
+    folder.mkdir(parents=True)
+    state = {"pid": pid, "url": url, "started_at": 0.0, "master": "local[2]", "memory": "2g"}
+    (folder / "state.json").write_text(json.dumps(state))
+
+
+# ------------------------------------------------------------------ which engine
+def test_remote_variable_points_every_session_and_the_dagster_resource_at_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("RIVERHOUSE_SPARK_REMOTE", "sc://spark-connect:15002")
+    record_engine(tmp_path, os.getpid(), "sc://127.0.0.1:1")  # a running local engine loses to the variable
+    settings = Settings.from_env(tmp_path)
+    assert settings.spark_remote == "sc://spark-connect:15002"
+    spark = resources_from_settings(settings)["riverhouse"].spark  # type: ignore[attr-defined]
+    assert spark.spark_config["spark.remote"] == "sc://spark-connect:15002"  # the UI shows where runs go
+    assert spark.spark_config["spark.sql.runSQLOnFiles"] == "false"
+
+
+def test_a_remote_with_a_token_stays_out_of_settings_and_output(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    url = "sc://connect.riverhouse.invalid:443/;use_ssl=true;token=s3cr3t-t0ken"
+    monkeypatch.setenv("RIVERHOUSE_SPARK_REMOTE", url)
+    settings = Settings.from_env(tmp_path)
+    assert "spark.remote" not in settings.spark_conf  # it would be shown in Dagster's resource config
+    assert settings.spark_remote == url  # sessions still reach it, from the environment
+    proc = subprocess.run(
+        [*riverhouse_cmd(), "engine", "status", "--home", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "RIVERHOUSE_SPARK_REMOTE": url},
+        timeout=120,
+    )
+    assert proc.returncode == 1  # nothing answers there
+    assert "connect.riverhouse.invalid:443" in proc.stdout and "s3cr3t" not in proc.stdout + proc.stderr
+
+
+def test_the_running_engine_of_the_home_is_used_and_a_dead_one_is_not(tmp_path: Path) -> None:
+    assert Settings.from_env(tmp_path / "none").spark_remote is None  # no engine: Spark in-process
+    record_engine(tmp_path / "up", os.getpid(), "sc://127.0.0.1:41234")
+    assert Settings.from_env(tmp_path / "up").spark_conf["spark.remote"] == "sc://127.0.0.1:41234"
+    record_engine(tmp_path / "down", dead_pid(), "sc://127.0.0.1:41235")
+    assert Settings.from_env(tmp_path / "down").spark_remote is None
+
+
+def test_a_remote_that_is_not_a_spark_connect_url_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("RIVERHOUSE_SPARK_REMOTE", "spark://master:7077")
+    with pytest.raises(SettingsError, match=r"RIVERHOUSE_SPARK_REMOTE.*sc://host:port"):
+        Settings.from_env(tmp_path)
+
+
+def test_a_down_engine_fails_at_once_naming_the_command_that_starts_it() -> None:
+    port = processes.free_port()
+    with pytest.raises(EngineUnavailable) as info:
+        get_spark(conf={"spark.remote": f"sc://127.0.0.1:{port}"})
+    assert f"127.0.0.1:{port}" in str(info.value) and "`riverhouse engine start`" in str(info.value)
+    # Refused before pyspark became a Spark Connect client: this process may still run Spark in-process.
+    assert "SPARK_CONNECT_MODE_ENABLED" not in os.environ
+
+
+@pytest.mark.parametrize(
+    ("url", "where"),
+    [
+        ("sc://h:1234", ("h", 1234)),
+        ("sc://h", ("h", 15002)),
+        ("sc://h:99/;token=x;use_ssl=true", ("h", 99)),
+        ("sc://[::1]:7", ("::1", 7)),
+    ],
+)
+def test_spark_connect_addresses(url: str, where: tuple[str, int]) -> None:
+    assert engine.parse_remote(url) == where
+
+
+# ------------------------------------------------------------------ which settings
+def test_small_machine_defaults_apply_in_local_mode_only() -> None:
+    local = session_conf("local[2]")
+    assert local["spark.sql.shuffle.partitions"] == "4" and local["spark.driver.memory"] == "2g"
+    assert local["spark.ui.enabled"] == "false"
+    cluster = session_conf("spark://master:7077")
+    for key in ("spark.sql.shuffle.partitions", "spark.driver.memory", "spark.ui.enabled"):
+        assert key not in cluster  # the cluster's spark-defaults.conf decides
+    for conf in (local, cluster):
+        assert conf["spark.sql.session.timeZone"] == "UTC"
+        assert conf["spark.sql.extensions"] == "io.delta.sql.DeltaSparkSessionExtension"
+
+
+def test_user_settings_override_defaults_but_never_the_fixed_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(
+        "RIVERHOUSE_SPARK_CONF", '{"spark.sql.shuffle.partitions": 16, "spark.sql.adaptive.enabled": false}'
+    )
+    conf = session_conf("local[2]", {"spark.executor.memory": "3g", "spark.sql.runSQLOnFiles": "true"})
+    assert conf["spark.sql.shuffle.partitions"] == "16"
+    assert conf["spark.sql.adaptive.enabled"] == "false"  # JSON booleans as Spark spells them
+    assert conf["spark.executor.memory"] == "3g"
+    assert conf["spark.sql.runSQLOnFiles"] == "false"  # the resource's config cannot lift it either
+    assert {k: conf[k] for k in REDACTION_CONF} == REDACTION_CONF
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("spark.sql.shuffle.partitions=8", "is not JSON"),
+        ('["spark.x"]', "must be a JSON object"),
+        ('{"spark.redaction.regex": "nothing"}', "keeps fixed"),
+        ('{"spark.sql.runSQLOnFiles": "true"}', "keeps fixed"),
+        ('{"spark.master": "yarn"}', "set RIVERHOUSE_SPARK_MASTER instead"),
+        ('{"spark.remote": "sc://h:1"}', "set RIVERHOUSE_SPARK_REMOTE instead"),
+        ('{"executor.memory": "1g"}', "must be a Spark setting"),
+        ('{"spark.jars": ["a.jar"]}', "must be a Spark setting"),
+    ],
+)
+def test_wrong_spark_settings_are_refused_naming_the_variable(
+    text: str, message: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    with pytest.raises(SparkConfError, match=message):
+        user_conf(text)
+    monkeypatch.setenv("RIVERHOUSE_SPARK_CONF", text)
+    with pytest.raises(SettingsError, match="RIVERHOUSE_SPARK_CONF"):
+        Settings.from_env(tmp_path)  # every command says it before anything starts
+
+
+def test_the_master_comes_from_the_environment_when_given(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    assert configured_master() == "local[2]"
+    (tmp_path / "spark-defaults.conf").write_text("# cluster\nspark.master   spark://m:7077\n")
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
+    assert configured_master() == "spark://m:7077"
+    monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "40000")  # started by spark-submit: its --master is in the JVM
+    assert configured_master() == ""
+    monkeypatch.setenv("RIVERHOUSE_SPARK_MASTER", "local[1]")
+    assert configured_master() == "local[1]"
+    assert Settings.from_env(tmp_path).spark_master == "local[1]"
+    spark = resources_from_settings(Settings.from_env(tmp_path))["riverhouse"].spark  # type: ignore[attr-defined]
+    assert spark.spark_config[SPARK_MASTER] == "local[1]"
+
+
+def test_a_connect_client_sets_only_session_sql_settings() -> None:
+    conf = connect_session_conf(session_conf("local[2]"))
+    assert conf["spark.sql.shuffle.partitions"] == "4"
+    assert conf["spark.databricks.delta.snapshotPartitions"] == "4"
+    assert conf["spark.sql.runSQLOnFiles"] == "false"
+    assert conf["spark.sql.redaction.options.regex"] == REDACTION_CONF["spark.sql.redaction.options.regex"]
+    for server_only in ("spark.sql.extensions", "spark.sql.catalog.spark_catalog", "spark.driver.memory", "spark.jars"):
+        assert server_only not in conf
+
+
+# ------------------------------------------------------------------ the server's command
+def java_properties(text: str) -> dict[str, str]:
+    """key=value lines as java.util.Properties reads them (backslash escapes)."""
+    out = {}
+    for line in text.splitlines():
+        key, _, value = line.partition("=")
+        out[key] = value.replace("\\\\", "\0").replace("\\n", "\n").replace("\0", "\\")
+    return out
+
+
+def test_the_engine_command_gives_one_jar_list_to_executors_and_the_driver(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from riverhouse.platform.runtime.jars import spark_jar_files
+
+    if not spark_jar_files():
+        pytest.fail("jvm/lib/spark is empty: run `make jars`")
+    monkeypatch.setenv("SPARK_CONNECT_MODE_ENABLED", "1")  # this process is a Connect client...
+    monkeypatch.setenv("RIVERHOUSE_SPARK_REMOTE", "sc://elsewhere:1")
+    argv, env = engine.server_command(tmp_path, "local[2]", "1g", "127.0.0.1", 15555)
+    assert "SPARK_CONNECT_MODE_ENABLED" not in env and "RIVERHOUSE_SPARK_REMOTE" not in env  # ... the server is not
+    assert env["PYSPARK_PYTHON"] == sys.executable  # foreachBatch workers import this riverhouse
+    assert argv[argv.index("--class") + 1] == engine.SERVER_CLASS
+    assert argv[argv.index("--driver-memory") + 1] == "1g"
+    jars = argv[argv.index("--jars") + 1].split(",")
+    assert argv[argv.index("--driver-class-path") + 1].split(os.pathsep) == jars
+    assert {Path(j).name for j in jars} >= {j.name for j in spark_jar_files()}
+    assert any(Path(j).name.startswith("spark-connect_") for j in jars)
+    conf_file = Path(argv[argv.index("--properties-file") + 1])
+    assert conf_file.stat().st_mode & 0o077 == 0  # a user's settings may hold credentials
+    conf = java_properties(conf_file.read_text())
+    assert conf["spark.connect.grpc.binding.address"] == "127.0.0.1"
+    assert conf["spark.connect.grpc.binding.port"] == "15555"
+    assert {k: conf[k] for k in REDACTION_CONF} == REDACTION_CONF  # backslashes survive the file
+    assert "spark.jars" not in conf  # --jars is the one list
