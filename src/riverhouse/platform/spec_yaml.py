@@ -107,7 +107,16 @@ def load_yaml(text: str) -> Any:
     """The spec's data from the file's text (spec_base.read_utf8); YamlProblem when it cannot be used."""
     if len(text) > MAX_BYTES:
         raise YamlProblem("", f"the file is {len(text):,} characters, more than a spec's maximum of {MAX_BYTES:,}")
-    loader = _SpecLoader(text)
+    try:
+        loader = _SpecLoader(text)  # its reader refuses control characters here, before any parsing
+    except yaml.reader.ReaderError as exc:
+        line = text.count("\n", 0, exc.position) + 1
+        column = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
+        raise YamlProblem(
+            f"line {line}, column {column}",
+            f"character U+{exc.character:04X} is not allowed in YAML" if isinstance(exc.character, int) else str(exc),
+            "remove it (a control character, often pasted by accident)",
+        ) from None
     try:
         data = loader.get_single_data()
     except yaml.YAMLError as exc:
