@@ -110,6 +110,7 @@ def test_files_that_once_crashed_the_code_location_are_placeholders(
         "deep_yaml",
         "not_utf8",
         "control_char",
+        "bad_date",
         "twice",
         "bad_udcffname",
     }  # the byte shown escaped

@@ -258,6 +258,7 @@ def test_each_hostile_file_names_what_and_where(tmp_path: Path) -> None:
         "deep_yaml.yaml": ("line 2, column", "nested more than 32 levels deep"),
         "not_utf8.yaml": ("", "not UTF-8 text: byte 0xe9 at line 2, column 17"),
         "control_char.yaml": ("line 2, column 15", "character U+0080 is not allowed in YAML"),
+        "bad_date.yaml": ("", "a value YAML cannot read: day is out of range for month"),
     }
     for name, (where, what) in expected.items():
         (tmp_path / name).write_bytes(HOSTILE_FILES[name])

@@ -248,10 +248,11 @@ def hostile_files(draw: st.DrawFn) -> bytes:
     """Issue 27: a whole file that once took `riverhouse validate` and the code location down.
 
     A window or TTL too large for a timedelta, parentheses nested thousands deep in `query`,
-    a YAML value nested thousands deep, bytes that are not UTF-8, a key given twice.
+    a YAML value nested thousands deep, bytes that are not UTF-8, a key given twice, a scalar
+    PyYAML fails to build.
     """
     text = draw(st.sampled_from(sorted(RAW_BASES.items())))[1]
-    kind = draw(st.sampled_from(["window", "parens", "yaml_depth", "bytes", "duplicate"]))
+    kind = draw(st.sampled_from(["window", "parens", "yaml_depth", "bytes", "duplicate", "scalar"]))
     if kind == "window":
         number = draw(st.integers(min_value=10**6, max_value=10**40))
         unit = draw(st.sampled_from("smhdw")).encode()
@@ -274,6 +275,9 @@ def hostile_files(draw: st.DrawFn) -> bytes:
         at = draw(st.integers(min_value=0, max_value=len(text)))
         junk = draw(st.binary(min_size=1, max_size=8)) + draw(st.sampled_from([b"\xff", b"\xc3", b"\xe9 ", b"\x80"]))
         text = text[:at] + junk + text[at:]
+    elif kind == "scalar":  # values PyYAML builds and fails on (a date that does not exist, a bad !!int)
+        value = draw(st.sampled_from([b"2026-02-30", b"2026-13-01", b"!!int abc", b"!!float x", b"!!timestamp 1-1-1"]))
+        text = text.replace(b"\ndescription:", b"\ndescription_was:", 1) + b"description: " + value + b"\n"
     else:
         key = draw(st.sampled_from([b"name", b"sink", b"sources", b"kafka"]))
         text += key + b": " + draw(st.sampled_from([b"again", b"{}", b"[]"])) + b"\n"

@@ -124,6 +124,10 @@ def load_yaml(text: str) -> Any:
         raise YamlProblem(_at(mark), f"invalid YAML: {getattr(exc, 'problem', None) or exc}", "") from None
     except RecursionError:  # MAX_DEPTH stops nesting first; kept so that no input ends in a traceback
         raise YamlProblem("", "the YAML is nested too deeply to read", "flatten the value") from None
+    except YamlProblem:
+        raise  # ours, from the loader (a key given twice, nesting): it names the place
+    except Exception as exc:  # a scalar PyYAML fails to build (2026-02-30, !!int abc, !!timestamp 1-1-1)
+        raise YamlProblem("", f"a value YAML cannot read: {str(exc)[:200]}", "quote it to keep it as text") from None
     finally:
         loader.dispose()
     _check_size(data)
