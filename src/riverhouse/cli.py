@@ -9,6 +9,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -541,6 +542,9 @@ def ui(
 
 
 def main() -> None:
+    # The Spark Connect client warns before it raises when an engine stops answering; the run's
+    # own error (naming `riverhouse engine start`) says it better.
+    warnings.filterwarnings("ignore", message=r".*RETRIES_EXCEEDED.*", category=UserWarning)
     app()
 
 
