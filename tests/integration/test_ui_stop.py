@@ -72,7 +72,8 @@ def test_ui_stops_its_whole_tree_on_a_signal(tmp_path: Path, signum: int, engine
     tree: list[int] = []
     ui = subprocess.Popen(
         [*riverhouse_cmd(), "ui", "--port", str(port), "--pipelines", str(pipelines), engine],
-        env=subprocess_env(settings, RIVERHOUSE_KAFKA_BOOTSTRAP=""),
+        # Not the tests' shared engine: with --engine, `riverhouse ui` starts (and must stop) its own.
+        env=subprocess_env(settings, RIVERHOUSE_KAFKA_BOOTSTRAP="", RIVERHOUSE_SPARK_REMOTE=""),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -92,6 +93,8 @@ def test_ui_stops_its_whole_tree_on_a_signal(tmp_path: Path, signum: int, engine
         assert broker is not None
         tree = tree_of(ui.pid)
         assert broker.pid in tree and len(tree) >= 4  # broker, dagster dev, webserver, daemon/code server
+        started_engine = engine_state.status(settings.engine_state_dir)
+        assert (started_engine is not None and started_engine.pid in tree) == (engine == "--engine")
         ui.send_signal(signum)
         assert ui.wait(timeout=120) == 0
         assert [pid for pid in tree if running(pid)] == []

@@ -1,5 +1,5 @@
 """Issue 27, item 1, Spark's side: a spec query's analyzed plan is checked before it runs, on a classic
-SparkSession and through Spark Connect alike.
+SparkSession and through Spark Connect alike (the last test runs the module on the other kind).
 
 The allow-list passed SQL that Spark ran as something else: sqlglot wrote a date unit's literal
 text back unquoted, so `datediff('<payload>', ...)` reached Spark as a call of java_method. The
@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import re
+import subprocess
+import sys
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,10 +28,11 @@ from riverhouse.platform.gold.plan_guard import SpecQueryRefused, check_spec_que
 from riverhouse.platform.spec import parse_spec
 from riverhouse.platform.sql import compile_query
 from riverhouse.platform.state.tables import silver_schema, spark_schema
-from tests.spark.connect_server import remote_url, run_through_connect, spark_connect_url  # noqa: F401
+from tests.conftest import CONNECT_CLIENT_ENV, TEST_ENGINE
 from tests.spark.test_gold_sql_allowlist import DOCUMENTED_CALLS, FIELDS, QUERY, WINDOWS
 
 pytestmark = pytest.mark.spark
+OTHER_KIND_RUN = "RIVERHOUSE_TEST_PLAN_GUARD_OTHER_KIND"  # set in the run on the other kind of session
 
 VIEW_SCHEMA = (
     "o__order_id string, o__user_id string, o__amount int, o__price double, o__created_at timestamp, "
@@ -43,19 +47,12 @@ ISSUE_PROJECTION = (
 
 
 @pytest.fixture(scope="module")
-def session(request: pytest.FixtureRequest) -> Iterator[Any]:
-    """The classic session, or, in the process `test_the_same_checks_hold_through_spark_connect`
-    starts, a Spark Connect session (SparkSession.builder.remote)."""
-    url = remote_url()
-    if url is None:
-        yield request.getfixturevalue("spark")
-        return
-    from pyspark.sql import SparkSession
-
-    remote = SparkSession.builder.remote(url).getOrCreate()
-    assert type(remote).__module__ == "pyspark.sql.connect.session"
-    yield remote
-    remote.stop()
+def session(spark: Any) -> Any:
+    """The test session's Spark: a Spark Connect client of the shared engine by default, a classic
+    in-process session with RIVERHOUSE_TEST_ENGINE=local; `test_the_same_checks_hold_on_the_other_kind`
+    runs this module again on the other kind."""
+    assert type(spark).__module__.startswith("pyspark.sql.connect") == TEST_ENGINE
+    return spark
 
 
 def view_of(session: Any, rows: list[tuple[Any, ...]] | None = None) -> Any:
@@ -144,10 +141,14 @@ def test_nothing_is_evaluated_while_the_plan_is_checked(session: Any) -> None:
         session.sql(f"SELECT {probe} AS x FROM `{view}`").collect()  # the same query over the rows does run it
 
 
-@pytest.mark.skipif(remote_url() is not None, reason="this is the test that starts the Connect run")
-def test_the_same_checks_hold_through_spark_connect(spark_connect_url: str) -> None:  # noqa: F811
-    """Every test above again, in a fresh process whose session is a Spark Connect client of a real server."""
-    done = run_through_connect(__file__, spark_connect_url, "through_spark_connect")
+@pytest.mark.skipif(os.environ.get(OTHER_KIND_RUN) is not None, reason="this is the run on the other kind")
+def test_the_same_checks_hold_on_the_other_kind_of_session(tmp_path: Path) -> None:
+    """Every test above again, in a fresh process on the other kind of session: classic when this
+    run is on Spark Connect, Spark Connect (an engine of its own) when this run is classic."""
+    env = {k: v for k, v in os.environ.items() if k not in (*CONNECT_CLIENT_ENV, "RIVERHOUSE_SPARK_REMOTE")}
+    env |= {"RIVERHOUSE_TEST_ENGINE": "local" if TEST_ENGINE else "connect", OTHER_KIND_RUN: "1"}
+    command = [sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider", "-k", "not other_kind"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1500, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     passed = re.search(r"(\d+) passed", done.stdout)
     assert passed and int(passed.group(1)) >= 10 and "skipped" not in done.stdout, done.stdout[-2000:]
