@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -25,7 +24,7 @@ from riverhouse.platform.kafka import local_kafka
 from riverhouse.platform.runtime import engine
 from riverhouse.platform.runtime.spark import REMOTE_ENV, JavaMissingError, SparkConfError, redact_remote
 from riverhouse.platform.spec import SpecError, check_together, load_spec
-from riverhouse.platform.state.settings import Settings, redact_dsn
+from riverhouse.platform.state.settings import Settings, dsn_database, redact_dsn
 
 app = typer.Typer(
     help="Riverhouse: Kafka -> deduplicated Delta tables -> ClickHouse, exactly once.",
@@ -80,7 +79,8 @@ def validate(files: Annotated[list[Path], typer.Argument(help="Pipeline spec fil
             loaded.append((str(path), load_spec(path)))
         except SpecError as exc:
             errors.append(exc)
-    accepted, clashes = check_together(loaded)
+    # A sink without `database:` lands in the DSN's database: compared as that one.
+    accepted, clashes = check_together(loaded, dsn_database(os.environ.get("RIVERHOUSE_CLICKHOUSE_DSN", "")))
     for exc in errors + clashes:
         err.print(f"[bold red]{escape(exc.source)}[/]: {len(exc.problems)} problem(s)", highlight=False)
         for where, message, hint in exc.problems:
@@ -173,7 +173,7 @@ def generate(
         Path | None,
         typer.Option(
             "--spec",
-            help="Take the Kafka connection (bootstrap servers, security in kafka.config) from this pipeline spec",
+            help="Take the Kafka connection (bootstrap servers, kafka.security, kafka.config) from this pipeline spec",
         ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the counts as JSON")] = False,
@@ -195,9 +195,12 @@ def generate(
     if spec_file is not None:
         spec = _load_or_fail(spec_file)
         from riverhouse.platform.kafka.client import librdkafka_security
+        from riverhouse.platform.kafka.client_settings import LIBRDKAFKA, for_client
 
-        # The spec's extras and its security, as librdkafka settings (bootstrap comes below).
-        client_config = _guarded(lambda: {**spec.kafka.resolved_config(), **librdkafka_security(spec.kafka.security)})
+        # The spec's librdkafka settings and its security (bootstrap comes below).
+        client_config = _guarded(
+            lambda: {**for_client(spec.kafka.resolved_config(), LIBRDKAFKA), **librdkafka_security(spec.kafka.security)}
+        )
         if not bootstrap and spec.kafka.bootstrap_servers != "local":
             bootstrap = spec.kafka.bootstrap_servers
     started = time.monotonic()
@@ -490,7 +493,12 @@ def ui(
     use_engine: EngineOption = True,
     home: HomeOption = None,
 ) -> None:
-    """Start the local Kafka, the engine and the Dagster UI on 127.0.0.1; Ctrl-C stops what it started."""
+    """Start the local Kafka, the engine and the Dagster UI on 127.0.0.1; Ctrl-C (or SIGTERM) stops them all.
+
+    Stopping takes `dagster dev` down first (with its code server, webserver and daemon), then
+    anything of its process tree still running (runs in flight included), then the engine and
+    the local Kafka, each if this command started it.
+    """
     settings = settings_for(home)
     dagster = shutil.which("dagster", path=str(Path(sys.executable).parent)) or shutil.which("dagster")
     if not dagster:
@@ -514,55 +522,23 @@ def ui(
     err.print(f"local Kafka at {state.bootstrap}; ClickHouse {redact_dsn(settings.clickhouse_dsn)}", highlight=False)
     err.print(f"engine: {where}", highlight=False)
     err.print(f"Dagster UI on http://127.0.0.1:{port} (Ctrl-C to stop)")
-    argv = [dagster, "dev", "-h", "127.0.0.1", "-p", str(port), "-m", "riverhouse.definitions"]
-    try:
-        code = _serve(argv, env)
-    finally:
+    from riverhouse.platform.runtime.process_tree import run_until_signalled
+
+    running_engine = engine.status(settings.engine_state_dir)
+    # Stopped last, each by its own clean shutdown (never as a leftover of dagster's tree).
+    keep = {state.pid, *([running_engine.pid] if running_engine else [])}
+
+    def stop_started() -> None:
         if engine_started:
             engine.stop(settings.engine_state_dir)
             err.print("engine stopped", highlight=False)
-        if not kafka_was_running:
-            local_kafka.stop(settings.kafka_state_dir)
+        if kafka_was_running:
+            err.print("the local Kafka keeps running (it ran before `riverhouse ui`); `riverhouse kafka stop`")
+        elif local_kafka.stop(settings.kafka_state_dir):
             err.print("local Kafka stopped", highlight=False)
-    raise typer.Exit(0 if code in (0, -signal.SIGINT, -signal.SIGTERM) else code)
 
-
-def _serve(argv: list[str], env: dict[str, str]) -> int:
-    """Run `dagster dev` until it ends; a Ctrl-C or SIGTERM reaches it once, then it shuts down cleanly.
-
-    In a session of its own: a terminal's Ctrl-C would otherwise reach it twice (from the
-    terminal and from us), and a second interrupt cuts dagster's own shutdown short.
-    """
-    import subprocess
-
-    started: list[subprocess.Popen[bytes]] = []
-
-    def forward(signum: int, _frame: Any) -> None:
-        for proc in started:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
-
-    # Caught before the start: the child then begins with the default actions. An ignored
-    # SIGINT (a background job of a shell) would be inherited, and dagster dev makes SIGTERM
-    # do what SIGINT does.
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        started.append(subprocess.Popen(argv, env=env, start_new_session=True))
-        while True:
-            # A timed wait: a signal delivered to another thread of ours (gRPC's, Kafka's) runs
-            # its handler only when this thread next runs Python code.
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                return started[0].wait(timeout=0.5)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        for proc in started:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=60)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
+    argv = [dagster, "dev", "-h", "127.0.0.1", "-p", str(port), "-m", "riverhouse.definitions"]
+    raise typer.Exit(run_until_signalled(argv, env, keep=keep, finally_=stop_started))
 
 
 def main() -> None:

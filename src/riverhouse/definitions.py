@@ -21,7 +21,7 @@ import dagster as dg
 from riverhouse.assets import build_pipeline_assets
 from riverhouse.assets.orchestration import build_orchestration
 from riverhouse.platform.spec import PipelineSpec, SpecError, load_spec_folder
-from riverhouse.platform.state.settings import Settings
+from riverhouse.platform.state.settings import Settings, dsn_database
 from riverhouse.resources import resources_from_settings
 
 SPEC_ERRORS_GROUP = "spec_errors"
@@ -34,6 +34,9 @@ def pipelines_dir() -> Path:
 
 def spec_error_asset(error: SpecError, taken: set[str]) -> dg.AssetSpec:
     """A visible stand-in for a spec that did not load: its key names the file, its description the problems."""
+    # A file name that is not UTF-8 (surrogate escapes) would fail serialization later, in the webserver.
+    source = error.source.encode("utf-8", "backslashreplace").decode("utf-8")
+    error = SpecError(source, error.problems)
     name = re.sub(r"[^A-Za-z0-9_]", "_", Path(error.source).stem) or "spec"
     unique, n = name, 2
     while unique in taken:
@@ -55,9 +58,9 @@ def spec_error_asset(error: SpecError, taken: set[str]) -> dg.AssetSpec:
 
 def build_definitions(specs: list[PipelineSpec] | None = None, settings: Settings | None = None) -> dg.Definitions:
     errors: list[SpecError] = []
-    if specs is None:
-        specs, errors = load_spec_folder(pipelines_dir())
     settings = settings or Settings.from_env()
+    if specs is None:
+        specs, errors = load_spec_folder(pipelines_dir(), dsn_database(settings.clickhouse_dsn))
     assets: list = []
     checks: list = []
     jobs: list = []

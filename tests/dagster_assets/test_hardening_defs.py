@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import dagster as dg
@@ -13,6 +14,7 @@ from riverhouse.platform.spec import load_spec
 from riverhouse.platform.state.settings import Settings
 from riverhouse.resources import resources_from_settings
 from tests.conftest import REPO
+from tests.hostile_files import HOSTILE_FILES
 
 pytestmark = pytest.mark.dagster
 
@@ -83,3 +85,35 @@ def test_a_broken_spec_is_a_placeholder_and_the_others_load(
     )
     assert "already loaded by" in (graph.get(dg.AssetKey([SPEC_ERRORS_GROUP, "pipe_c"])).description or "")
     assert "broken-spec.yaml" in caplog.text and "not_yaml.yaml" in caplog.text
+
+
+def test_files_that_once_crashed_the_code_location_are_placeholders(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Issue 27: a window too large for a timedelta, parentheses and YAML nested thousands deep, bytes
+    that are not UTF-8 (in the file and in its name), a key given twice: each is its file's placeholder."""
+    folder = tmp_path / "pipelines"
+    folder.mkdir()
+    (folder / "a_good.yaml").write_bytes((REPO / "pipelines" / "orders_dedup.yaml").read_bytes())
+    for name, raw in HOSTILE_FILES.items():
+        (folder / name).write_bytes(raw)
+    (folder / "twice.yaml").write_bytes(b"name: twice\nname: again\n")
+    Path(os.fsdecode(os.fsencode(folder) + b"/bad\xffname.yaml")).write_bytes(b"name: x\n")
+    monkeypatch.setenv("RIVERHOUSE_PIPELINES", str(folder))
+    defs = build_definitions(settings=Settings.from_env(tmp_path))
+    graph = defs.resolve_asset_graph()
+    assert dg.AssetKey(["silver", "orders_dedup", "orders"]) in graph.get_all_asset_keys()
+    placeholders = {key.path[1] for key in graph.get_all_asset_keys() if key.path[0] == SPEC_ERRORS_GROUP}
+    assert placeholders == {
+        "huge_window",
+        "deep_query",
+        "deep_yaml",
+        "not_utf8",
+        "control_char",
+        "bad_date",
+        "twice",
+        "bad_udcffname",
+    }  # the byte shown escaped
+    assert "not UTF-8 text" in (graph.get(dg.AssetKey([SPEC_ERRORS_GROUP, "not_utf8"])).description or "")
+    assert "given twice" in (graph.get(dg.AssetKey([SPEC_ERRORS_GROUP, "twice"])).description or "")
+    assert snapshot_text(defs)  # the whole repository serializes, odd file name included

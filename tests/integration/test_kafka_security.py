@@ -22,7 +22,10 @@ from tests.conftest import order, produce, riverhouse_cmd, subprocess_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-PASSWORD_VAR = "RIVERHOUSE_SECRET_KAFKA_PASSWORD"
+
+def password_var(pipeline: str) -> str:
+    """The pipeline's own variable: a spec reads only RIVERHOUSE_SECRET_<PIPELINE>__* (or what is bound to it)."""
+    return f"RIVERHOUSE_SECRET_{pipeline.upper()}__KAFKA_PASSWORD"
 
 
 @pytest.fixture(scope="module")
@@ -38,14 +41,14 @@ def secure_files(broker: local_kafka.LocalKafkaState) -> tuple[dict[str, str], d
     return kafka_tls.credentials(folder), kafka_tls.client_files(folder)
 
 
-def sasl_security(broker: local_kafka.LocalKafkaState) -> dict[str, str]:
+def sasl_security(broker: local_kafka.LocalKafkaState, pipeline: str) -> dict[str, str]:
     """The spec's one portable security section: Spark's Java client and librdkafka both get it."""
     creds, files = secure_files(broker)
     return {
         "protocol": "SASL_SSL",
         "mechanism": "SCRAM-SHA-512",
         "username": creds["username"],
-        "password": "${env:" + PASSWORD_VAR + "}",
+        "password": "${env:" + password_var(pipeline) + "}",
         "ca": files["ca"],
     }
 
@@ -109,10 +112,10 @@ def test_pipeline_through_sasl_ssl_with_the_password_from_the_environment(
     creds, _ = secure_files(secure_broker)
     produce(secure_broker.listeners["SASL_SSL"], topic, events(40), config=producer_config(secure_broker))
     # Only the SASL_SSL address: the plaintext listener is not what the pipeline uses.
-    data = spec_data("sasl_pipe", topic, secure_broker.listeners["SASL_SSL"], sasl_security(secure_broker))
+    data = spec_data("sasl_pipe", topic, secure_broker.listeners["SASL_SSL"], sasl_security(secure_broker, "sasl_pipe"))
     spec_file = tmp_path / "sasl.yaml"
     spec_file.write_text(yaml.safe_dump(data))
-    env = subprocess_env(settings, RIVERHOUSE_KAFKA_BOOTSTRAP="", **{PASSWORD_VAR: creds["password"]})
+    env = subprocess_env(settings, RIVERHOUSE_KAFKA_BOOTSTRAP="", **{password_var("sasl_pipe"): creds["password"]})
     ran = subprocess.run(
         [*riverhouse_cmd(), "run", str(spec_file), "--json"], capture_output=True, text=True, env=env, timeout=600
     )
@@ -149,10 +152,12 @@ def test_a_wrong_password_fails_clearly_without_printing_a_secret(
     produce(secure_broker.bootstrap, topic, events(5))
     spec_file = tmp_path / "wrong.yaml"
     spec_file.write_text(
-        yaml.safe_dump(spec_data("wrong_pw", topic, secure_broker.listeners["SASL_SSL"], sasl_security(secure_broker)))
+        yaml.safe_dump(
+            spec_data("wrong_pw", topic, secure_broker.listeners["SASL_SSL"], sasl_security(secure_broker, "wrong_pw"))
+        )
     )
     wrong = "not-the-password-" + creds["password"][:4]
-    env = subprocess_env(settings, RIVERHOUSE_KAFKA_BOOTSTRAP="", **{PASSWORD_VAR: wrong})
+    env = subprocess_env(settings, RIVERHOUSE_KAFKA_BOOTSTRAP="", **{password_var("wrong_pw"): wrong})
     ran = subprocess.run(
         [*riverhouse_cmd(), "run", str(spec_file)], capture_output=True, text=True, env=env, timeout=600
     )
@@ -211,8 +216,10 @@ def test_the_password_is_redacted_from_plans_progress_and_the_environment(
 
     creds, _ = secure_files(secure_broker)
     produce(secure_broker.listeners["SASL_SSL"], topic, events(5), config=producer_config(secure_broker))
-    monkeypatch.setenv(PASSWORD_VAR, creds["password"])
-    spec = parse_spec(spec_data("redacted", topic, secure_broker.listeners["SASL_SSL"], sasl_security(secure_broker)))
+    monkeypatch.setenv(password_var("redacted"), creds["password"])
+    spec = parse_spec(
+        spec_data("redacted", topic, secure_broker.listeners["SASL_SSL"], sasl_security(secure_broker, "redacted"))
+    )
     options = connector_options(spec.kafka, secure_broker.listeners["SASL_SSL"], [topic])
     assert creds["password"] in options["kafka.sasl.jaas.config"]  # the query really gets it
     stream = spark.readStream.format("kafka").options(**options).load()
@@ -311,10 +318,10 @@ def test_an_imported_glassflow_pipeline_runs_through_the_secure_listener(
     assert key_text not in spec_file.read_text() + imported.stdout + imported.stderr
     run_env = env
     if listener == "SASL_SSL":
-        run_env = env | {
-            "RIVERHOUSE_SECRET_KAFKA_USERNAME": creds["username"],
-            "RIVERHOUSE_SECRET_KAFKA_PASSWORD": creds["password"],
-        }
+        # The import names the pipeline's own variables (RIVERHOUSE_SECRET_IMPORTED_SASL_SSL__KAFKA_*).
+        prefix = f"RIVERHOUSE_SECRET_{data['name'].upper()}__"
+        assert security["username"] == "${env:" + prefix + "KAFKA_USERNAME}"
+        run_env = env | {prefix + "KAFKA_USERNAME": creds["username"], prefix + "KAFKA_PASSWORD": creds["password"]}
     else:
         assert security["certificate"] == str(spec_file.parent / "imported.kafka-client.pem")
         assert not Path(security["key"]).exists()  # the user puts the secret there, as the note says

@@ -104,3 +104,57 @@ def test_record_without_any_time_gets_the_batch_date(spark: Any) -> None:
     filled = fill_missing_dates(parsed, date(2030, 5, 6)).collect()
     assert [r["_event_date"] for r in filled] == [date(2030, 5, 6), KAFKA_TS.date()]
     assert [r["_reason"] for r in filled] == [r["_reason"] for r in parsed.collect()]
+
+
+# ----------------------------------------------------------------- issue 27, item 6: duplicate keys, single quotes
+NOTE = {"order_id": "o1", "user_id": "u1", "amount": 2, "price": 9.5, "created_at": "2026-01-02T03:04:05Z"}
+
+
+def with_note(**changes: Any) -> Any:
+    """The orders source with a string field `note` (a JSON object in it is quarantined unless allowed)."""
+    src = orders_spec("orders").sink_source
+    fields = [*src.fields, src.fields[0].model_copy(update={"name": "note", "required": False, **changes})]
+    return src.model_copy(update={"fields": fields})
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        # The field itself twice: from_json keeps the last value (an object), get_json_object the first.
+        (b'{"order_id":"o1","amount":2,"note":"plain","note":{"a":1},"created_at":"2026-01-02T03:04:05Z"}',
+         "key 'note' appears twice"),
+        (b'{"order_id":"o1","amount":2,"amount":3,"created_at":"2026-01-02T03:04:05Z"}', "key 'amount' appears twice"),
+        # A key twice anywhere: the object in `note` escaped the JSON-in-string check (its strict parse failed).
+        (b'{"order_id":"o1","amount":2,"note":{"a":1,"a":2},"created_at":"2026-01-02T03:04:05Z"}',
+         "not strict JSON: a key appears twice in a nested object"),
+        (b'{"order_id":"o1","amount":2,"extra":{"b":{"c":1,"c":1}},"created_at":"2026-01-02T03:04:05Z"}',
+         "not strict JSON: a key appears twice in a nested object"),
+        # Single-quoted JSON is not JSON (Spark's JSON reader accepts it by default).
+        (b"{'order_id':'o1','amount':2,'note':{'a':1},'created_at':'2026-01-02T03:04:05Z'}", "not a JSON object"),
+        (b'{"order_id":"o1","amount":2,"note":\'{"a":1}\',"created_at":"2026-01-02T03:04:05Z"}', "not a JSON object"),
+    ],
+)  # fmt: skip
+def test_duplicate_keys_and_single_quotes_are_quarantined(spark: Any, value: bytes, reason: str) -> None:
+    rows = parse_records(kafka_rows(spark, [value]), with_note()).collect()
+    assert rows[0]["_status"] == "rejected"
+    assert rows[0]["_reason"].startswith(reason), rows[0]["_reason"]
+
+
+def test_strict_json_rule_keeps_what_was_valid(spark: Any) -> None:
+    """Records the duplicate-key rule must not touch: NaN where a field allows it, an object that
+    is allowed as JSON text, and a string that merely looks like JSON."""
+    src = with_note(allow_json_text=True)
+    src = src.model_copy(
+        update={
+            "fields": [f.model_copy(update={"allow_non_finite": True}) if f.name == "price" else f for f in src.fields]
+        }
+    )
+    values = [
+        json.dumps({**NOTE, "note": {"a": 1, "b": [1, {"c": 2}]}}).encode(),
+        json.dumps({**NOTE, "price": float("nan"), "note": '{"a": 1, "a": 2}'}).encode(),  # NaN: Python writes it
+        json.dumps({**NOTE, "note": "it's {fine}"}).encode(),
+    ]
+    rows = [r.asDict() for r in parse_records(kafka_rows(spark, values), src).orderBy("_offset").collect()]
+    assert [r["_status"] for r in rows] == ["ok", "ok", "ok"], [r["_reason"] for r in rows]
+    assert json.loads(rows[0]["note"]) == {"a": 1, "b": [1, {"c": 2}]}
+    assert rows[1]["note"] == '{"a": 1, "a": 2}'  # a string's content is not JSON to check

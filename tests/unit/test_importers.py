@@ -196,8 +196,9 @@ def test_v2_join_config_maps_like_its_v3_form_and_never_copies_credentials(tmp_p
     assert spec.kafka.security.model_dump(exclude_none=True) == {
         "protocol": "SASL_SSL",
         "mechanism": "SCRAM-SHA-256",
-        "username": "${env:RIVERHOUSE_SECRET_KAFKA_USERNAME}",
-        "password": "${env:RIVERHOUSE_SECRET_KAFKA_PASSWORD}",
+        # The pipeline's own variables (RIVERHOUSE_SECRET_<PIPELINE>__<NAME>): another pipeline cannot read them.
+        "username": "${env:RIVERHOUSE_SECRET_JOINED_ORDERS_PIPELINE__KAFKA_USERNAME}",
+        "password": "${env:RIVERHOUSE_SECRET_JOINED_ORDERS_PIPELINE__KAFKA_PASSWORD}",
         "ca": ca,
     }
     assert v2.files == {ca: "-----BEGIN-----\n"}  # the CA is public: v2's base64 decoded into its file
@@ -498,12 +499,12 @@ def test_sasl_import_gives_both_kafka_clients_the_login(tmp_path: Path, monkeypa
     assert spec.kafka.security.model_dump(exclude_none=True) == {
         "protocol": "SASL_SSL",
         "mechanism": "SCRAM-SHA-512",
-        "username": "${env:RIVERHOUSE_SECRET_KAFKA_USERNAME}",
-        "password": "${env:RIVERHOUSE_SECRET_KAFKA_PASSWORD}",
+        "username": "${env:RIVERHOUSE_SECRET_USERS_DEDUP__KAFKA_USERNAME}",
+        "password": "${env:RIVERHOUSE_SECRET_USERS_DEDUP__KAFKA_PASSWORD}",
     }
     assert "hunter2" not in result.to_yaml() and "app" not in str(spec.kafka.security)
-    monkeypatch.setenv("RIVERHOUSE_SECRET_KAFKA_USERNAME", "app")
-    monkeypatch.setenv("RIVERHOUSE_SECRET_KAFKA_PASSWORD", "pw")
+    monkeypatch.setenv("RIVERHOUSE_SECRET_USERS_DEDUP__KAFKA_USERNAME", "app")
+    monkeypatch.setenv("RIVERHOUSE_SECRET_USERS_DEDUP__KAFKA_PASSWORD", "pw")
     jaas = connector_options(spec.kafka, "kafka:9092", ["users"])["kafka.sasl.jaas.config"]
     assert jaas.startswith("org.apache.kafka.common.security.scram.ScramLoginModule required")
 

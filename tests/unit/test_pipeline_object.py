@@ -122,13 +122,14 @@ def test_a_window_swap_lists_its_days(tmp_path: Path) -> None:
 
 def test_ingest_metadata_redacts_the_kafka_secrets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     data = orders_spec_data("orders")
+    data["kafka"]["security"] = {"protocol": "SSL", "certificate": "/c.pem", "key": "/k.pem"}
     data["kafka"]["config"] = {
-        "security.protocol": "SASL_SSL",
-        "sasl.password": "${env:RIVERHOUSE_SECRET_KAFKA_PASSWORD}",
+        "client.id": "orders-reader",
+        "ssl.key.password": f"${{env:RIVERHOUSE_SECRET_{data['name'].upper()}__KEY_PASSWORD}}",
     }
-    monkeypatch.setenv("RIVERHOUSE_SECRET_KAFKA_PASSWORD", "hunter2")
+    monkeypatch.setenv(f"RIVERHOUSE_SECRET_{data['name'].upper()}__KEY_PASSWORD", "hunter2")
     published = publish.ingest(Stub(parse_spec(data), Settings.from_env(tmp_path)), "orders", 0.0)
-    assert published.metadata["kafka_config"] == {"security.protocol": "SASL_SSL", "sasl.password": "***"}
+    assert published.metadata["kafka_config"] == {"client.id": "orders-reader", "ssl.key.password": "***"}
     assert "hunter2" not in repr(published.metadata)
     assert (published.metadata["records_in"], published.metadata["quarantined"]) == (4, 1)
     assert published.metadata["silver_version_after"] == -1  # no silver version yet

@@ -112,13 +112,14 @@ def test_several_problems_are_all_reported() -> None:
 
 def test_env_refs_resolve_and_secrets_are_redacted(monkeypatch: pytest.MonkeyPatch) -> None:
     data = base()
-    data["kafka"]["config"] = {"sasl.username": "svc", "sasl.password": "${env:RIVERHOUSE_SECRET_RH_TEST}"}
+    data["kafka"]["security"] = {"protocol": "SSL", "certificate": "/c.pem", "key": "/k.pem"}
+    data["kafka"]["config"] = {"client.id": "svc", "ssl.key.password": "${env:RIVERHOUSE_SECRET_ORDERS_DEDUP__RH_TEST}"}
     spec = parse_spec(data)
-    monkeypatch.setenv("RIVERHOUSE_SECRET_RH_TEST", "s3cret")
-    assert spec.kafka.resolved_config()["sasl.password"] == "s3cret"
-    assert spec.kafka.redacted_config()["sasl.password"] == "***"
-    monkeypatch.delenv("RIVERHOUSE_SECRET_RH_TEST")
-    with pytest.raises(SpecError, match="RIVERHOUSE_SECRET_RH_TEST is not set"):
+    monkeypatch.setenv("RIVERHOUSE_SECRET_ORDERS_DEDUP__RH_TEST", "s3cret")
+    assert spec.kafka.resolved_config()["ssl.key.password"] == "s3cret"
+    assert spec.kafka.redacted_config() == {"client.id": "svc", "ssl.key.password": "***"}
+    monkeypatch.delenv("RIVERHOUSE_SECRET_ORDERS_DEDUP__RH_TEST")
+    with pytest.raises(SpecError, match="RIVERHOUSE_SECRET_ORDERS_DEDUP__RH_TEST is not set"):
         spec.kafka.resolved_config()
 
 
@@ -177,13 +178,13 @@ def test_one_security_section_maps_to_the_java_client_and_librdkafka(
         "protocol": "SASL_SSL",
         "mechanism": "SCRAM-SHA-512",
         "username": "svc",
-        "password": "${env:RIVERHOUSE_SECRET_TEST}",
+        "password": "${env:RIVERHOUSE_SECRET_ORDERS_DEDUP__TEST}",
         "ca": "/etc/ca.pem",
         "certificate": str(tmp_path / "client.pem"),
         "key": str(tmp_path / "client.key"),
     }
     spec = parse_spec(data)
-    monkeypatch.setenv("RIVERHOUSE_SECRET_TEST", 'pa"ss')
+    monkeypatch.setenv("RIVERHOUSE_SECRET_ORDERS_DEDUP__TEST", 'pa"ss')
     assert librdkafka_security(spec.kafka.security) == {
         "security.protocol": "SASL_SSL",
         "sasl.mechanism": "SCRAM-SHA-512",
@@ -219,10 +220,10 @@ def test_security_section_problems_are_reported() -> None:
     assert "certificate and key together" in problems(data)[0][1]
 
 
-def test_security_in_librdkafka_config_alone_is_refused_for_spark() -> None:
-    from riverhouse.platform.kafka.client import KafkaSourceError, connector_options
-
+def test_security_in_kafka_config_is_refused_at_validation() -> None:
+    """Security is stated once, in kafka.security, for both clients: kafka.config takes no security setting."""
     data = base()
     data["kafka"]["config"] = {"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN"}
-    with pytest.raises(KafkaSourceError, match=r"state Kafka security in kafka\.security"):
-        connector_options(parse_spec(data).kafka, "b:9093", ["orders"])
+    found = problems(data)
+    assert [where for where, _, _ in found] == ["kafka.config.security.protocol", "kafka.config.sasl.mechanism"]
+    assert all("state it once in kafka.security" in message for _, message, _ in found)

@@ -8,6 +8,9 @@ or SQL injected into `query:`. Two properties:
 - `riverhouse validate` never ends in a traceback: it prints `ok` or the problems, exit 0 or 1;
 - every spec it accepts has only safe identifiers (refused otherwise), and its ClickHouse DDL,
   Delta paths and gold SQL use them quoted, with no function outside the allow-list.
+
+Whole hostile files too (issue 27): windows too large for a timedelta, parentheses and YAML
+nested thousands deep, bytes that are not UTF-8, keys given twice: each is that file's error.
 """
 
 from __future__ import annotations
@@ -86,6 +89,11 @@ HOSTILE = st.one_of(
     st.dictionaries(st.sampled_from(HOSTILE_STRINGS), st.sampled_from(HOSTILE_STRINGS), max_size=2),
 )
 SQL_SNIPPETS = [
+    # A date unit's literal, written back unquoted by sqlglot, once reached Spark as SQL (issue 27).
+    ', datediff(\'day, 1, 1) + length(java_method("java.lang.System", "getenv", "HOME")) + datediff(day\', '
+    "o.created_at, o.created_at) AS leak",
+    ", date_trunc('reflect(1)', o.created_at) AS t",
+    ", concat('java_method(', o.order_id) AS lit",
     ", reflect('java.lang.System','getenv','KAFKA_PASSWORD') AS leak",
     ", java_method('java.lang.System','exit',0) AS x",
     " WHERE EXISTS (SELECT 1 FROM orders)",
@@ -172,7 +180,7 @@ def assert_safe(spec: PipelineSpec) -> None:
 
 RUNNER = CliRunner()
 FOLDER = Path(tempfile.mkdtemp(prefix="riverhouse-fuzz-"))
-SEEN = {"accepted": 0, "refused": 0, "renamed_accepted": 0}
+SEEN = {"accepted": 0, "refused": 0, "renamed_accepted": 0, "hostile": 0}
 
 
 @settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
@@ -229,6 +237,64 @@ def test_renamed_identifiers_are_quoted_or_refused(data: Any) -> None:
         return
     SEEN["renamed_accepted"] += 1
     assert_safe(spec)
+
+
+RAW_BASES = {p.name: p.read_bytes() for p in sorted((REPO / "pipelines").glob("*.yaml"))}
+WINDOW_LINE = re.compile(rb"(window|ttl|max_delay|interval|trigger_interval): [^\n]+")
+
+
+@st.composite
+def hostile_files(draw: st.DrawFn) -> bytes:
+    """Issue 27: a whole file that once took `riverhouse validate` and the code location down.
+
+    A window or TTL too large for a timedelta, parentheses nested thousands deep in `query`,
+    a YAML value nested thousands deep, bytes that are not UTF-8, a key given twice, a scalar
+    PyYAML fails to build.
+    """
+    text = draw(st.sampled_from(sorted(RAW_BASES.items())))[1]
+    kind = draw(st.sampled_from(["window", "parens", "yaml_depth", "bytes", "duplicate", "scalar"]))
+    if kind == "window":
+        number = draw(st.integers(min_value=10**6, max_value=10**40))
+        unit = draw(st.sampled_from("smhdw")).encode()
+        key = draw(st.sampled_from([b"window", b"ttl"]))
+        line = key + b": " + str(number).encode() + unit
+        text = WINDOW_LINE.sub(line, text, count=1) if WINDOW_LINE.search(text) else text + b"state: {" + line + b"}\n"
+    elif kind == "parens":
+        depth = draw(st.integers(min_value=20, max_value=5000))
+        deep = b"(" * depth + b"1" + b")" * depth
+        if b"SELECT " in text:
+            text = text.replace(b"SELECT ", b"SELECT " + deep + b" AS deep, ", 1)
+        else:
+            text += b"query: SELECT " + deep + b" AS x FROM orders\n"
+    elif kind == "yaml_depth":
+        depth = draw(st.integers(min_value=30, max_value=50_000))
+        opener, closer = draw(st.sampled_from([(b"[", b"]"), (b"{a: ", b"}")]))
+        text = text.replace(b"\ndescription:", b"\ndescription_was:", 1)
+        text += b"description: " + opener * depth + b"x" + closer * depth + b"\n"
+    elif kind == "bytes":
+        at = draw(st.integers(min_value=0, max_value=len(text)))
+        junk = draw(st.binary(min_size=1, max_size=8)) + draw(st.sampled_from([b"\xff", b"\xc3", b"\xe9 ", b"\x80"]))
+        text = text[:at] + junk + text[at:]
+    elif kind == "scalar":  # values PyYAML builds and fails on (a date that does not exist, a bad !!int)
+        value = draw(st.sampled_from([b"2026-02-30", b"2026-13-01", b"!!int abc", b"!!float x", b"!!timestamp 1-1-1"]))
+        text = text.replace(b"\ndescription:", b"\ndescription_was:", 1) + b"description: " + value + b"\n"
+    else:
+        key = draw(st.sampled_from([b"name", b"sink", b"sources", b"kafka"]))
+        text += key + b": " + draw(st.sampled_from([b"again", b"{}", b"[]"])) + b"\n"
+    return text
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
+@given(hostile_files())
+def test_hostile_files_are_their_own_error_never_a_traceback(raw: bytes) -> None:
+    path = FOLDER / "hostile.yaml"
+    path.write_bytes(raw)
+    result = RUNNER.invoke(app, ["validate", str(path)])
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert result.exit_code in (0, 1) and "Traceback" not in result.output
+    if result.exit_code == 1:
+        assert f"{path}: " in result.output and "problem(s)" in result.output, result.output[-2000:]
+    SEEN["hostile"] += 1
 
 
 def test_the_fuzzer_exercised_both_outcomes() -> None:

@@ -100,7 +100,9 @@ def test_query_errors_name_the_clause(query: str, message: str) -> None:
 
 
 def test_require_dimensions_and_order_by_are_checked() -> None:
-    assert "require: 'nope'" in error("SELECT o.order_id FROM orders o", require=["nope"])
+    with pytest.raises(SpecError) as info:
+        sql_spec("SELECT o.order_id FROM orders o", require=["nope"])
+    assert info.value.problems[0][:2] == ("require", "'nope' is not an output column of the query (order_id)")
     assert "not used in the query" in error("SELECT o.order_id FROM orders o", dimensions=["tiers"])
     assert "FROM 'tiers' is a dimension" in error("SELECT t.user_id AS order_id FROM tiers t", dimensions=["tiers"])
     assert "order_by column 'x'" in error("SELECT o.order_id FROM orders o", order_by=["x"])

@@ -13,7 +13,6 @@ from datetime import date, timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     BeforeValidator,
     Field,
@@ -23,7 +22,7 @@ from pydantic import (
     model_validator,
 )
 
-from riverhouse.platform.envrefs import accepts_env_ref, env_ref_problems, is_secret_key, resolve_env_refs
+from riverhouse.platform.envrefs import scope_problems
 from riverhouse.platform.fields import (
     ColumnName,
     FieldSpec,
@@ -41,30 +40,32 @@ from riverhouse.platform.spec_base import (
     check_identifier,
     read_utf8,
 )
+from riverhouse.platform.spec_kafka import SASL_PROTOCOLS, TLS_PROTOCOLS, KafkaSecurity, KafkaSpec
+from riverhouse.platform.spec_yaml import MAX_BYTES, YamlProblem, load_yaml
 from riverhouse.platform.types import NUMERIC
 
-# Re-exported: the spec's public names, wherever they are defined.
-__all__ = ["IDENTIFIER_RE", "SYSTEM_COLUMN_PREFIX", "FieldSpec", "check_column_name", "check_identifier"]
+# Re-exported: the spec's public names, wherever they are defined (the `kafka:` section is spec_kafka.py).
+__all__ = [
+    "IDENTIFIER_RE",
+    "SASL_PROTOCOLS",
+    "SYSTEM_COLUMN_PREFIX",
+    "TLS_PROTOCOLS",
+    "FieldSpec",
+    "KafkaSecurity",
+    "KafkaSpec",
+    "check_column_name",
+    "check_identifier",
+]
 
 TOPIC_RE = re.compile(r"[A-Za-z0-9._-]{1,249}")
 WINDOW_RE = re.compile(r"\s*(\d+)\s*(s|m|h|d|w)\s*")
 OWNER_RE = re.compile(r"(team:[A-Za-z0-9_.-]+|[^@\s]+@[^@\s]+\.[^@\s]+)")
-LIBRDKAFKA_KEY_RE = re.compile(r"[a-z][a-z0-9._]*")
 # Riverhouse's own ClickHouse tables (ledger, backfill staging) start with this prefix, so
 # no sink table may: a backfill drops and re-creates its staging table.
 RESERVED_TABLE_PREFIX = "riverhouse_"
 MAX_WINDOW = timedelta(days=7)
 WINDOW_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
-
-# Kafka client settings Riverhouse owns: a spec may not override them because
-# correctness (deterministic replay from Spark's checkpoint) depends on them.
-RESERVED_KAFKA_KEYS = {
-    "bootstrap.servers",
-    "group.id",
-    "enable.auto.commit",
-    "auto.offset.reset",
-    "enable.partition.eof",
-}
+WINDOW_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 NUMERIC_TYPES = NUMERIC
 
@@ -86,10 +87,17 @@ def parse_window(value: Any) -> timedelta:
     if isinstance(value, timedelta):
         window = value
     else:
-        match = WINDOW_RE.fullmatch(str(value))
+        text = str(value)
+        match = WINDOW_RE.fullmatch(text) if len(text) <= 40 else None
         if not match:
-            raise ValueError(f"window {value!r} is not a duration: write a number and a unit, e.g. 30s, 15m, 1h, 7d")
-        window = timedelta(**{WINDOW_UNITS[match.group(2)]: int(match.group(1))})
+            raise ValueError(
+                f"window {text[:40]!r} is not a duration: write a number and a unit, e.g. 30s, 15m, 1h, 7d"
+            )
+        number, unit = match.group(1), match.group(2)
+        # Compared in whole seconds before a timedelta is built: timedelta(days=10**20) raises OverflowError.
+        if int(number) * WINDOW_SECONDS[unit] > MAX_WINDOW.total_seconds():
+            raise ValueError(f"window {value!r} is longer than the maximum of 7 days")
+        window = timedelta(**{WINDOW_UNITS[unit]: int(number)})
     if window <= timedelta(0):
         raise ValueError(f"window {value!r} must be longer than 0")
     if window > MAX_WINDOW:
@@ -141,7 +149,7 @@ class SourceSpec(StrictModel):
     key: list[Identifier] = Field(min_length=1)
     event_time: EventTimeSpec = EventTimeSpec()
     dedup: DedupSpec | None = None
-    max_message_bytes: int = Field(default=1_000_000, gt=0)
+    max_message_bytes: int = Field(default=1_000_000, gt=0, le=2**31 - 1)
 
     @field_validator("topic")
     @classmethod
@@ -211,91 +219,6 @@ class SourceSpec(StrictModel):
         """Fields a record must carry: declared required, plus every key field."""
         keys = set(self.key) | set(self.dedup_key)
         return [f.name for f in self.fields if f.required or f.name in keys]
-
-
-ENV_REF_ONLY_RE = re.compile(r"^\$\{env:[A-Za-z_][A-Za-z0-9_]*\}$")
-SASL_PROTOCOLS = ("SASL_PLAINTEXT", "SASL_SSL")
-TLS_PROTOCOLS = ("SSL", "SASL_SSL")
-
-
-class KafkaSecurity(StrictModel):
-    """One portable statement of Kafka security, mapped to the Java client (Spark) and librdkafka.
-
-    Files are PEM paths that must exist wherever a client runs (driver and executors).
-    """
-
-    protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
-    mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
-    username: str | None = None
-    # Only as `${env:NAME}`: a password written in a spec file would end up in git.
-    password: str | None = None
-    ca: str | None = None
-    certificate: str | None = None
-    key: str | None = None
-
-    @model_validator(mode="after")
-    def _consistent(self) -> KafkaSecurity:
-        if self.password is not None and not ENV_REF_ONLY_RE.match(self.password):
-            raise ValueError(
-                "password must be an environment reference like ${env:RIVERHOUSE_SECRET_KAFKA_PASSWORD}, not the secret"
-            )
-        for value in (self.username, self.password):
-            if problems := env_ref_problems(value):
-                raise ValueError("; ".join(problems))
-        sasl = self.protocol in SASL_PROTOCOLS
-        if sasl and not (self.mechanism and self.username and self.password):
-            raise ValueError(f"protocol {self.protocol} needs mechanism, username and password")
-        if not sasl and (self.mechanism or self.username or self.password):
-            raise ValueError(f"mechanism, username and password need a SASL protocol, not {self.protocol}")
-        if (self.certificate is None) != (self.key is None):
-            raise ValueError("a client certificate needs its key (certificate and key together)")
-        if self.protocol not in TLS_PROTOCOLS and (self.ca or self.certificate):
-            raise ValueError(f"ca, certificate and key need protocol SSL or SASL_SSL, not {self.protocol}")
-        return self
-
-
-class KafkaSpec(StrictModel):
-    # "local" means: the local Kafka started by `riverhouse kafka start`.
-    bootstrap_servers: str = "local"
-    # Security, stated once for both clients (kafka_source.py maps it); `config` is extra
-    # librdkafka tuning for the sensor, the generator and the benchmarks.
-    security: KafkaSecurity | None = None
-    config: dict[str, str | int | float | bool] = Field(default_factory=dict)
-    starting_offsets: Literal["earliest", "latest"] = "earliest"
-    max_offsets_per_trigger: int = Field(default=500_000, gt=0)
-    # Records Kafka lost before they were read (retention, a recreated topic) stop the run;
-    # false skips them (the run says how many).
-    fail_on_data_loss: bool = True
-
-    @field_validator("config")
-    @classmethod
-    def _config_keys(cls, value: dict[str, Any]) -> dict[str, Any]:
-        for key in value:
-            if not isinstance(key, str) or not LIBRDKAFKA_KEY_RE.fullmatch(key):
-                raise ValueError(f"{key!r} is not a librdkafka setting name (e.g. sasl.mechanism)")
-            if key in RESERVED_KAFKA_KEYS:
-                raise ValueError(
-                    f"{key!r} is managed by Riverhouse (offsets live in Spark's checkpoint); "
-                    "set bootstrap servers with kafka.bootstrap_servers"
-                )
-        for key, item in value.items():
-            problems = env_ref_problems(item)
-            if problems:
-                raise ValueError(f"kafka.config.{key}: " + "; ".join(problems))
-            if isinstance(item, str) and "${env:" in item and not accepts_env_ref(key):
-                raise ValueError(
-                    f"kafka.config.{key}: ${{env:...}} is allowed only in credential settings "
-                    "(passwords, secrets, keys, JAAS/OAuth configs, sasl.username), where the value goes to the "
-                    "broker's authentication and nowhere else"
-                )
-        return value
-
-    def resolved_config(self) -> dict[str, Any]:
-        """librdkafka settings with `${env:NAME}` references resolved (never log the result)."""
-        return {k: resolve_env_refs(v, f"kafka.config.{k}") for k, v in self.config.items()}
-
-    def redacted_config(self) -> dict[str, Any]:
-        return {k: ("***" if is_secret_key(k) else v) for k, v in self.config.items()}
 
 
 class SinkSpec(StrictModel):
@@ -408,6 +331,15 @@ class PipelineSpec(StrictModel):
             if not isinstance(owner, str) or not OWNER_RE.fullmatch(owner):
                 raise ValueError(f"owner {owner!r} must be an email address or team:<name>")
         return value
+
+    @model_validator(mode="after")
+    def _secrets_are_this_pipelines(self) -> PipelineSpec:
+        problems = [
+            f"{where}: {p}" for where, value in self.kafka.references() for p in scope_problems(value, self.name)
+        ]
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
 
     @model_validator(mode="after")
     def _sink_refers_to_a_source(self) -> PipelineSpec:
@@ -537,7 +469,12 @@ def _format_loc(loc: tuple[Any, ...]) -> str:
     return "".join(parts)
 
 
+# A whole-spec check names the setting at the start of its message ("query: ..."): shown as the place.
+MESSAGE_PLACE_RE = re.compile(r"(query|require|dimensions|kafka\.[a-z0-9_.]+): ")
+
+
 def parse_spec(data: Any, source: str = "<spec>") -> PipelineSpec:
+    """The spec from its data; every problem, and any failure while checking, is a SpecError naming `source`."""
     if not isinstance(data, dict):
         raise SpecError(source, [("", "the spec must be a YAML mapping", "start with `name: my_pipeline`")])
     try:
@@ -545,38 +482,56 @@ def parse_spec(data: Any, source: str = "<spec>") -> PipelineSpec:
     except ValidationError as exc:
         problems = []
         for err in exc.errors():
-            message = str(err["msg"]).removeprefix("Value error, ")
-            problems.append((_format_loc(err["loc"]), message, _hint_for(err)))
+            where = _format_loc(err["loc"])
+            # A check may report several problems, one per line, each naming its place ("query: ...").
+            for line in str(err["msg"]).removeprefix("Value error, ").split("\n"):
+                named = MESSAGE_PLACE_RE.match(line)
+                if named and named.group(1).startswith(where):
+                    problems.append((named.group(1), line[named.end() :], _hint_for(err)))
+                else:
+                    problems.append((where, line, _hint_for(err)))
         raise SpecError(source, problems) from None
+    except RecursionError:
+        raise SpecError(source, [("", "the spec is nested too deeply to check", "flatten it")]) from None
+    except Exception as exc:  # one file's failure is that file's error, never the whole code location's
+        raise SpecError(
+            source,
+            [("", f"the spec could not be checked ({type(exc).__name__}: {str(exc)[:200]})", "report this as a bug")],
+        ) from None
 
 
 def load_spec(path: str | Path) -> PipelineSpec:
     path = Path(path)
     try:
+        if path.stat().st_size > MAX_BYTES:
+            raise SpecError(str(path), [("", f"the file is larger than a spec's maximum of {MAX_BYTES:,} bytes", "")])
         text = read_utf8(path)
     except OSError as exc:
         raise SpecError(str(path), [("", f"cannot read file: {exc.strerror}", "check the path")]) from None
     except NotUtf8Error as exc:
         raise SpecError(str(path), [("", str(exc), "")]) from None
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise SpecError(str(path), [(where, f"invalid YAML: {getattr(exc, 'problem', exc)}", "")]) from None
+        data = load_yaml(text)
+    except YamlProblem as exc:
+        raise SpecError(str(path), [(exc.where, exc.message, exc.hint)]) from None
     return parse_spec(data, str(path))
 
 
-def sink_identity(spec: PipelineSpec) -> tuple[str, str]:
-    """(database, table) of the ClickHouse table the spec loads ('' = the DSN's database)."""
-    return (spec.sink.database or "", spec.sink.table)
+def sink_identity(spec: PipelineSpec, default_database: str = "default") -> tuple[str, str]:
+    """(database, table) of the ClickHouse table the spec loads, the database resolved: a sink
+    without one loads the DSN's database (`dsn_database`), so `database: default` and none are one table."""
+    return (spec.sink.database or default_database, spec.sink.table)
 
 
-def check_together(loaded: list[tuple[str, PipelineSpec]]) -> tuple[list[PipelineSpec], list[SpecError]]:
+def check_together(
+    loaded: list[tuple[str, PipelineSpec]], default_database: str = "default"
+) -> tuple[list[PipelineSpec], list[SpecError]]:
     """Specs that may be loaded side by side, in order; a later one that clashes with an earlier one is refused.
 
-    Two pipelines with one name would share tables and Dagster assets; two pipelines loading one
-    ClickHouse table would double its rows (their deduplication tokens differ).
+    Two pipelines with one name would share tables and Dagster assets, and two whose names differ
+    only in case would share secrets (RIVERHOUSE_SECRET_<PIPELINE>__*, envrefs.py); two pipelines
+    loading one ClickHouse table would double its rows (their deduplication tokens differ).
+    `default_database` is the DSN's database, where a sink without `database:` lands.
     """
     names: dict[str, str] = {}
     sinks: dict[tuple[str, str], str] = {}
@@ -584,28 +539,37 @@ def check_together(loaded: list[tuple[str, PipelineSpec]]) -> tuple[list[Pipelin
     errors: list[SpecError] = []
     for source, spec in loaded:
         problems = []
-        if spec.name in names:
-            problems.append(("name", f"pipeline name {spec.name!r} is already used by {names[spec.name]}", ""))
-        sink = sink_identity(spec)
+        if spec.name.upper() in names:
+            problems.append(
+                (
+                    "name",
+                    f"pipeline name {spec.name!r} is already used by {names[spec.name.upper()]} (names are compared "
+                    "ignoring case: they name the pipeline's secrets)",
+                    "give each pipeline its own name",
+                )
+            )
+        sink = sink_identity(spec, default_database)
         if sink in sinks:
-            where = f"{sink[0]}.{sink[1]}" if sink[0] else sink[1]
             problems.append(
                 (
                     "sink.table",
-                    f"ClickHouse table {where!r} is already loaded by {sinks[sink]}",
+                    f"ClickHouse table {sink[0]}.{sink[1]!s} is already loaded by {sinks[sink]}"
+                    + ("" if spec.sink.database else f" (a sink without database: loads the DSN's, {sink[0]})"),
                     "each pipeline loads its own table; two loaders of one table would double its rows",
                 )
             )
         if problems:
             errors.append(SpecError(source, problems))
             continue
-        names[spec.name] = source
+        names[spec.name.upper()] = source
         sinks[sink] = source
         accepted.append(spec)
     return accepted, errors
 
 
-def load_spec_folder(folder: str | Path) -> tuple[list[PipelineSpec], list[SpecError]]:
+def load_spec_folder(
+    folder: str | Path, default_database: str = "default"
+) -> tuple[list[PipelineSpec], list[SpecError]]:
     """Every spec of the folder that loads, and one error per file that does not (or clashes)."""
     loaded: list[tuple[str, PipelineSpec]] = []
     errors: list[SpecError] = []
@@ -614,7 +578,7 @@ def load_spec_folder(folder: str | Path) -> tuple[list[PipelineSpec], list[SpecE
             loaded.append((str(path), load_spec(path)))
         except SpecError as exc:
             errors.append(exc)
-    accepted, clashes = check_together(loaded)
+    accepted, clashes = check_together(loaded, default_database)
     return accepted, errors + clashes
 
 

@@ -13,12 +13,15 @@ Spec SQL is untrusted: every node of the parsed query must be in an allow-list o
 constructs (ALLOWED_CONSTRUCTS) and every function in an allow-list of functions
 (ALLOWED_FUNCTIONS, ALLOWED_SPARK_FUNCTIONS). Spark itself cannot be told to refuse
 `reflect`/`java_method` (Spark 4.2 has no such setting), so this check is what keeps a
-spec from calling Java; Riverhouse's sessions also turn off SQL on files
-(settings.RESTRICTED_SPARK_CONF).
+spec from calling Java; the SQL generated for Spark is parsed and checked again
+(`check_generated`), Riverhouse's sessions turn off SQL on files
+(settings.RESTRICTED_SPARK_CONF), and gold/plan_guard.py checks Spark's analyzed plan of the
+query before it runs.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -69,6 +72,35 @@ ALLOWED_SPARK_FUNCTIONS = frozenset(
         *("endswith", "contains", "instr", "locate", "repeat", "format_number", "sha1", "crc32", "base64"),
     }
 )
+
+
+# Words a date function's unit slot may hold. sqlglot builds the unit of DATE_ADD, DATEDIFF,
+# DATE_TRUNC... as a `Var` from the text of a string literal, and its Spark generator writes a
+# Var back unquoted: `date_add('day) , java_method(...', ...)` became SQL that called Java
+# (issue 27). So a unit is checked against these words, never skipped.
+ALLOWED_UNITS = frozenset(
+    {
+        *("YEAR", "YEARS", "YYYY", "YY", "QUARTER", "QUARTERS", "MONTH", "MONTHS", "MON", "MM"),
+        *("WEEK", "WEEKS", "DAY", "DAYS", "DD", "DAYOFYEAR", "DOY", "DAYOFWEEK", "DOW", "DAYOFWEEK_ISO"),
+        *("DOW_ISO", "HOUR", "HOURS", "MINUTE", "MINUTES", "SECOND", "SECONDS", "MILLISECOND"),
+        *("MILLISECONDS", "MICROSECOND", "MICROSECONDS"),
+    }
+)
+# What gold/plan_guard.py refuses in Spark's analyzed plan of a spec's query: calls of Java by
+# reflection, Java invocations, and what reads files or the environment. Spark prints a string
+# literal's text unquoted in a plan, so a literal that reads like one of these calls is refused
+# here too: the two checks then agree, and a plan-check refusal is always a text-check bug.
+JAVA_CALLS = ("reflect", "java_method", "try_reflect")
+INVOKE_CALLS = ("static_invoke", "invoke")
+ENVIRONMENT_CALLS = (
+    *("input_file_name", "input_file_block_start", "input_file_block_length", "read_files"),
+    *("current_user", "session_user", "user"),
+)
+FORBIDDEN_CALL_RE = re.compile(r"\b(" + "|".join((*JAVA_CALLS, *INVOKE_CALLS, *ENVIRONMENT_CALLS)) + r")\s*\(", re.I)
+# Parentheses nested deeper than this are refused before sqlglot parses the query: its parser
+# recurses about 20 Python frames per level and ended in a RecursionError near 50 levels.
+MAX_NESTING = 24
+MAX_QUERY_CHARS = 20_000
 
 
 class QueryError(ValueError):
@@ -146,10 +178,41 @@ def compile_query(
     require: list[str],
 ) -> JoinPlan:
     """Parse and validate a SELECT over named sources. `fields`: source -> its field names."""
+    check_shape(query)
+    try:
+        return _compile(query, fields, windows, dimensions, require)
+    except RecursionError:  # CASE or NOT nested without parentheses: the file's error, not a crash
+        raise QueryError("query: the SQL is nested too deeply to check; write it flatter") from None
+
+
+def check_shape(query: str) -> None:
+    """Refuse a query too long or nested too deeply to parse safely (sqlglot's tokenizer does not recurse)."""
+    if len(query) > MAX_QUERY_CHARS:
+        raise QueryError(f"query: {len(query):,} characters, more than the maximum of {MAX_QUERY_CHARS:,}")
+    try:
+        tokens = sqlglot.tokenize(query, read="spark")
+    except sqlglot.errors.TokenError as exc:
+        raise QueryError(f"query: cannot parse SQL: {str(exc).splitlines()[0][:200]}") from None
+    depth = 0
+    for token in tokens:
+        depth += {sqlglot.TokenType.L_PAREN: 1, sqlglot.TokenType.R_PAREN: -1}.get(token.token_type, 0)
+        if depth > MAX_NESTING:
+            raise QueryError(
+                f"query: parentheses nested more than {MAX_NESTING} deep (line {token.line}); write it flatter"
+            )
+
+
+def _compile(
+    query: str,
+    fields: dict[str, list[str]],
+    windows: dict[str, timedelta],
+    dimensions: set[str],
+    require: list[str],
+) -> JoinPlan:
     try:
         statements = sqlglot.parse(query, read="spark")
     except sqlglot.errors.ParseError as exc:
-        raise QueryError(f"query: cannot parse SQL: {str(exc).splitlines()[0]}") from None
+        raise QueryError(f"query: cannot parse SQL: {str(exc).splitlines()[0][:200]}") from None
     if len(statements) != 1 or not isinstance(statements[0], exp.Select):
         raise QueryError("query: write exactly one SELECT statement")
     select: exp.Select = statements[0]
@@ -277,7 +340,47 @@ def compile_query(
     unused = set(dimensions) - set(aliases.values())
     if unused:
         raise QueryError(f"dimensions: {', '.join(sorted(unused))} not used in the query")
+    columns = {flat(alias, name) for alias, source in aliases.items() for name in fields[source]}
+    for name, expression in projections:
+        check_generated(expression, f"SELECT {name}", columns)
+    if where_sql is not None:
+        check_generated(where_sql, "WHERE", columns)
     return JoinPlan(driving, driving_alias, tuple(steps), tuple(projections), where_sql, tuple(require))
+
+
+def check_generated(expression: str, clause: str, columns: set[str]) -> None:
+    """The allow-list again, on the text actually sent to Spark: it must read back as one expression
+    over the flat columns, with nothing outside the allow-lists.
+
+    The check above looks at sqlglot's tree of the user's SQL; Spark runs the text sqlglot
+    generates from it, and the two can differ (a unit written back unquoted was one such
+    difference). A difference found here is refused, not run.
+    """
+    try:
+        statements = sqlglot.parse(f"SELECT {expression}", read="spark")
+    except sqlglot.errors.SqlglotError:
+        statements = []
+    select = statements[0] if len(statements) == 1 else None
+    if (
+        not isinstance(select, exp.Select)
+        or len(select.expressions) != 1
+        or select.args.get("from_")
+        or select.args.get("from")
+    ):
+        raise QueryError(
+            f"query: {clause}: the SQL generated for Spark does not read back as one expression "
+            f"(`{expression[:80]}`); simplify the expression"
+        )
+    for node_type, label in UNSUPPORTED:
+        if select.find(node_type) is not None:
+            raise QueryError(f"query: {clause}: unsupported clause in the SQL generated for Spark: {label}")
+    check_allowed(select)
+    for column in select.find_all(exp.Column):
+        if column.table or column.name not in columns or not column.this.quoted:
+            raise QueryError(
+                f"query: {clause}: the SQL generated for Spark names `{column.sql(dialect='spark')[:80]}`, "
+                "which is not a column of the sources"
+            )
 
 
 def check_allowed(select: exp.Select) -> None:
@@ -285,14 +388,27 @@ def check_allowed(select: exp.Select) -> None:
     for node in select.walk():
         if isinstance(node, exp.Select) and node is not select:
             raise QueryError(f"query: unsupported clause: subqueries, in `{node.sql(dialect='spark')[:80]}`")
-        if isinstance(node, exp.Var) and node.arg_key == "unit":
-            continue  # a unit keyword: INTERVAL 1 HOUR, date_trunc('hour', ...)
         if isinstance(node, exp.Bracket):
             if node.args.get("safe"):
                 continue  # try_element_at(map_or_array, key): NULL when the key or index is missing
             raise QueryError(
                 f"query: `{node.sql(dialect='spark')[:80]}`: write try_element_at(x, key), which gives NULL for a "
                 "missing key or index (x[key] and element_at fail the run on an array index out of range)"
+            )
+        # A unit keyword (INTERVAL 1 HOUR, date_trunc('hour', ...), EXTRACT(YEAR FROM ...)), written
+        # back unquoted: only the known words, or a literal's text would become SQL.
+        if isinstance(node, exp.Var) and isinstance(node.parent, (exp.Func, exp.Interval)):
+            if str(node.name).upper() in ALLOWED_UNITS:
+                continue
+            raise QueryError(
+                f"query: {str(node.name)[:40]!r} is not a date/time unit: use one of YEAR, QUARTER, MONTH, "
+                "WEEK, DAY, HOUR, MINUTE, SECOND, MILLISECOND, MICROSECOND"
+            )
+        if isinstance(node, exp.Literal) and node.is_string and FORBIDDEN_CALL_RE.search(str(node.this)):
+            raise QueryError(
+                f"query: the string {str(node.this)[:60]!r} reads like a call of "
+                f"{FORBIDDEN_CALL_RE.search(str(node.this)).group(1)}(), which spec SQL may not use: Spark prints "  # type: ignore[union-attr]
+                "literals unquoted in its plan, where Riverhouse checks for such calls; reword the string"
             )
         if isinstance(node, exp.Anonymous):
             name = str(node.name).lower()

@@ -13,6 +13,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
+from riverhouse.platform.gold.plan_guard import check_spec_query
 from riverhouse.platform.spec import PipelineSpec
 from riverhouse.platform.sql import JoinPlan, JoinStep, flat
 from riverhouse.platform.state.tables import silver_schema, spark_schema
@@ -116,7 +117,9 @@ def evaluate(
             "_late_match",
         ]
     )
-    result = spark.sql(f"SELECT {projections}, {meta}, {where} AS _where_ok FROM `{view}`")
+    query = f"SELECT {projections}, {meta}, {where} AS _where_ok FROM `{view}`"
+    check_spec_query(spark, query, view, base, spec.name, spec.model_dump_json())  # Spark's plan, before it runs
+    result = spark.sql(query)
     missing = [
         F.when(F.col(f"`{name}`").isNull(), F.lit(f"required field '{name}' is missing when the join window closed"))
         for name in plan.require

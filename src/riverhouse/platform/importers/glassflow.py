@@ -109,7 +109,7 @@ def build_spec(p: Pipeline, result: ImportResult, output: Path | None) -> dict[s
                     s.path, f"not loaded: the sink loads {p.sink_source!r} (sink.source_id) and there is no join"
                 )
         p.sources = chosen or p.sources
-    spec["kafka"] = kafka_block(p, result, output)
+    spec["kafka"] = kafka_block(p, result, output, spec["name"])
     names = {s.sid: identifier(s.sid, "source", result) for s in p.sources}
     for c in p.columns:
         c.column = output_column(c, result)

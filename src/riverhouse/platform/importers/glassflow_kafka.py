@@ -1,10 +1,9 @@
 """A GlassFlow Kafka connection as a spec's `kafka:` section, its security in `kafka.security`.
 
 `kafka.security` is the one statement both Kafka clients get (Spark's Java client reads
-the topics, librdkafka the offsets); `kafka.config` reaches librdkafka only, and a run
-refuses security settings there. So everything GlassFlow's connection says about
-security goes into `kafka.security`, or is reported as not carried over: never into
-`kafka.config`, where the imported spec would validate and then fail at run time.
+the topics, librdkafka the offsets); `kafka.config` takes only client tuning from an
+allow-list, no security setting. So everything GlassFlow's connection says about
+security goes into `kafka.security`, or is reported as not carried over.
 
 `kafka.security` names PEM files. GlassFlow carries certificates as text (base64 in v2):
 they are public, and are written beside the spec file; the client's private key is a
@@ -32,7 +31,7 @@ KEY_SUFFIX = ".kafka-client.key"
 KERBEROS_SETTINGS = ("kerberos_service_name", "kerberos_keytab", "kerberos_realm", "kerberos_config")
 
 
-def kafka_block(p: Pipeline, result: ImportResult, output: Path | None) -> dict[str, Any]:
+def kafka_block(p: Pipeline, result: ImportResult, output: Path | None, pipeline: str) -> dict[str, Any]:
     """The spec's `kafka:` section from the first source's connection (a spec has one)."""
     first = p.sources[0]
     conn = first.connection
@@ -49,7 +48,7 @@ def kafka_block(p: Pipeline, result: ImportResult, output: Path | None) -> dict[
         if bare != b.strip():
             result.note(f"{where}.brokers: {b} written as {bare} (Kafka bootstrap servers carry no scheme)")
         brokers.append(bare)
-    security = security_block(conn, where, result, output)
+    security = security_block(conn, where, result, output, pipeline)
     refs = sorted({v[len("${env:") : -1] for v in security.values() if v.startswith("${env:")})
     if refs:
         result.note(f"credentials are not copied: export {', '.join(refs)} before running")
@@ -60,7 +59,9 @@ def kafka_block(p: Pipeline, result: ImportResult, output: Path | None) -> dict[
     }
 
 
-def security_block(conn: gf.KafkaConnection, where: str, result: ImportResult, output: Path | None) -> dict[str, str]:
+def security_block(
+    conn: gf.KafkaConnection, where: str, result: ImportResult, output: Path | None, pipeline: str
+) -> dict[str, str]:
     """`kafka.security` for the connection; what it cannot state is dropped with the reason."""
     protocol = conn.protocol.upper()
     if conn.sasl_tls_enable and protocol not in TLS_PROTOCOLS:
@@ -82,7 +83,7 @@ def security_block(conn: gf.KafkaConnection, where: str, result: ImportResult, o
             result.drop(
                 f"{where}.mechanism",
                 f"{mechanism}: kafka.security states {', '.join(JAAS_MODULES)} (for Spark's connector and "
-                f"librdkafka alike); kafka.config would reach librdkafka only, and a run refuses SASL settings there. "
+                f"librdkafka alike); kafka.config takes no SASL settings. "
                 f"Written as {without_sasl}: the broker will refuse the run until the spec states a supported login",
             )
             for name in ("username", "password"):
@@ -92,8 +93,8 @@ def security_block(conn: gf.KafkaConnection, where: str, result: ImportResult, o
         else:
             security |= {
                 "mechanism": mechanism,
-                "username": secret_ref("KAFKA_USERNAME"),
-                "password": secret_ref("KAFKA_PASSWORD"),
+                "username": secret_ref(pipeline, "KAFKA_USERNAME"),
+                "password": secret_ref(pipeline, "KAFKA_PASSWORD"),
             }
     elif authenticates:
         result.drop(f"{where}.mechanism", f"{mechanism} without a SASL protocol ({protocol}) authenticates nothing")

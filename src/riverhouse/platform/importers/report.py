@@ -28,9 +28,6 @@ GO_UNITS = {
     "h": 3600.0,
 }
 
-# Credentials never enter a spec: they become references to these variables.
-SECRET_ENV_PREFIX = "RIVERHOUSE_SECRET_"
-
 
 class ImporterError(Exception):
     """The input cannot be imported at all; `problems` holds (where, what, hint) triples."""
@@ -154,5 +151,9 @@ def identifier(name: str, what: str, result: ImportResult) -> str:
     return cleaned
 
 
-def secret_ref(name: str) -> str:
-    return "${env:" + SECRET_ENV_PREFIX + name + "}"
+def secret_ref(pipeline: str, name: str) -> str:
+    """Credentials never enter a spec: they become references to the pipeline's own variables
+    (RIVERHOUSE_SECRET_<PIPELINE>__<NAME>, envrefs.py)."""
+    from riverhouse.platform.envrefs import pipeline_prefix
+
+    return "${env:" + pipeline_prefix(pipeline) + name + "}"

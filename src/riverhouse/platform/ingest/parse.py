@@ -90,17 +90,40 @@ def _first_reason(candidates: list[tuple[Column, Column | str]]) -> Column:
     return expr
 
 
+# NaN / Infinity as bare tokens (Jackson, and so `from_json`, reads them; strict JSON does not),
+# turned into 0 before the strict parse so that they do not read as a broken record: the
+# non-finite checks below decide about them.
+NON_FINITE_TOKEN_RE = r"([:\[,]\s*)[-+]?(NaN|Infinity)(\s*[,}\]])"
+
+
+def _strict_json(text: Column) -> Column:
+    """The record as Spark's strict JSON parser reads it (a variant), NULL when it refuses it.
+
+    `parse_json` refuses a key given twice in one object, at any depth (Spark's default,
+    spark.sql.variant.allowDuplicateKeys=false), where `from_json` silently keeps one of the
+    values. The plain parse comes first: the NaN-neutralizing one runs only when it fails.
+    """
+    return F.coalesce(F.try_parse_json(text), F.try_parse_json(F.regexp_replace(text, NON_FINITE_TOKEN_RE, "$10$3")))
+
+
+def _duplicate_key(text: Column) -> Column:
+    """The first key given twice at the top level of the record, else NULL."""
+    keys = F.json_object_keys(text)
+    return F.try_element_at(F.filter(keys, lambda k: F.size(F.filter(keys, lambda other: other == k)) > 1), F.lit(1))
+
+
 def _is_container(variant: Column) -> Column:
     kind = F.schema_of_variant(variant)
     return kind.startswith("OBJECT") | kind.startswith("ARRAY")
 
 
-def _json_in_string(text: Column, f: FieldSpec) -> Column:
+def _json_in_string(strict: Column, f: FieldSpec) -> Column:
     """Is a JSON object or array where the field (or an element or value of it) should hold a string?
 
-    The variant parse tells a JSON object or array from a string that merely starts with '{' or '['.
+    The variant (the record's strict parse) tells a JSON object or array from a string that merely
+    starts with '{' or '['.
     """
-    value = F.try_parse_json(text)
+    value = strict
     shape = variant_shape(f.type)
     if shape is None:
         return _is_container(F.try_variant_get(value, json_path(f.segments), "variant"))
@@ -120,10 +143,19 @@ def parse_records(batch: DataFrame, src: SourceSpec) -> DataFrame:
     df = batch.withColumn("_text", text)
     jvm_parse = F.when(
         F.is_valid_utf8(F.col("_text")),
-        F.from_json(F.col("_text"), json_schema, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}),
+        # Strict about quoting: single-quoted JSON is not JSON (Spark's default reads it, and its
+        # object values then reached string fields unchecked: the strict parse below refuses it).
+        F.from_json(
+            F.col("_text"),
+            json_schema,
+            {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT, "allowSingleQuotes": "false"},
+        ),
     )
-    df = df.withColumn("_p", jvm_parse)
-    parsed = F.col("_p")
+    # The strict parse once per record (a column, not repeated in every check that reads it).
+    df = df.withColumn("_p", jvm_parse).withColumn(
+        "_strict", F.when(F.col("_p").isNotNull(), _strict_json(F.col("_text")))
+    )
+    parsed, strict = F.col("_p"), F.col("_strict")
     raw = {f.name: _at(parsed, f.segments) for f in src.fields}
     typed = {f.name: _typed(raw[f.name], f.type) for f in src.fields}
 
@@ -172,9 +204,9 @@ def parse_records(batch: DataFrame, src: SourceSpec) -> DataFrame:
     ]
     json_in_string = [
         (
-            # Cheap test first (CASE stops at it for ordinary strings), then the variant parse.
+            # Cheap test first (CASE stops at it for ordinary strings), then the record's strict parse.
             _any_leaf(raw[f.name], f.ftype, lambda x: x.startswith("{") | x.startswith("["))
-            & F.coalesce(_json_in_string(F.col("_text"), f), F.lit(False)),
+            & F.coalesce(_json_in_string(strict, f), F.lit(False)),
             f"field {f.label} should be {f.type}, got a JSON object or array"
             f"{' where a string belongs' if f.ftype.is_container else ''}; "
             "set allow_json_text: true on the field to keep its JSON text",
@@ -216,8 +248,20 @@ def parse_records(batch: DataFrame, src: SourceSpec) -> DataFrame:
             ),
             (~F.is_valid_utf8(F.col("_text")), "value is not valid UTF-8"),
             (parsed.isNull(), "value could not be parsed"),
+            # One rule for a key given twice, at any depth: the record is quarantined (readers keep different
+            # values: from_json the last, get_json_object the first), naming the key when it is a top-level one.
+            (
+                strict.isNull() & _duplicate_key(F.col("_text")).isNotNull(),
+                F.concat(F.lit("key '"), _snippet(_duplicate_key(F.col("_text"))), F.lit("' appears twice")),
+            ),
+            # Not JSON at all (single-quoted JSON included): before the per-field checks, which read leniently.
+            (
+                parsed[CORRUPT].isNotNull() & strict.isNull(),
+                F.concat(F.lit("not a JSON object: "), _snippet(F.col("_text"))),
+            ),
             *[(parsed[CORRUPT].isNotNull() & c, r) for c, r in [*not_an_object, *wrong_type]],
             (parsed[CORRUPT].isNotNull(), F.concat(F.lit("not a JSON object: "), _snippet(F.col("_text")))),
+            (strict.isNull(), "not strict JSON: a key appears twice in a nested object, or text follows the object"),
             *unconvertible,
             *non_finite,
             *json_in_string,

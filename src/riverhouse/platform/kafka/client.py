@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from riverhouse.platform.envrefs import resolve_env_refs
+from riverhouse.platform.kafka.client_settings import JAVA, LIBRDKAFKA, for_client, java_value
 
 METADATA_TIMEOUT_S = 15.0
 # Beside Spark's checkpoint of a source: the Kafka topic ids its offsets belong to.
@@ -34,9 +35,6 @@ TOPIC_IDS_FILE = "kafka_topic_ids.json"
 # Java client options that carry a secret once `${env:...}` is resolved (jaas: the password;
 # keystore.key: the client's private key). Spark redacts options whose key or value matches.
 SECRET_OPTIONS_REGEX = r"(?i)jaas|password|secret|token|keystore\.key|ssl\.key"
-# Keys of `kafka.config` that are security: they reach librdkafka only, so the Spark side
-# would connect without them. `kafka.security` states them for both clients.
-SECURITY_CONFIG_PREFIXES = ("security.", "sasl.", "ssl.")
 JAAS_MODULES = {
     "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
     "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
@@ -104,25 +102,22 @@ def _read_pem(path: str, where: str) -> str:
 
 
 def librdkafka_config(kafka: Any, bootstrap: str) -> dict[str, Any]:
-    """librdkafka settings for a spec's Kafka (its `config` extras + its security); never log them."""
+    """librdkafka settings for a spec's Kafka (its allowed `config` settings + its security); never log them."""
     # librdkafka's own log would repeat a down broker many times a second on stderr; its
     # errors reach the user once, through error_cb, in the message of the error raised.
-    config: dict[str, Any] = {"bootstrap.servers": bootstrap, "log_level": 0}
-    config.update(kafka.resolved_config())
+    config: dict[str, Any] = {"log_level": 0}
+    config.update(for_client(kafka.resolved_config(), LIBRDKAFKA))
     config.update(librdkafka_security(kafka.security))
+    # Set last: no spec setting may replace the servers (the spec's model refuses them too).
+    config["bootstrap.servers"] = bootstrap
     return config
 
 
 def connector_options(kafka: Any, bootstrap: str, topics: list[str]) -> dict[str, str]:
     """Options for `spark.readStream.format("kafka")` from a spec's `kafka:` section."""
-    stray = sorted(k for k in kafka.config if k.startswith(SECURITY_CONFIG_PREFIXES))
-    if stray and kafka.security is None:
-        raise KafkaSourceError(
-            f"kafka.config sets {', '.join(stray)}, which only the librdkafka tools use: state Kafka "
-            "security in kafka.security (protocol, mechanism, username, password: ${env:NAME}, ca, "
-            "certificate, key) so that Spark's Kafka connector uses it too"
-        )
     options = {
+        # The spec's allowed settings for the Java client first: Riverhouse's own below win.
+        **{f"kafka.{k}": java_value(v) for k, v in for_client(kafka.resolved_config(), JAVA).items()},
         "kafka.bootstrap.servers": bootstrap,
         "subscribe": ",".join(topics),
         "startingOffsets": kafka.starting_offsets,

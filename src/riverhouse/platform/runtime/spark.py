@@ -33,8 +33,10 @@ LOCAL_DEFAULTS: dict[str, str] = {
     # replay the same log in 5 s. A cluster with large logs may raise it in its settings.
     "spark.databricks.delta.snapshotPartitions": "4",
 }
-# Spec SQL runs in these sessions: no `SELECT ... FROM text.`/path`` reads of the driver's files.
-SQL_SAFETY_CONF: dict[str, str] = {"spark.sql.runSQLOnFiles": "false"}
+# Spec SQL runs in these sessions: no `SELECT ... FROM text.`/path`` reads of the driver's files; plans
+# printed whole (Spark's default of 25 fields ends a long SELECT with "... N more fields"), so that
+# gold/plan_guard.py sees every expression of a spec's query.
+SQL_SAFETY_CONF: dict[str, str] = {"spark.sql.runSQLOnFiles": "false", "spark.sql.debug.maxToStringFields": "100000"}
 # Spark replaces a conf's or a data source option's value with "*********(redacted)" in
 # plans, the UI, the event log and its own log lines when the key or the value matches.
 # Besides Spark's defaults: the Kafka connector options that hold a secret once Riverhouse

@@ -18,7 +18,7 @@ from typing import Any
 import pyarrow as pa
 
 from riverhouse.platform.spec import RESERVED_TABLE_PREFIX, PipelineSpec
-from riverhouse.platform.state.settings import redact_dsn
+from riverhouse.platform.state.settings import dsn_secrets, redact_dsn, split_dsn
 from riverhouse.platform.types import NoClickHouseType, clickhouse_column, clickhouse_type_of_arrow
 from riverhouse.platform.types import clickhouse_type as spec_clickhouse_type
 
@@ -114,6 +114,13 @@ def check_dsn(dsn: str) -> None:
         raise ClickHouseLoadError(
             f"unsupported ClickHouse DSN {redact_dsn(dsn)!r}: use chdb:///path or http(s)://user:pass@host:port/db"
         )
+    userinfo = split_dsn(dsn).userinfo or ""  # type: ignore[union-attr]
+    if any(c in userinfo for c in "/?#@"):
+        # clickhouse-connect reads the DSN as a URL, where these end the credentials.
+        raise ClickHouseLoadError(
+            f"ClickHouse DSN {redact_dsn(dsn)!r}: the user or password contains '/', '?', '#' or '@'; "
+            "write them percent-encoded (%2F, %3F, %23, %40)"
+        )
     try:
         parts = urlsplit(dsn)
         _ = parts.port  # raises ValueError on a non-numeric or out-of-range port
@@ -128,14 +135,10 @@ def check_dsn(dsn: str) -> None:
 
 def _scrubbed(exc: BaseException, dsn: str) -> str:
     """The error's text without the DSN's password, should a driver ever echo it."""
-    from urllib.parse import urlsplit
-
     text = str(exc)
-    try:
-        password = urlsplit(dsn).password
-    except ValueError:
-        password = None
-    return text.replace(password, "***") if password else text
+    for secret in dsn_secrets(dsn):
+        text = text.replace(secret, "***")
+    return text
 
 
 @contextmanager
