@@ -103,7 +103,9 @@ class KafkaSinkSpec(StrictModel):
                 "name one with ledger_topic"
             )
         if self.ledger == self.topic:
-            raise ValueError(f"ledger_topic {self.ledger!r} is the sink's own topic: the ledger needs a topic of its own")
+            raise ValueError(
+                f"ledger_topic {self.ledger!r} is the sink's own topic: the ledger needs a topic of its own"
+            )
         return self
 
     @property
