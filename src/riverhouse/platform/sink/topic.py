@@ -54,7 +54,7 @@ from riverhouse.platform.state.checkpoints import pipeline_lock
 from riverhouse.platform.state.delta_log import MARK_REBUILD, Commit, DeltaLog
 from riverhouse.platform.state.settings import Settings
 
-__all__ = ["ProduceResult", "TopicSink", "TopicSinkError", "TopicSinkFenced", "produce_topics"]
+__all__ = ["ProduceResult", "TopicSink", "TopicSinkError", "TopicSinkFenced", "produce_topics", "reset_topic_sink"]
 
 # Record headers: the Delta version a record comes from, and a backfill's window.
 VERSION_HEADER = "riverhouse.version"
@@ -367,17 +367,28 @@ class TopicSink:
             "pipeline starts over (the topic keeps its records; consumers then see the rows again)"
         )
 
-    def reset(self) -> None:
-        """Record in the ledger that the pipeline starts over (in a transaction, fencing a running producer)."""
-        with pipeline_lock(
-            Path(self.settings.checkpoints) / self.spec.name, self.spec.name, 0.0, f"topic.{self.sink.topic}.lock"
-        ):
-            self.open()
+    def reset(self) -> bool:
+        """Record in the ledger that the pipeline starts over; False when the ledger holds nothing of it."""
+        lock = f"topic.{self.sink.topic}.lock"
+        with pipeline_lock(Path(self.settings.checkpoints) / self.spec.name, self.spec.name, 0.0, lock):
+            progress = read_progress(self.config, self.sink.ledger, self.spec.name)
+            if progress is None or progress.reset:
+                return False
+            self.open()  # fences any producer of this sink still running elsewhere
             self._producer.begin_transaction()
-            self._producer.produce(
-                self.sink.ledger, key=ledger_key(self.spec.name), value=reset_record(self.spec.name, self.sink.topic)
-            )
+            record = reset_record(self.spec.name, self.sink.topic)
+            self._producer.produce(self.sink.ledger, key=ledger_key(self.spec.name), value=record)
             self._commit()
+            return True
+
+
+def reset_topic_sink(spec: PipelineSpec, sink: KafkaSinkSpec, settings: Settings, log: Callable[[str], None]) -> bool:
+    """`riverhouse reset`'s part in a Kafka sink: the ledger says the pipeline starts over; the topic keeps its rows."""
+    topic_sink = TopicSink(spec, sink, settings, log)
+    try:
+        return topic_sink.reset()
+    finally:
+        topic_sink.close()
 
 
 def produce_topics(
