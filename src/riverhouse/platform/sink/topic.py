@@ -396,14 +396,17 @@ def produce_topics(
     settings: Settings,
     log: Callable[[str], None] = print,
     sinks: dict[str, TopicSink] | None = None,
+    topic: str | None = None,
 ) -> list[ProduceResult]:
-    """Produce new Delta versions into every Kafka sink of the pipeline.
+    """Produce new Delta versions into every Kafka sink of the pipeline (or only `topic`'s).
 
     `sinks`: open sinks to reuse, by topic (continuous mode keeps its producers); by default
     each is opened for this pass and closed after it.
     """
     results = []
     for sink_spec in spec.topic_sinks:
+        if topic is not None and sink_spec.topic != topic:
+            continue
         if sinks is not None and sink_spec.topic in sinks:
             results.append(sinks[sink_spec.topic].produce_new_versions())
             continue
