@@ -100,7 +100,9 @@ def write_silver(settings: Settings, spec: PipelineSpec, ids: range, rebuild: st
     )
     meta = CommitProperties(custom_metadata={"userMetadata": json.dumps({"riverhouse.rebuild": rebuild})})
     path = TableLayout(settings.warehouse, spec.name).silver("orders")
-    write_deltalake(path, rows, partition_by=["_event_date"], mode="append", commit_properties=meta if rebuild else None)
+    write_deltalake(
+        path, rows, partition_by=["_event_date"], mode="append", commit_properties=meta if rebuild else None
+    )
 
 
 def test_a_fenced_producer_stops_with_a_clear_error(kafka: str, topic: str, settings: Settings) -> None:
@@ -111,7 +113,7 @@ def test_a_fenced_producer_stops_with_a_clear_error(kafka: str, topic: str, sett
     newer = TopicSink(spec, spec.topic_sinks[0], settings, log=lambda m: None)
     newer.open()  # the same transactional.id: Kafka fences `first`
     try:
-        with pytest.raises(TopicSinkFenced, match="another instance of pipeline 'topicsink'.*fenced"):
+        with pytest.raises(TopicSinkFenced, match=r"another instance of pipeline 'topicsink'.*fenced"):
             first.produce_new_versions()
         result = newer.produce_new_versions()
     finally:
