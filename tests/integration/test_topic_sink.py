@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import uuid
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
@@ -23,7 +24,7 @@ from riverhouse.platform.importers.kaflowsql import import_kaflowsql
 from riverhouse.platform.kafka.generator import GeneratorConfig, orders
 from riverhouse.platform.pipeline import Pipeline
 from riverhouse.platform.sink.clickhouse import open_client, qualified_table
-from riverhouse.platform.sink.topic import TopicSink, TopicSinkFenced, produce_topics
+from riverhouse.platform.sink.topic import TopicSink, TopicSinkError, TopicSinkFenced, produce_topics, reset_topic_sink
 from riverhouse.platform.sink.topic_check import topic_matches_delta
 from riverhouse.platform.spec import PipelineSpec, load_spec, parse_spec
 from riverhouse.platform.state.settings import Settings
@@ -155,6 +156,20 @@ def test_large_versions_go_in_bounded_transactions_and_backfills_are_emitted_aga
         partitions.setdefault(record.key(), set()).add(record.partition())
     assert all(len(p) == 1 for p in partitions.values()) and len({r.partition() for r in records}) == 3
     assert produce_topics(spec, settings, log=lambda m: None)[0].rows == 0  # nothing new: nothing produced
+
+
+def test_a_recreated_table_is_refused_until_reset(kafka: str, topic: str, settings: Settings) -> None:
+    spec = silver_spec(topic)
+    write_silver(settings, spec, range(0, 20))
+    assert produce_topics(spec, settings, log=lambda m: None)[0].rows == 20
+    shutil.rmtree(TableLayout(settings.warehouse, spec.name).silver("orders"))
+    write_silver(settings, spec, range(100, 105))  # the same path, a new Delta table (a new id)
+    with pytest.raises(TopicSinkError, match=r"holds rows of another Delta table.*riverhouse reset"):
+        produce_topics(spec, settings, log=lambda m: None)
+    assert reset_topic_sink(spec, spec.topic_sinks[0], settings, log=lambda m: None)
+    assert produce_topics(spec, settings, log=lambda m: None)[0].rows == 5  # the new table, from its start
+    keys = sorted(r.key().decode() for r in committed_records(kafka, topic))
+    assert keys == sorted([f"o{i}" for i in range(20)] + [f"o{i}" for i in range(100, 105)])
 
 
 # ------------------------------------------------------------------ end to end with Spark

@@ -24,6 +24,7 @@ by librdkafka's own threads; memory is bounded by one transaction.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -61,13 +62,20 @@ VERSION_HEADER = "riverhouse.version"
 REBUILD_HEADER = "riverhouse.rebuild"
 INIT_TIMEOUT_S = 60.0
 COMMIT_TIMEOUT_S = 120.0
-# A transaction may stay open this long; bounded transactions stay far below it.
-TRANSACTION_TIMEOUT_MS = 300_000
+# How long a transaction may stay open. It is also how long read_committed consumers of the topic
+# can be held at a crashed run's open transaction (until the next run aborts it): short, but room
+# for a whole bounded transaction at a slow 5,000 rows/s.
+MIN_TRANSACTION_TIMEOUT_MS = 60_000
+MAX_TRANSACTION_TIMEOUT_MS = 900_000  # the broker's transaction.max.timeout.ms default
 ABORTABLE_ATTEMPTS = 3
 LOCK_WAIT_S = 600.0
 _quiet = logging.getLogger("riverhouse.kafka.sink")
 _quiet.addHandler(logging.NullHandler())
 _quiet.propagate = False
+
+
+def transaction_timeout_ms(transaction_rows: int) -> int:
+    return max(MIN_TRANSACTION_TIMEOUT_MS, min(MAX_TRANSACTION_TIMEOUT_MS, transaction_rows // 5))
 
 
 class TopicSinkFenced(TopicSinkError):
@@ -157,7 +165,7 @@ class TopicSink:
                 # A whole transaction fits in the local queue; failures are reported by the commit.
                 "queue.buffering.max.messages": min(2_000_000, 2 * self.sink.transaction_rows + 10_000),
                 "delivery.report.only.error": True,
-                "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
+                "transaction.timeout.ms": transaction_timeout_ms(self.sink.transaction_rows),
                 "error_cb": lambda err: self._reasons.append(err.str()),
             }
         )
@@ -316,6 +324,7 @@ class TopicSink:
                         "goes on from the ledger. Run one instance of a pipeline at a time"
                     ) from None
                 if not error.txn_requires_abort() or attempt == ABORTABLE_ATTEMPTS:
+                    self._abort_quietly()  # consumers need not wait for the transaction's timeout
                     raise TopicSinkError(
                         f"producing Delta version {version} to topic {self.sink.topic!r} failed: {self._reason(exc)}"
                     ) from None
@@ -341,6 +350,12 @@ class TopicSink:
                     except BufferError:
                         continue
         producer.poll(0)  # serve delivery reports: the queue of events stays small
+
+    def _abort_quietly(self) -> None:
+        from confluent_kafka import KafkaException
+
+        with contextlib.suppress(KafkaException):
+            self._producer.abort_transaction(10)
 
     def _commit(self) -> None:
         from confluent_kafka import KafkaException
