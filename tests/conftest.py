@@ -3,10 +3,11 @@
 Each test gets its own topic and its own state folder (warehouse, checkpoints,
 chDB path), so tests share the expensive parts without sharing data.
 
-RIVERHOUSE_TEST_ENGINE=connect: one engine (`riverhouse engine start`, a Spark Connect server
-under a temporary home) serves the whole test session; the `spark` fixture, Settings made in
-the test process and the subprocesses of `subprocess_env` attach to it (RIVERHOUSE_SPARK_REMOTE).
-Off by default: each process then runs Spark in-process.
+One engine (`riverhouse engine start`, a Spark Connect server under a temporary home) serves
+the whole test session: the `spark` fixture, Settings made in the test process and the
+subprocesses of `subprocess_env` attach to it (RIVERHOUSE_SPARK_REMOTE), so no test process
+pays a JVM start. RIVERHOUSE_TEST_ENGINE=local runs Spark in-process in each process instead
+(the product's fallback when no engine is configured).
 """
 
 from __future__ import annotations
@@ -28,15 +29,16 @@ from riverhouse.platform.state.settings import Settings
 REPO = Path(__file__).resolve().parent.parent
 
 
-TEST_ENGINE = os.environ.get("RIVERHOUSE_TEST_ENGINE", "").strip().lower() == "connect"
+TEST_ENGINE = os.environ.get("RIVERHOUSE_TEST_ENGINE", "connect").strip().lower() != "local"
 # What makes a process a Spark Connect client (pyspark sets the first once it made a session):
 # a subprocess chooses for itself, from RIVERHOUSE_SPARK_REMOTE.
 CONNECT_CLIENT_ENV = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE")
+ENGINE_DIR: list[Path] = []  # the shared engine's state folder (settings file, logs), once started
 
 
 @pytest.fixture(scope="session", autouse=True)
 def test_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str | None]:
-    """The session's shared engine URL when RIVERHOUSE_TEST_ENGINE=connect, else None (in-process Spark)."""
+    """The session's shared engine URL, or None with RIVERHOUSE_TEST_ENGINE=local (in-process Spark)."""
     if not TEST_ENGINE:
         yield None
         return
@@ -45,6 +47,7 @@ def test_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str | None
 
     state_dir = tmp_path_factory.mktemp("engine")
     url = engine.start(state_dir).url
+    ENGINE_DIR.append(state_dir)
     previous = os.environ.get(REMOTE_ENV)
     os.environ[REMOTE_ENV] = url
     try:

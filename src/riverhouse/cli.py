@@ -10,6 +10,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -572,6 +573,9 @@ def _serve(argv: list[str], env: dict[str, str]) -> int:
 
 
 def main() -> None:
+    # The Spark Connect client warns before it raises when an engine stops answering; the run's
+    # own error (naming `riverhouse engine start`) says it better.
+    warnings.filterwarnings("ignore", message=r".*RETRIES_EXCEEDED.*", category=UserWarning)
     app()
 
 

@@ -1,9 +1,11 @@
 """Distributed: the same pipeline on a Spark standalone cluster (a master + two workers on loopback).
 
-The cluster comes from the pip-installed pyspark (`spark-class ...Master/Worker`).
-Spark's Kafka source, the parse, the in-batch dedup, the bronze/quarantine appends and
-the silver MERGE then run as tasks of executors the workers launched (Spark's event log
-says which executor ran each task of each job), and the rows must equal a local-mode run's.
+The cluster comes from the pip-installed pyspark (`spark-class ...Master/Worker`); its driver
+is a Spark Connect engine (`riverhouse engine start` with the cluster's master), as in
+production, and `riverhouse run` attaches to it. Spark's Kafka source, the parse, the in-batch
+dedup, the anti-join with silver and the Delta appends then run as tasks of executors the
+workers launched (Spark's event log says which executor ran each task of each SQL execution),
+and the rows must equal a local-mode run's.
 """
 
 from __future__ import annotations
@@ -126,7 +128,12 @@ def silver(settings: Settings, spec: Any) -> list[tuple[Any, ...]]:
 
 
 def test_cluster_run_equals_local_run(
-    spark: Any, kafka: str, topic: str, tmp_path: Path, standalone_cluster: tuple[str, Path]
+    spark: Any,
+    kafka: str,
+    topic: str,
+    tmp_path: Path,
+    standalone_cluster: tuple[str, Path],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     master, work_dir = standalone_cluster
     records, stats = orders(GeneratorConfig(count=3000, duplicate_rate=0.2, malformed=5, seed=11))
@@ -145,15 +152,23 @@ def test_cluster_run_equals_local_run(
         f"spark.eventLog.enabled true\nspark.eventLog.compress false\nspark.eventLog.dir file://{events_dir}\n"
         "spark.cores.max 2\n"
     )
-    proc = subprocess.run(
-        [*riverhouse_cmd(), "run", str(spec_path), "--json"],
-        env=subprocess_env(
-            cluster_settings, RIVERHOUSE_SPARK_MASTER=master, SPARK_LOCAL_IP="127.0.0.1", SPARK_CONF_DIR=str(conf_dir)
-        ),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    from riverhouse.platform.runtime import engine
+
+    monkeypatch.setenv("SPARK_CONF_DIR", str(conf_dir))  # the engine's spark-submit reads spark-defaults.conf
+    monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")
+    engine_dir = tmp_path / "engine"
+    driver = engine.start(engine_dir, master=master, memory="1g")
+    try:
+        assert driver.master == master
+        proc = subprocess.run(
+            [*riverhouse_cmd(), "run", str(spec_path), "--json"],
+            env=subprocess_env(cluster_settings, RIVERHOUSE_SPARK_REMOTE=driver.url),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    finally:
+        engine.stop(engine_dir)
     assert proc.returncode == 0, proc.stderr[-3000:]
     cluster_summary = json.loads(proc.stdout)
 
@@ -167,38 +182,36 @@ def test_cluster_run_equals_local_run(
     # The work really ran in executors launched by the two workers, not in the driver.
     for worker in ("worker1", "worker2"):
         assert list((work_dir / worker).glob("app-*/*/stderr")), f"no executor was launched on {worker}"
-    executors_of = tasks_by_job(events_dir)
-    merge = {e for label, e in executors_of.items() if "MERGE" in label.split(" :: ")[0].upper()}
-    writes = {e for label, e in executors_of.items() if ":: save at" in label.lower()}
-    assert merge and writes, sorted(executors_of)
-    merge_executors, write_executors = set().union(*merge), set().union(*writes)
-    assert "driver" not in merge_executors | write_executors, (merge_executors, write_executors)
+    executors_of = tasks_by_execution(events_dir)
+    anti_joins = [e for plan, e in executors_of.items() if "LeftAnti" in plan]
+    writes = [e for plan, e in executors_of.items() if "WriteIntoDeltaCommand" in plan or "WriteFiles" in plan]
+    assert anti_joins and writes, sorted(p.splitlines()[0] for p in executors_of)
+    dedup_executors, write_executors = set().union(*anti_joins), set().union(*writes)
+    assert "driver" not in dedup_executors | write_executors, (dedup_executors, write_executors)
     assert len(set().union(*executors_of.values()) - {"driver"}) == 2  # both workers' executors had tasks
 
 
-def tasks_by_job(events_dir: Path) -> dict[str, frozenset[str]]:
-    """From Spark's event log: "<job description> :: <stage name>" -> executors of the stage's tasks.
+def tasks_by_execution(events_dir: Path) -> dict[str, frozenset[str]]:
+    """From Spark's event log: each SQL execution's physical plan -> executors of its jobs' tasks.
 
-    Delta names its MERGE in the job description; an append's stages are named after the
-    `save` call that wrote them (`save at ...`).
+    Under Spark Connect, job descriptions are the client's plan messages; the executed physical
+    plan says what a job did (a Delta write, the anti-join with silver...).
     """
-    stage_job: dict[int, str] = {}
-    stage_name: dict[int, str] = {}
+    plans: dict[str, str] = {}
+    stage_execution: dict[int, str] = {}
     executors: dict[str, set[str]] = {}
     # Spark 4 writes a rolling event log: a folder per application holding the event files.
     for log in sorted(p for p in events_dir.rglob("events_*") if p.is_file()):
         for line in log.read_text().splitlines():
             event = json.loads(line)
-            if event["Event"] == "SparkListenerJobStart":
-                props = event.get("Properties") or {}
-                description = props.get("spark.job.description") or props.get("callSite.short") or ""
+            kind = event["Event"]
+            if kind.endswith("SQLExecutionStart"):
+                plans[str(event["executionId"])] = event.get("physicalPlanDescription") or ""
+            elif kind == "SparkListenerJobStart":
+                execution = (event.get("Properties") or {}).get("spark.sql.execution.id") or ""
                 for stage in event["Stage IDs"]:
-                    stage_job[stage] = description
-            elif event["Event"] == "SparkListenerStageSubmitted":
-                info = event["Stage Info"]
-                stage_name[info["Stage ID"]] = info.get("Stage Name") or ""
-            elif event["Event"] == "SparkListenerTaskEnd":
-                stage = event["Stage ID"]
-                label = f"{stage_job.get(stage, '')} :: {stage_name.get(stage, '')}"
-                executors.setdefault(label, set()).add(event["Task Info"]["Executor ID"])
-    return {d: frozenset(e) for d, e in executors.items()}
+                    stage_execution[stage] = execution
+            elif kind == "SparkListenerTaskEnd":
+                plan = plans.get(stage_execution.get(event["Stage ID"], ""), "")
+                executors.setdefault(plan, set()).add(event["Task Info"]["Executor ID"])
+    return {plan: frozenset(e) for plan, e in executors.items()}

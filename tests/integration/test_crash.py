@@ -4,9 +4,13 @@ The expected rows come from the generator's own bookkeeping (which order ids it
 produced), not from the pipeline, and every scenario must end with exactly those
 rows in silver and in ClickHouse: no duplicate, no loss.
 
-The crashed run is a `riverhouse run` process killed with SIGKILL; the re-run is the
-same `Pipeline.run` in the test's own (warm) Spark session, which saves a cold Spark
-start per test. CLI re-runs are covered by the continuous-mode test.
+The crashed run is a `riverhouse run` process; the crash point SIGKILLs whatever runs that
+step. With Spark in-process that is the run itself. With the shared test engine (Spark
+Connect, RIVERHOUSE_TEST_ENGINE=connect) the batch body runs in a Python worker beside the
+engine: the worker is killed mid-batch and the run fails; the loader's points still kill the
+run. `test_the_engine_killed_mid_batch_then_restarted` SIGKILLs a private engine's JVM itself.
+The re-run is the same `Pipeline.run` in the test's own (warm) Spark session. CLI re-runs are
+covered by the continuous-mode test.
 """
 
 from __future__ import annotations
@@ -62,6 +66,20 @@ def run_cli(spec_path: Path, settings: Settings, *args: str, **env: str) -> subp
     return result
 
 
+# Crash points inside the streaming batch body (ingest/writer.py); the others run in the run's process.
+BATCH_BODY_POINTS = ("after_bronze_commit", "after_silver_commit")
+
+
+def assert_crashed(crashed: subprocess.CompletedProcess[str], point: str) -> None:
+    """The run was killed at `point` (or, beside an engine, failed because its batch body was)."""
+    if point in BATCH_BODY_POINTS and os.environ.get("RIVERHOUSE_SPARK_REMOTE"):
+        assert crashed.returncode == 1, crashed.stderr[-2000:]
+        assert "error:" in crashed.stderr and "Traceback" not in crashed.stderr, crashed.stderr[-2000:]
+    else:
+        assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
+    assert not crashed.survivors, "a process of the killed run outlived it"  # type: ignore[attr-defined]
+
+
 def rerun(spec_path: Path, settings: Settings, spark: Any, drain: bool = False) -> dict[str, Any]:
     """What `riverhouse run <spec>` does after the crash, in this process's Spark session."""
     return Pipeline(load_spec(spec_path), settings, spark=spark, log=lambda message: None).run(drain=drain)
@@ -111,8 +129,7 @@ def test_sigkill_then_rerun_gives_exactly_the_expected_rows(
 
     spec_path, spec = write_spec(tmp_path, topic)
     crashed = run_cli(spec_path, settings, RIVERHOUSE_CRASH_AT=point, RIVERHOUSE_CRASH_ON=visit)
-    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
-    assert not crashed.survivors, "the Spark JVM outlived its killed driver"
+    assert_crashed(crashed, point)
 
     summary = rerun(spec_path, settings, spark)
 
@@ -127,3 +144,45 @@ def test_sigkill_then_rerun_gives_exactly_the_expected_rows(
         summary["read"]
         == summary["inserted"] + summary["duplicates_dropped"] + summary["quarantined"] + summary["replayed"]
     )
+
+
+def test_the_engine_killed_mid_batch_then_restarted_gives_exactly_the_expected_rows(
+    tmp_path: Path, kafka: str, topic: str, settings: Settings
+) -> None:
+    """A private Spark Connect engine's JVM is SIGKILLed after silver's commit of a batch, before
+    Spark's: the run fails naming the engine, `riverhouse engine start` brings it back on its port,
+    and the next run (through it) ends with exactly the expected rows."""
+    from riverhouse.platform.runtime import engine
+
+    cfg = GeneratorConfig(count=400, duplicate_rate=0.25, malformed=6, out_of_order=0.1, seed=11)
+    records, stats = orders(cfg)
+    records = list(records)
+    produce(kafka, topic, records)
+    spec_path, spec = write_spec(tmp_path, topic)
+    state_dir = tmp_path / "engine"
+    state = engine.start(state_dir)
+    try:
+        remote = {"RIVERHOUSE_SPARK_REMOTE": state.url}
+        crashed = run_cli(
+            spec_path,
+            settings,
+            RIVERHOUSE_CRASH_AT="after_silver_commit",
+            RIVERHOUSE_CRASH_ON="2",
+            RIVERHOUSE_CRASH_KILL_PIDS=str(state.pid),
+            **remote,
+        )
+        assert crashed.returncode == 1, crashed.stderr[-2000:]
+        assert not engine.status(state_dir)  # the JVM is gone
+        assert "riverhouse engine start" in crashed.stderr, crashed.stderr[-2000:]
+        restarted = engine.start(state_dir)
+        assert restarted.url == state.url and restarted.pid != state.pid
+        again = run_cli(spec_path, settings, **remote)
+        assert again.returncode == 0, again.stderr[-2000:]
+    finally:
+        engine.stop(state_dir)
+    expected = sorted({json.loads(v)["order_id"] for _, v in records if v and v.startswith(b'{"order_id":"o-')})
+    assert len(expected) == stats.expected_unique
+    assert silver_ids(settings, spec) == expected
+    assert clickhouse_ids(settings, spec) == expected
+    summary = json.loads(again.stdout)
+    assert summary["replayed"] > 0  # the killed batch had reached silver: its replay was recognised

@@ -3,7 +3,6 @@ reference join computed by the generator (plain Python over the events it produc
 
 from __future__ import annotations
 
-import signal
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ from riverhouse.platform.sink.clickhouse import open_client, qualified_table
 from riverhouse.platform.spec import load_spec
 from riverhouse.platform.state.settings import Settings
 from tests.conftest import REPO, produce
-from tests.integration.test_crash import rerun, run_cli
+from tests.integration.test_crash import assert_crashed, rerun, run_cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -54,7 +53,7 @@ def test_join_pipeline_sigkill_then_rerun(
 
     spec_path, spec = join_spec_file(tmp_path, topic)
     crashed = run_cli(spec_path, settings, "--drain", RIVERHOUSE_CRASH_AT=point, RIVERHOUSE_CRASH_ON=visit)
-    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
+    assert_crashed(crashed, point)
     rerun(spec_path, settings, spark, drain=True)
 
     with open_client(settings.clickhouse_dsn) as client:

@@ -179,8 +179,32 @@ def test_an_untrusted_client_certificate_is_refused_clearly(
     assert "Traceback" not in message
 
 
+def analyzed_plan(frame: Any) -> str:
+    """The plan Spark analysed, as Spark shows it (explain extended), on a local session or through Connect."""
+    if hasattr(frame, "_jdf"):
+        jvm = frame.sparkSession.sparkContext._jvm
+        return jvm.PythonSQLUtils.explainString(frame._jdf.queryExecution(), "extended")
+    return frame._explain_string(extended=True)
+
+
+def engine_files() -> dict[str, str]:
+    """The shared test engine's settings file and logs (what an operator of the engine sees)."""
+    from tests.conftest import ENGINE_DIR
+
+    out: dict[str, str] = {}
+    for folder in ENGINE_DIR:
+        for path in folder.rglob("*"):
+            if path.is_file() and path.suffix in (".conf", ".log", ".out", ".json"):
+                out[str(path)] = path.read_text(errors="replace")
+    return out
+
+
 def test_the_password_is_redacted_from_plans_progress_and_the_environment(
-    spark: Any, secure_broker: local_kafka.LocalKafkaState, topic: str, monkeypatch: pytest.MonkeyPatch
+    spark: Any,
+    secure_broker: local_kafka.LocalKafkaState,
+    topic: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """A real query through SASL_SSL: the resolved password is in the connector's options, and nowhere Spark shows."""
     from riverhouse.platform.kafka.client import connector_options
@@ -203,12 +227,13 @@ def test_the_password_is_redacted_from_plans_progress_and_the_environment(
         query.awaitTermination(300)
         assert query.exception() is None, query.exception()
         assert spark.sql("SELECT count(*) FROM redaction_probe").first()[0] == len(events(5))
-        jvm = spark.sparkContext._jvm
+        query.explain(True)
         shown = {
-            "analyzed plan": jvm.PythonSQLUtils.explainString(stream._jdf.queryExecution(), "extended"),
-            "query plan": query._jsq.explainInternal(True),
+            "analyzed plan": analyzed_plan(stream),
+            "query plan": capsys.readouterr().out,
             "progress": str(query.recentProgress),
-            "environment": str(spark.sparkContext.getConf().getAll()) + str(spark.conf.getAll),
+            "session settings": str(spark.conf.getAll),
+            **engine_files(),
         }
     finally:
         query.stop()

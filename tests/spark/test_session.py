@@ -1,4 +1,4 @@
-"""The local SparkSession: its Python workers import the installed pyspark, not Spark's zip."""
+"""The SparkSession's Python workers import the installed pyspark, not Spark's zip."""
 
 from __future__ import annotations
 
@@ -12,16 +12,19 @@ from riverhouse.platform.runtime.spark import local_spark_home
 pytestmark = pytest.mark.spark
 
 
-def _worker_imports(_: Any) -> list[str]:
-    import pyspark
-
-    return [pyspark.__file__]
-
-
 def test_workers_import_pyspark_from_site_packages(spark: Any) -> None:
+    """Python workers of the session (in-process, or beside the engine) import the installed pyspark."""
     import pyspark
 
-    files = spark.sparkContext.parallelize([1, 2], 2).mapPartitions(_worker_imports).collect()
+    def _worker_imports(batches: Any) -> Any:  # defined here: pickled by value, the workers lack `tests`
+        import pyarrow as pa
+        import pyspark
+
+        for _ in batches:
+            yield pa.RecordBatch.from_pydict({"file": [pyspark.__file__]})
+
+    rows = spark.range(0, 2, numPartitions=2).mapInArrow(_worker_imports, "file string").collect()
+    files = [r["file"] for r in rows]
     # The zip has no bytecode cache: importing from it recompiled pyspark in every worker.
     assert files and all(".zip" not in f for f in files), files
     assert {Path(f).resolve() for f in files} == {Path(pyspark.__file__).resolve()}

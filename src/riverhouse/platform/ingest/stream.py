@@ -12,6 +12,7 @@ each batch reported (through the checkpoint folder, wherever the batch body ran)
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 import time
@@ -29,6 +30,8 @@ from riverhouse.platform.ingest.writer import BatchMetrics, BatchWriter
 from riverhouse.platform.kafka.bootstrap import resolve_bootstrap
 from riverhouse.platform.kafka.client import check_data_loss, connector_options, librdkafka_config
 from riverhouse.platform.runtime import metrics
+from riverhouse.platform.runtime.engine import engine_lost
+from riverhouse.platform.runtime.spark import REMOTE_ENV
 from riverhouse.platform.spec import PipelineSpec
 from riverhouse.platform.state.checkpoints import BatchChannel, checkpoint_dir, pipeline_lock, stream_app_id
 from riverhouse.platform.state.delta_log import DeltaLog
@@ -111,6 +114,7 @@ class SourceStream:
     layout: TableLayout
     bootstrap: str = ""
     on_batch: Callable[[BatchMetrics], None] | None = None
+    remote: str | None = None  # the Spark Connect engine the run uses, if any
 
     def __post_init__(self) -> None:
         self.channel = BatchChannel(self.checkpoint)
@@ -164,6 +168,9 @@ class SourceStream:
         self.collect_reports()
 
     def failure(self, exc: BaseException) -> PipelineError:
+        if self.remote and (lost := engine_lost(exc, self.remote)) is not None:
+            lost.__cause__ = exc
+            return lost
         topic = self.spec.sources[self.source].topic
         message = _root_message(exc)
         if _KAFKA_UNREACHABLE.search(str(exc)) and "cannot reach Kafka" not in message:
@@ -190,7 +197,9 @@ def prepare_stream(
     app_id = stream_app_id(ckpt, spec.name, source)
     writer = BatchWriter(spec, source, layout, app_id, ckpt, FaultPlan.from_env())
     options = connector_options(spec.kafka, bootstrap, [src.topic])
-    return SourceStream(spec, source, writer, options, ckpt, layout, bootstrap, metrics.observed(spec.name, on_batch))
+    remote = settings.spark_conf.get("spark.remote") or os.environ.get(REMOTE_ENV) or None
+    hook = metrics.observed(spec.name, on_batch)
+    return SourceStream(spec, source, writer, options, ckpt, layout, bootstrap, hook, remote)
 
 
 def ingest(
