@@ -374,7 +374,7 @@ class Pipeline:
                     loaded["topic_rows"] += produced.rows
                     log(
                         f"produced {produced.rows:,} rows to topic {produced.topic} (Delta version "
-                        f"{produced.last_version}, {produced.transactions} transactions) in {produced.seconds:.2f}s"
+                        f"{produced.last_version}, {loaded['topic_rows']:,} this session) in {produced.seconds:.2f}s"
                     )
 
         streams = [prepare_stream(spec, self.settings, source, on_batch) for source in spec.sources]
