@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from riverhouse.cli_support import HomeOption, err, fail, out, settings_for
-from riverhouse_bench.common import REPO, SCENARIOS, BenchConfig
+from riverhouse_bench.common import OPTIONAL_SCENARIOS, REPO, SCENARIOS, BenchConfig
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 
@@ -35,6 +35,29 @@ def bench(
         int,
         typer.Option(help="riverhouse_dedup / _join: warm runs after the first; the median is the steady state", min=1),
     ] = 5,
+    small_batches: Annotated[
+        int, typer.Option(help="small_batches: batches measured (after a warm-up run of 5)", min=2)
+    ] = 20,
+    small_batch_records: Annotated[
+        int, typer.Option(help="small_batches: records per batch (maxOffsetsPerTrigger)", min=100)
+    ] = 7000,
+    triggered_runs: Annotated[
+        int, typer.Option(help="triggered_start: Dagster runs with the engine warm (RIVERHOUSE_SPARK_REMOTE)", min=1)
+    ] = 10,
+    triggered_cold_runs: Annotated[
+        int, typer.Option(help="triggered_start: Dagster runs without an engine (each starts its own Spark)", min=0)
+    ] = 2,
+    triggered_events: Annotated[
+        int, typer.Option(help="triggered_start: records produced before each run", min=1)
+    ] = 7000,
+    profile: Annotated[
+        bool,
+        typer.Option(
+            "--profile",
+            help="Also run jvm_profile: a warm riverhouse_dedup run with Java Flight Recorder on the engine's "
+            "JVM; writes profile-<time>.json/.md next to the results",
+        ),
+    ] = False,
     results: Annotated[Path, typer.Option(help="Folder for <timestamp>.json and latest.json")] = REPO
     / "bench"
     / "results",
@@ -45,9 +68,11 @@ def bench(
 ) -> None:
     """Benchmark every scenario in one run; write bench/results/*.json and docs/benchmarks.md."""
     chosen = SCENARIOS if scenarios.strip() == "all" else tuple(x.strip() for x in scenarios.split(",") if x.strip())
-    unknown = [x for x in chosen if x not in SCENARIOS]
+    if profile and "jvm_profile" not in chosen:
+        chosen = (*chosen, "jvm_profile")
+    unknown = [x for x in chosen if x not in SCENARIOS + OPTIONAL_SCENARIOS]
     if unknown:
-        fail(f"unknown scenario(s) {', '.join(unknown)}; choose from {', '.join(SCENARIOS)}")
+        fail(f"unknown scenario(s) {', '.join(unknown)}; choose from {', '.join(SCENARIOS + OPTIONAL_SCENARIOS)}")
     try:
         keys = tuple(int(k) for k in state_keys.split(",") if k.strip())
     except ValueError:
@@ -72,6 +97,11 @@ def bench(
         state_keys=keys,
         final_scale=scales,
         steady_runs=steady_runs,
+        small_batches=small_batches,
+        small_batch_records=small_batch_records,
+        triggered_runs=triggered_runs,
+        triggered_cold_runs=triggered_cold_runs,
+        triggered_events=triggered_events,
         home=settings_for(home).home / "bench",
         results_dir=results,
         docs=docs,

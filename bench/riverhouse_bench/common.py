@@ -24,6 +24,8 @@ SCENARIOS = (
     "clickhouse_insert_limit",
     "baseline_consumer",
     "riverhouse_dedup",
+    "spark_plain",
+    "small_batches",
     "riverhouse_dedup_join",
     "freshness",
     "query_vs_final",
@@ -31,7 +33,10 @@ SCENARIOS = (
     "dedup_state",
     "scale_local",
     "cluster",
+    "triggered_start",
 )
+# Run only when asked for (`--profile`, or by name in --scenarios): JFR on the engine's JVM.
+OPTIONAL_SCENARIOS = ("jvm_profile",)
 ORDER_FIELDS = {
     "order_id": "string",
     "user_id": "string",
@@ -60,6 +65,14 @@ class BenchConfig:
     # JVM's JIT is still compiling during the first two or three warm runs (the third was the
     # fastest in every 3-run bench), and a running pipeline is past that.
     steady_runs: int = 5
+    # small_batches (issue 25): this many batches of this many records through Pipeline.run.
+    small_batches: int = 20
+    small_batch_records: int = 7_000
+    # triggered_start (issue 26): Dagster runs of `triggered_events` new records each, with
+    # the engine warm (measured) and without one (cold).
+    triggered_runs: int = 10
+    triggered_cold_runs: int = 2
+    triggered_events: int = 7_000
     scenarios: tuple[str, ...] = SCENARIOS
     home: Path = Path(".riverhouse/bench")
     results_dir: Path = REPO / "bench" / "results"
@@ -70,6 +83,10 @@ class BenchConfig:
         found = []
         if not 1 <= self.partitions <= MAX_PARTITIONS:
             found.append(f"--partitions must be 1 to {MAX_PARTITIONS}, got {self.partitions}")
+        if self.small_batches < 2 or self.small_batch_records < 100:
+            found.append("small_batches needs at least 2 batches of at least 100 records")
+        if self.triggered_runs < 1 or self.triggered_cold_runs < 0 or self.triggered_events < 1:
+            found.append("triggered_start needs at least one warm run of at least one record")
         return found
 
 
@@ -169,10 +186,13 @@ def generated_orders(ids: Any, created_at: pa.Array | None = None) -> pa.Table:
     )
 
 
-def orders_spec(name: str, topic: str) -> PipelineSpec:
+def orders_spec(name: str, topic: str, max_offsets_per_trigger: int | None = None) -> PipelineSpec:
+    """The bench's dedup pipeline; `max_offsets_per_trigger` bounds its batches (default: the spec's)."""
+    kafka = {} if max_offsets_per_trigger is None else {"kafka": {"max_offsets_per_trigger": max_offsets_per_trigger}}
     return parse_spec(
         {
             "name": name,
+            **kafka,
             "sources": {
                 "orders": {
                     "topic": topic,

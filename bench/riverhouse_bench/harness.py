@@ -18,7 +18,7 @@ from typing import Any
 from riverhouse.platform.kafka import local_kafka
 from riverhouse.platform.kafka.generator import GeneratorConfig, orders, produce
 from riverhouse.platform.state.settings import Settings
-from riverhouse_bench import cluster, final, freshness, limits, pipelines, state
+from riverhouse_bench import batches, cluster, final, freshness, jvm_profile, limits, pipelines, plain, state, triggered
 from riverhouse_bench.common import BenchConfig, machine_facts
 from riverhouse_bench.report import render_docs
 from riverhouse_bench.results import write_results
@@ -42,18 +42,38 @@ class Bench:
         self.spark_startup_s: float | None = None
         self.produced: dict[str, Any] = {}
 
+    def spark_conf(self, events_dir: Path | None = None) -> dict[str, str]:
+        """The bench's session settings (the product's, and Spark's event log into `events_dir`)."""
+        if self.settings.spark_remote:
+            # A Spark Connect engine: the event log is a setting of its JVM (given at its start), not
+            # of a session; Spark's stage tables stay empty unless the engine logs into spark-events.
+            return dict(self.settings.spark_conf)
+        events_dir = events_dir or self.spark_events
+        events_dir.mkdir(parents=True, exist_ok=True)
+        return {
+            **self.settings.spark_conf,
+            "spark.eventLog.enabled": "true",
+            "spark.eventLog.dir": events_dir.as_uri(),
+            "spark.eventLog.compress": "false",  # read back as JSON lines (Spark 4 compresses by default)
+        }
+
+    @property
+    def spark_started(self) -> bool:
+        """Whether this process's session exists already (its JVM has run work: not cold)."""
+        return self._spark is not None
+
     @property
     def spark(self) -> Any:
+        # In-process, like `riverhouse run` without an engine; with RIVERHOUSE_SPARK_REMOTE (or a
+        # running engine of the bench's home) the product's session attaches to that engine.
         if self._spark is None:
             from riverhouse.platform.runtime.spark import get_spark
 
-            self.spark_events.mkdir(parents=True, exist_ok=True)
-            conf = {
-                **self.settings.spark_conf,
-                "spark.eventLog.enabled": "true",
-                "spark.eventLog.dir": self.spark_events.as_uri(),
-                "spark.eventLog.compress": "false",  # read back as JSON lines (Spark 4 compresses by default)
-            }
+            conf = self.spark_conf()
+            if "jvm_profile" in self.cfg.scenarios and not self.settings.spark_remote:
+                # Java Flight Recorder from the JVM's start: started later by jcmd, it doubled the
+                # JVM's CPU (its JIT included) for the recorded run; running from the start it did not.
+                conf.update(jvm_profile.recorder_conf(self.home / "profile"))
             started = time.monotonic()
             self._spark = get_spark(self.settings.spark_master, app_name="riverhouse-bench", conf=conf)
             self.spark_startup_s = time.monotonic() - started
@@ -107,6 +127,8 @@ class Bench:
         scenario("clickhouse_insert_limit", lambda: limits.clickhouse_insert_limit(self, stats.unique))
         scenario("baseline_consumer", lambda: limits.baseline_consumer(self, "bench_orders", messages, stats.unique))
         scenario("riverhouse_dedup", lambda: pipelines.riverhouse_dedup(self, "bench_orders", messages, stats.unique))
+        scenario("spark_plain", lambda: plain.spark_plain(self, "bench_orders", messages, stats.unique))
+        scenario("small_batches", lambda: batches.small_batches(self))
         scenario("riverhouse_dedup_join", lambda: pipelines.riverhouse_dedup_join(self, cfg.events // 2))
         scenario("query_vs_final", lambda: final.query_vs_final(self, cfg.events, 1, "bench_dedup"))
         if "query_vs_final" in chosen:
@@ -123,6 +145,9 @@ class Bench:
                 chosen.add(name)
                 scenario(name, lambda k=keys: state.dedup_state(self, k))
             state.marginal_memory(results)
+        scenario("triggered_start", lambda: triggered.triggered_start(self))
+        # Last: the engine's JVM is as warm as the run can make it.
+        scenario("jvm_profile", lambda: jvm_profile.profile_dedup(self))
         return {
             "machine": machine_facts(),
             "config": {
@@ -134,6 +159,11 @@ class Bench:
                 "freshness_warmup": cfg.freshness_warmup,
                 "state_keys": list(cfg.state_keys),
                 "final_scale": list(cfg.final_scale),
+                "small_batches": cfg.small_batches,
+                "small_batch_records": cfg.small_batch_records,
+                "triggered_runs": cfg.triggered_runs,
+                "triggered_cold_runs": cfg.triggered_cold_runs,
+                "triggered_events": cfg.triggered_events,
                 "spark_session_s": self.spark_startup_s,
             },
             "started_at": datetime.now(UTC).isoformat(),
@@ -155,6 +185,8 @@ def _short(result: dict[str, Any]) -> str:
         "events_per_s",
         "events_per_s_excluding_startup",
         "p95_s",
+        "median_batch_s",
+        "p95_batch_s",
         "speedup",
         "ratio",
         "bytes_per_key",

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 # Processes of the bench's tree by what they do (_role sorts them; the page has a column each).
 CPU_ROLES = ("driver", "jvm", "spark_python", "kafka", "other")
@@ -54,11 +56,62 @@ def _role(pid: int) -> str:
 CpuSample = dict[int, tuple[str, float]]  # pid -> (role, CPU seconds it has used)
 
 
+def listening_inodes(port: int, tables: tuple[str, ...] = ("/proc/net/tcp", "/proc/net/tcp6")) -> set[str]:
+    """Socket inodes listening on `port` (any address), from the kernel's TCP tables."""
+    inodes = set()
+    for table in tables:
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            # local_address is ADDR:PORT in hex; state 0A is LISTEN; the inode is the 10th field.
+            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(fields[9])
+    return inodes
+
+
+def pid_listening_on(port: int) -> int | None:
+    """The process of this user that listens on `port` on this machine, if any."""
+    wanted = {f"socket:[{inode}]" for inode in listening_inodes(port)}
+    if not wanted:
+        return None
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if proc.stat().st_uid != os.getuid():
+                continue
+            if any(os.readlink(fd) in wanted for fd in (proc / "fd").iterdir()):
+                return int(proc.name)
+        except OSError:
+            continue
+    return None
+
+
+def engine_root() -> int | None:
+    """A warm engine's process on this machine (RIVERHOUSE_SPARK_REMOTE=sc://localhost:port), if any.
+
+    Its JVM and Python workers are not below the bench, but do the runs' work: they are metered too.
+    """
+    remote = os.environ.get("RIVERHOUSE_SPARK_REMOTE")
+    return _engine_at(remote) if remote else None
+
+
+@functools.lru_cache(maxsize=4)
+def _engine_at(remote: str) -> int | None:
+    # Looked up once per address: finding a socket's owner reads every process's open files.
+    parts = urlsplit(remote)
+    if parts.hostname not in ("localhost", "127.0.0.1", "::1"):
+        return None
+    return pid_listening_on(parts.port or 15002)
+
+
 def cpu_by_process() -> CpuSample:
     """User + system CPU seconds of every process of the tree so far, with its role."""
     ticks = os.sysconf("SC_CLK_TCK")
     out: CpuSample = {}
-    for pid in _process_tree():
+    engine = engine_root()
+    for pid in [*_process_tree(), *(_process_tree(engine) if engine else [])]:
         try:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:

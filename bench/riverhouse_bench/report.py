@@ -13,7 +13,14 @@ from riverhouse.platform.spec import KafkaSpec
 from riverhouse_bench.common import REPO
 from riverhouse_bench.metering import CPU_ROLES
 from riverhouse_bench.results import THROUGHPUT, targets
-from riverhouse_bench.sections import spark_lines, state_lines
+from riverhouse_bench.sections import (
+    engine_lines,
+    engine_notes,
+    profile_lines,
+    spark_lines,
+    state_lines,
+    triggered_lines,
+)
 
 ANALYSIS = REPO / "bench" / "analysis.md"
 
@@ -105,6 +112,7 @@ def _scenario_lines(s: dict[str, Any]) -> list[str]:
         if name == "cluster" and r.get("tasks_by_executor"):
             tasks = ", ".join(f"{e}: {n:,}" for e, n in r["tasks_by_executor"].items())
             notes.append(f"{r.get('workers', 2)} workers of 1 core; tasks by executor: {tasks}")
+        notes += engine_notes(name, r, s)
         if r.get("startup_s") is not None:
             notes.append(f"start-up {r['startup_s']:.1f} s")
         lines.append(
@@ -126,6 +134,8 @@ def _cpu_lines(s: dict[str, Any]) -> list[str]:
             ("steady",),
             "cpu",
         ),
+        ("spark_plain (median warm run, first batch to last commit)", "spark_plain", ("steady",), "cpu"),
+        ("small_batches (first batch to rows in ClickHouse)", "small_batches", (), "cpu"),
         ("riverhouse_dedup_join (median warm run, whole run)", "riverhouse_dedup_join", ("steady",), "cpu_whole_run"),
     ):
         r = s.get(name, {})
@@ -302,6 +312,9 @@ def render_docs(
         lines.append(f"| {name} | {measured} | {verdict} |")
     lines += _cpu_lines(s)
     lines += _stage_lines(s.get("riverhouse_dedup", {}))
+    lines += engine_lines(s)
+    lines += profile_lines(s)
+    lines += triggered_lines(s)
     lines += spark_lines(s)
     lines += state_lines(s)
     lines += _final_lines(s)
@@ -336,6 +349,40 @@ def method_lines() -> list[str]:
         "every row is visible in ClickHouse (batches, the time between them, and the load); the "
         "median run is reported and all are in the JSON (`steady_runs_seconds`). Every run must be "
         "exact.",
+        "- `spark_plain`: the plain Spark job Riverhouse is compared with, on the same topic with the same "
+        'session settings and maxOffsetsPerTrigger: `readStream.format("kafka")` -> `from_json` (the '
+        "orders' fields) -> `dropDuplicates(order_id)` in `foreachBatch` -> one delta-spark append per batch, "
+        "`availableNow`. It dedups within a batch only (no window, no bronze, no exactly-once marker, no "
+        "ClickHouse): the floor, not an equivalent. `events/s` is its cold run in a process of its own (a new "
+        "JVM and session, the query start, the run); `excl. start-up` the median of the steady runs in the "
+        "bench's session, from the first trigger (Spark's progress reports) to the query's end. Exact when "
+        "every record was read and every order is in the table (copies that fell into different batches "
+        "stay: `rows` in the JSON).",
+        "- `small_batches`: `Pipeline.run` of the dedup pipeline over 20 batches of 7,000 records "
+        "(`--small-batches`, `--small-batch-records`: maxOffsetsPerTrigger), after an unmeasured 5-batch run "
+        "in the same process. Per batch: the engine's seconds (`BatchMetrics.seconds`: from the run's summary "
+        "when it carries them, else from its progress lines, which round to 0.1 s) and the cycle between two "
+        "batches' progress lines; median and p95 (nearest rank). Also the run's seconds end to end and its "
+        "ClickHouse load. Exact when ClickHouse holds every order once.",
+        "- `triggered_start`: the pipeline's stream job (the one its lag sensor requests) executed by Dagster "
+        "in a new process each time (`dagster job execute -m riverhouse.definitions`, like a run worker), "
+        "after new records are produced; timed from the moment the process is started (the trigger) to the "
+        "run's start (Dagster's launch), to the ingest step's start, to silver's first commit after the "
+        "trigger (its Delta log), to the ClickHouse asset's materialization (the load returned), to the run's "
+        "success. Cold: no engine, each run starts its own Spark. Warm: against the engine "
+        "RIVERHOUSE_SPARK_REMOTE names, or else one `riverhouse engine start` starts for the runs' home (its "
+        "start timed, stopped after), after one unmeasured run. p50/p95 nearest rank. The sensor's own tick interval and "
+        "the daemon's queue are not in the figures. Exact when every run succeeded with its checks and "
+        "silver and ClickHouse hold every order once.",
+        "- `jvm_profile` (`--profile`): a warm dedup run on a fresh topic with Java Flight Recorder on the "
+        "engine's JVM, recording only a stack sample of each running Java thread every 10 ms, GC pauses and "
+        "compilations over 100 ms. The bench's own session starts the recorder with its JVM "
+        "(`spark.driver.defaultJavaOptions`) and the run's window is read from a `jcmd JFR.dump`; a JVM the "
+        "bench did not start (a Spark Connect server) gets it by `jcmd JFR.start`, which made the recorded "
+        "run cost about twice the JVM CPU in a test, so the same run without the recorder comes right before "
+        "and is shown. The JVM's threads' CPU from /proc: JIT compiler, GC and VM threads by name; the Java "
+        "threads' CPU shared out by their samples, each sample put in one bucket by the first recognized frame "
+        "from the top of its stack (`jfr.py` holds the rules). Spark's task CPU from its event log.",
         "- `riverhouse_dedup_join`: orders + user events, LEFT temporal join, windows drained, in the "
         "warm process. The two sources' streaming queries start and run side by side. `events/s` "
         "is the first join pipeline of the process, start included; `excl. start-up` is the median of "

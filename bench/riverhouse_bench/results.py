@@ -13,6 +13,7 @@ THROUGHPUT = (
     "clickhouse_insert_limit",
     "baseline_consumer",
     "riverhouse_dedup",
+    "spark_plain",
     "riverhouse_dedup_join",
     "cluster",
 )
@@ -44,6 +45,18 @@ def write_results(result: dict[str, Any], results_dir: Path) -> Path:
     return path
 
 
+def plain_ratio(s: dict[str, Any]) -> dict[str, float | None]:
+    """riverhouse_dedup's events/s over spark_plain's in the same run: warm (steady) and cold."""
+
+    def ratio(key: str) -> float | None:
+        ours = (s.get("riverhouse_dedup") or {}).get(key)
+        plain = (s.get("spark_plain") or {}).get(key)
+        ok = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (ours, plain))
+        return round(ours / plain, 4) if ok and plain else None
+
+    return {"warm": ratio("events_per_s_excluding_startup"), "cold": ratio("events_per_s")}
+
+
 def _largest(s: dict[str, Any], prefix: str, size: str) -> str | None:
     """The scenario named `prefix...` with the largest `size` (ties: the first one, the pipeline's own)."""
     found = [n for n in s if n.startswith(prefix) and isinstance(s[n].get(size), int | float)]
@@ -51,7 +64,8 @@ def _largest(s: dict[str, Any], prefix: str, size: str) -> str | None:
 
 
 def targets(result: dict[str, Any]) -> list[Target]:
-    """Each target of the ingest issue (17) and the gold issue (18), then the earlier benchmark issue's two."""
+    """Each target of the ingest (17), gold (18), fast-engine (25) and warm-engine (26) issues, then the earlier
+    benchmark issue's two."""
     s = result["scenarios"]
     rate = (result.get("config") or {}).get("freshness_rate") or 20_000
 
@@ -94,6 +108,36 @@ def targets(result: dict[str, Any]) -> list[Target]:
         get(state, "bytes_per_key"),
         100.0,
         "{:,.1f} bytes/key",
+        higher=False,
+    )
+    # The fast engine's (issue 25) and the warm engine's (issue 26).
+    row(
+        "riverhouse_dedup steady >= 0.8x spark_plain warm (the plain Spark job, same run)",
+        plain_ratio(s)["warm"],
+        0.8,
+        "{:.2f}x",
+    )
+    row("riverhouse_dedup >= 60,000 events/s (steady state)", dedup, 60_000, "{:,.0f} events/s")
+    small = s.get("small_batches") or {}
+    row(
+        f"small_batches: a {small.get('records_per_batch') or 7000:,}-record batch <= 1.0 s median (warm)",
+        get("small_batches", "median_batch_s"),
+        1.0,
+        "{:.2f} s",
+        higher=False,
+    )
+    row(
+        "triggered_start: trigger -> first batch in silver <= 3 s median (engine warm)",
+        get("triggered_start", "p50_first_batch_s"),
+        3.0,
+        "{:.2f} s",
+        higher=False,
+    )
+    row(
+        "triggered_start: trigger -> first batch in silver <= 5 s p95 (engine warm)",
+        get("triggered_start", "p95_first_batch_s"),
+        5.0,
+        "{:.2f} s",
         higher=False,
     )
     cluster = s.get("cluster")

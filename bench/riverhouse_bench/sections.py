@@ -89,3 +89,143 @@ def state_lines(s: dict[str, Any]) -> list[str]:
             f"{merge.get('rewriteTimeMs', 0):,} |"
         )
     return lines
+
+
+def _f(value: Any, spec: str = "{:.2f}") -> str:
+    return spec.format(value) if isinstance(value, int | float) and not isinstance(value, bool) else "-"
+
+
+def engine_notes(name: str, r: dict[str, Any], s: dict[str, Any]) -> list[str]:
+    """The scenario table's notes for spark_plain, small_batches, triggered_start and jvm_profile."""
+    from riverhouse_bench.results import plain_ratio
+
+    notes: list[str] = []
+    if name == "spark_plain":
+        ratio = plain_ratio(s)
+        notes.append(
+            f"the plain Spark job (Kafka -> from_json -> dropDuplicates -> Delta append, availableNow, "
+            f"maxOffsetsPerTrigger {r.get('max_offsets_per_trigger', 0):,}); riverhouse_dedup / spark_plain: "
+            f"{_f(ratio['warm'])}x warm, {_f(ratio['cold'])}x cold"
+        )
+    if name == "small_batches" and r.get("batch_s"):
+        notes.append(
+            f"{r['batches']} batches of up to {r['records_per_batch']:,} records: {_f(r['median_batch_s'])} s per "
+            f"batch median, p95 {_f(r['p95_batch_s'])} s (engine's, {r.get('batch_s_from', '?')}); run "
+            f"{_f(r.get('seconds'), '{:.1f}')} s end to end, load {_f(r.get('load_seconds'), '{:.1f}')} s"
+        )
+    if name == "triggered_start":
+        for which in ("warm", "cold"):
+            spread = (r.get(which) or {}).get("spread") or {}
+            first, loaded = spread.get("first_batch_s") or {}, spread.get("clickhouse_s") or {}
+            if first:
+                notes.append(
+                    f"{which} ({r[which]['runs']} runs): first batch in silver p50 {_f(first.get('p50'))} s, p95 "
+                    f"{_f(first.get('p95'))} s; rows in ClickHouse p50 {_f(loaded.get('p50'))} s"
+                )
+        if r.get("warm_skipped"):
+            notes.append(f"warm not measured: {r['warm_skipped']}")
+    if name == "jvm_profile" and r.get("attribution"):
+        notes.append(
+            f"JFR on the engine's JVM: {_f(r['attribution']['us_per_event'], '{:.1f}')} JVM CPU us per event "
+            f"(section below; {', '.join(r.get('written') or [])})"
+        )
+    return notes
+
+
+def engine_lines(s: dict[str, Any]) -> list[str]:
+    """The Spark floor (spark_plain beside riverhouse_dedup) and the fixed cost per batch (small_batches)."""
+    from riverhouse_bench.results import plain_ratio
+
+    lines: list[str] = []
+    runs = [(n, s[n]) for n in ("riverhouse_dedup", "spark_plain") if (s.get(n) or {}).get("events_per_s")]
+    if any(n == "spark_plain" for n, _ in runs):
+        ratio = plain_ratio(s)
+        lines += [
+            "",
+            "## Riverhouse beside the plain Spark job (spark_plain)",
+            "",
+            "The same topic, session settings and maxOffsetsPerTrigger. Warm: the median steady run in the "
+            "bench's process, from the first batch to the end (riverhouse_dedup: every row in ClickHouse; "
+            "spark_plain: its last Delta commit). Cold: a new Spark session, the query start and the run.",
+            "",
+            "| run | events | warm events/s | cold events/s | session s | query start s | batches (warm) |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for name, r in runs:
+            lines.append(
+                f"| {name} | {r['events']:,} | {_f(r.get('events_per_s_excluding_startup'), '{:,.0f}')} | "
+                f"{_f(r.get('events_per_s'), '{:,.0f}')} | {_f(r.get('spark_session_s'), '{:.1f}')} | "
+                f"{_f(r.get('query_startup_s'), '{:.1f}')} | {r.get('batches', '-')} |"
+            )
+        lines += ["", f"riverhouse_dedup / spark_plain: {_f(ratio['warm'])}x warm, {_f(ratio['cold'])}x cold."]
+    small = s.get("small_batches") or {}
+    if small.get("batch_s"):
+        batch, cycle = small["batch_s"], small.get("cycle_s") or {}
+        lines += [
+            "",
+            "## Seconds per small batch (small_batches)",
+            "",
+            f"`Pipeline.run` over {small['events']:,} events with maxOffsetsPerTrigger "
+            f"{small['records_per_batch']:,}, warm (after a {small['warmup']['batches']}-batch run in the same "
+            f"process). Batch: the engine's own seconds per batch ({small['batch_s_from']}); cycle: the time "
+            "between two batches' progress lines, with the work between batches.",
+            "",
+            "| figure | p50 | p95 | max |",
+            "|---|---:|---:|---:|",
+            f"| batch s | {_f(batch.get('p50'))} | {_f(batch.get('p95'))} | {_f(batch.get('max'))} |",
+            f"| cycle s | {_f(cycle.get('p50'))} | {_f(cycle.get('p95'))} | {_f(cycle.get('max'))} |",
+            "",
+            f"{small['batches']} batches; the run took {_f(small.get('seconds'), '{:.1f}')} s end to end "
+            f"({_f(small.get('query_startup_s'), '{:.1f}')} s of query start), the ClickHouse load "
+            f"{_f(small.get('load_seconds'), '{:.1f}')} s of it.",
+        ]
+    return lines
+
+
+TRIGGERED_FIGURES = (
+    ("launch_s", "Dagster launch: trigger -> run started (process, imports, definitions)"),
+    ("ingest_step_s", "trigger -> ingest step started"),
+    ("engine_s", "engine: ingest step -> first batch in silver (session, query start, batch)"),
+    ("first_batch_s", "trigger -> first batch committed in silver"),
+    ("clickhouse_s", "trigger -> rows in ClickHouse"),
+    ("run_s", "trigger -> run succeeded"),
+)
+
+
+def triggered_lines(s: dict[str, Any]) -> list[str]:
+    """triggered_start: each figure's p50/p95, cold beside warm."""
+    r = s.get("triggered_start") or {}
+    if not (r.get("cold") or r.get("warm")):
+        return []
+    cold, warm = (r.get("cold") or {}).get("spread") or {}, (r.get("warm") or {}).get("spread") or {}
+    lines = [
+        "",
+        "## From a trigger to the data (triggered_start)",
+        "",
+        f"Dagster stream runs of the pipeline's job in a new process each, {r['events_per_run']:,} new records "
+        f"per run. Cold: no engine, each run starts Spark. Warm: the engine at {r.get('engine') or '(none)'}"
+        + (
+            f" (`riverhouse engine start` for these runs took {r['engine_start_s']:.1f} s), after one unmeasured run."
+            if r.get("engine_start_s") is not None
+            else ", after one unmeasured run."
+        ),
+        "",
+        "| figure | cold p50 | cold p95 | warm p50 | warm p95 |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for key, label in TRIGGERED_FIGURES:
+        c, w = cold.get(key) or {}, warm.get(key) or {}
+        lines.append(f"| {label} | {_f(c.get('p50'))} | {_f(c.get('p95'))} | {_f(w.get('p50'))} | {_f(w.get('p95'))} |")
+    if r.get("warm_skipped"):
+        lines += ["", f"Warm runs not measured: {r['warm_skipped']}."]
+    return lines
+
+
+def profile_lines(s: dict[str, Any]) -> list[str]:
+    """jvm_profile: where the JVM's CPU went, by kind of work (the full profile is in profile-*.md)."""
+    from riverhouse_bench.jvm_profile import profile_markdown
+
+    r = s.get("jvm_profile") or {}
+    if not r.get("attribution"):
+        return []
+    return ["", *profile_markdown(r, brief=True)]

@@ -206,3 +206,53 @@ def test_a_run_whose_engine_is_down_fails_at_once_naming_the_start_command(
     assert proc.returncode == 1
     assert "does not answer" in proc.stderr and "`riverhouse engine start`" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_two_pipelines_at_once_on_one_engine_keep_to_their_own_tables_and_marks(
+    tmp_path: Path, kafka: str, test_engine: str | None
+) -> None:
+    """Two runs of two pipelines share the engine at the same moment: each gets exactly its rows,
+    every commit of its tables carries its own stream's mark, and no Delta app transaction or
+    session setting is used that the other could see (the writes carry their marks themselves)."""
+    from riverhouse.platform.kafka.generator import GeneratorConfig, orders
+    from riverhouse.platform.state.delta_log import DeltaLog
+    from riverhouse.platform.state.tables import TableLayout, open_table
+    from tests.conftest import produce
+
+    if not test_engine:
+        pytest.skip("runs through the shared test engine (RIVERHOUSE_TEST_ENGINE=local turns it off)")
+    settings = Settings.from_env(tmp_path / "home").with_(kafka_bootstrap=kafka)
+    procs, expected = [], {}
+    for name, seed in (("pair_a", 1), ("pair_b", 2)):
+        topic = f"{name}_{os.getpid()}_{seed}"
+        records, stats = orders(GeneratorConfig(count=600, duplicate_rate=0.3, seed=seed))
+        produce(kafka, topic, list(records))
+        expected[name] = {event["order_id"] for event in stats.events}
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(orders_spec_data(topic, name=name, max_offsets=200)))
+        procs.append(
+            subprocess.Popen(
+                [*riverhouse_cmd(), "run", str(path), "--json"],
+                env=subprocess_env(settings),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    for proc in procs:
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-2000:]
+        assert json.loads(out)["batches"] >= 3  # the two runs' batches interleaved on the engine
+    for name, ids in expected.items():
+        layout = TableLayout(settings.warehouse, name)
+        silver = open_table(layout.silver("orders")).to_pyarrow_table(columns=["order_id"]).column("order_id")
+        assert sorted(silver.to_pylist()) == sorted(ids)
+        for table in (layout.bronze("orders"), layout.silver("orders")):
+            log = DeltaLog(table)
+            for version in range(1, log.latest_version() + 1):
+                commit = log.commit(version)
+                if commit.info.get("operation") == "OPTIMIZE":
+                    continue
+                app = commit.user_metadata.get("riverhouse.app", "")
+                assert app.startswith(f"riverhouse:{name}:orders:"), (table, version, app)
+                assert not commit.txns, (table, version)

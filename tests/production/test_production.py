@@ -3,7 +3,8 @@
 PostgreSQL (Debian's package, installed if missing) holds the Dagster instance written by
 `riverhouse deploy-config`; a code server, `dagster-daemon` and `dagster-webserver` run as
 three processes on it; the real Kafka broker (`local_kafka`); a Spark standalone master with
-two workers runs every pipeline run. Events are produced, the daemon ticks the Kafka-lag
+two workers, whose driver is a Spark Connect engine (`riverhouse engine start --master`, as
+compose runs it), runs every pipeline run: the run workers attach to it. Events are produced, the daemon ticks the Kafka-lag
 sensor, the run goes through the queue, and ClickHouse ends with exactly the unique events.
 Then the daemon and the run worker are SIGKILLed mid-run: the run shows as failed in the run
 history (also through the webserver), and after the restart nothing is lost or doubled.
@@ -30,6 +31,7 @@ import pytest
 import yaml
 
 from riverhouse.platform.kafka.generator import GeneratorConfig, orders
+from riverhouse.platform.runtime import engine
 from riverhouse.platform.sink.clickhouse import open_client, qualified_table
 from riverhouse.platform.spec import parse_spec
 from tests.conftest import orders_spec_data, produce, riverhouse_cmd
@@ -86,6 +88,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, kafka: str) -> Iterator[Stac
     (pipelines / f"{PIPELINE}.yaml").write_text(yaml.safe_dump(_spec_dict(topic)))
     dagster_home = folder / "dagster"
     started: list[Service] = []
+    engines: list[Path] = []
     postgres = Postgres(postgres_bin())
     saved_env = dict(os.environ)
     try:
@@ -93,6 +96,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory, kafka: str) -> Iterator[Stac
         base = {k: v for k, v in os.environ.items() if not k.startswith(("RIVERHOUSE_", "DAGSTER_"))}
         spark_url, cluster = spark_cluster(folder, base)
         started.extend(cluster)
+        os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+        driver = engine.start(folder / "engine", master=spark_url, memory="1g")
+        engines.append(folder / "engine")
         env = {
             **base,
             **postgres.env(),
@@ -103,6 +109,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, kafka: str) -> Iterator[Stac
             "RIVERHOUSE_PIPELINES": str(pipelines),
             "RIVERHOUSE_KAFKA_BOOTSTRAP": kafka,
             "RIVERHOUSE_SPARK_MASTER": spark_url,
+            "RIVERHOUSE_SPARK_REMOTE": driver.url,
             "SPARK_LOCAL_IP": "127.0.0.1",
         }
         written = subprocess.run(
@@ -148,6 +155,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory, kafka: str) -> Iterator[Stac
     finally:
         for service in reversed(started):
             service.stop()
+        for state_dir in engines:
+            engine.stop(state_dir)
         postgres.stop()
         os.environ.clear()
         os.environ.update(saved_env)
@@ -219,7 +228,10 @@ def test_daemon_sensor_run_lands_unique_events_and_survives_a_kill(stack: Stack)
     assert done.tags["riverhouse/pipeline"] == PIPELINE
     ids = clickhouse_order_ids(stack)
     assert len(ids) == len(set(ids)) and set(ids) == first_ids
-    # The run's Spark work ran in executors on both workers, not in the driver.
+    # The run went through the engine: the cluster ran one Spark application (the engine's), not
+    # one per run; and its Spark work ran in executors on both workers.
+    apps = {app.name for worker in ("worker-1", "worker-2") for app in (stack.folder / worker).glob("app-*")}
+    assert len(apps) == 1, apps
     for worker in ("worker-1", "worker-2"):
         logs = list((stack.folder / worker).glob("app-*/*/stderr"))
         assert any("Running task" in log.read_text(errors="replace") for log in logs), f"no task ran on {worker}"
@@ -241,7 +253,7 @@ def test_daemon_sensor_run_lands_unique_events_and_survives_a_kill(stack: Stack)
         time.sleep(0.2)
     assert worker_pid is not None, run_messages(stack, victim.run_id)[-40:]
     stack.daemon.kill()
-    doomed = [worker_pid, *descendants(worker_pid)]  # the worker and its Spark driver JVM
+    doomed = [worker_pid, *descendants(worker_pid)]  # the run worker (its Spark work is on the engine)
     for pid in doomed:
         os.kill(pid, signal.SIGKILL)
     killed_at = time.monotonic()
