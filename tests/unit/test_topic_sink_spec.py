@@ -6,6 +6,7 @@ import copy
 import json
 from datetime import UTC, date, datetime
 from decimal import Decimal
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -15,6 +16,8 @@ from riverhouse.platform.sink.topic_format import JsonRows
 from riverhouse.platform.sink.topic_ledger import Progress, parse_record, progress_record, reset_record
 from riverhouse.platform.spec import NoClickHouseSink, SpecError, check_together, parse_spec
 from riverhouse.platform.spec_sinks import transactional_id
+from riverhouse.platform.state.reset import plan_reset
+from riverhouse.platform.state.settings import Settings
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.unit
@@ -213,3 +216,13 @@ def test_ledger_records_read_back_and_foreign_ones_are_refused() -> None:
     assert parse_record(None) is None  # a tombstone
     with pytest.raises(ValueError, match="not a Riverhouse ledger record"):
         parse_record(b'{"version": 3}')
+
+
+def test_reset_plan_keeps_the_topic_and_starts_the_ledger_over(tmp_path: Path) -> None:
+    data = base()
+    data["sink"] = dict(TOPIC_SINK)
+    plan = plan_reset(parse_spec(data), Settings.from_env(tmp_path / "home"))
+    assert plan.clickhouse_table == "" and plan.topics == {"orders_clean": "riverhouse-ledger.orders_clean"}
+    (line,) = [line for line in plan.describe() if "Kafka" in line]
+    assert "riverhouse-ledger.orders_clean" in line and "keeps its records" in line
+    assert not any("ClickHouse" in line for line in plan.describe())
