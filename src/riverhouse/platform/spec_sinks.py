@@ -249,6 +249,7 @@ def topic_clashes(topics: dict[str, str], spec: PipelineSpec, source: str) -> li
                         "and their ledgers, and consumers would get rows twice",
                     )
                 )
+                break  # the sink's own topic clashing says it; its default ledger would clash too
     return problems
 
 
