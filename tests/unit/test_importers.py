@@ -357,7 +357,11 @@ def test_kaflowsql_pipeline_maps_query_state_dimensions_and_emission(tmp_path: P
     # output -> a Kafka sink of the same topic and key; no ClickHouse table
     assert spec.clickhouse_sink is None and len(spec.topic_sinks) == 1
     topic_sink = spec.topic_sinks[0]
-    assert (topic_sink.topic, topic_sink.key, topic_sink.format) == ("enriched_transactions", ["transaction_id"], "json")
+    assert (topic_sink.topic, topic_sink.key, topic_sink.format) == (
+        "enriched_transactions",
+        ["transaction_id"],
+        "json",
+    )
     plan = spec.plan
     assert plan.output_names[-1] == "amount_band" and plan.where is not None
     assert [(s.source, s.kind, s.window) for s in plan.steps] == [
@@ -421,7 +425,9 @@ def test_cli_writes_validates_and_is_strict(tmp_path: Path) -> None:
     assert strict.exit_code == 1 and not strict_out.exists()
     assert "join.sources[1].time_window" in strict.output  # named, with rich markup escaped
     json_output = tmp_path / "kaflowsql_json.yaml"
-    json_output.write_text((FIXTURES / "kaflowsql_transactions.yaml").read_text().replace("format: avro", "format: json"))
+    json_output.write_text(
+        (FIXTURES / "kaflowsql_transactions.yaml").read_text().replace("format: avro", "format: json")
+    )
     lenient = runner.invoke(app, ["import", "kaflowsql", str(json_output), "--strict"])
     assert lenient.exit_code == 0 and lenient.output.count("query: |") == 1  # spec on stdout
     avro = runner.invoke(app, ["import", "kaflowsql", str(FIXTURES / "kaflowsql_transactions.yaml"), "--strict"])
