@@ -29,6 +29,7 @@ SCENARIOS = (
     "riverhouse_dedup_join",
     "freshness",
     "query_vs_final",
+    "topic_sink",  # after riverhouse_dedup: it publishes that run's silver table again
     "dedup_state",
     "scale_local",
     "cluster",

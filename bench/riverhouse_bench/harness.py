@@ -138,6 +138,7 @@ class Bench:
         scenario("freshness", lambda: freshness.freshness(self))
         scenario("scale_local", lambda: pipelines.scale_local(self, "bench_orders", messages, stats.unique))
         scenario("cluster", lambda: cluster.cluster(self, "bench_orders", messages, stats.unique))
+        scenario("topic_sink", lambda: _topic_sink(self))
         if "dedup_state" in chosen:
             for keys in cfg.state_keys:
                 name = "dedup_state" if keys == cfg.state_keys[0] else f"dedup_state_{keys}"
@@ -208,3 +209,10 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> tuple[dic
     path = write_results(result, cfg.results_dir)
     render_docs(result, cfg.docs)
     return result, path
+
+
+def _topic_sink(bench: Bench) -> dict[str, Any]:
+    """The Kafka sink next to the ClickHouse loader (bench/riverhouse_bench/topic_sink.py), on riverhouse_dedup's silver."""
+    from riverhouse_bench.topic_sink import topic_sink
+
+    return topic_sink(bench)

@@ -70,7 +70,7 @@ def start_local_engine(settings: Settings, wanted: bool) -> tuple[str, bool]:
 def validate(files: Annotated[list[Path], typer.Argument(help="Pipeline spec files (YAML)")]) -> None:
     """Check pipeline specs; print every problem with its field path and a hint.
 
-    Specs checked together must also fit together: distinct names and distinct sink tables.
+    Specs checked together must also fit together: distinct names, sink tables and sink topics.
     """
     loaded = []
     errors = []
@@ -94,11 +94,16 @@ def validate(files: Annotated[list[Path], typer.Argument(help="Pipeline spec fil
             continue
         out.print(
             f"[green]ok[/] {escape(path)}: pipeline [bold]{spec.name}[/], sources {', '.join(spec.sources)}, "
-            f"sink {spec.sink.table}",
+            f"{'sinks' if len(spec.sinks) > 1 else 'sink'} {describe_sinks(spec)}",
             highlight=False,
         )
     if errors or clashes:
         raise typer.Exit(1)
+
+
+def describe_sinks(spec: Any) -> str:
+    """`orders`, `topic clean_orders`, ...: what a pipeline writes, in one line."""
+    return ", ".join(s.table if s.kind == "clickhouse" else f"topic {s.topic}" for s in spec.sinks)
 
 
 def _bootstrap(settings: Settings, bootstrap: str | None) -> str:
@@ -294,12 +299,14 @@ def _guarded(action: Any) -> Any:
     from riverhouse.platform.pipeline import PipelineError
     from riverhouse.platform.runtime.metrics import MetricsError
     from riverhouse.platform.sink.clickhouse import ClickHouseLoadError
+    from riverhouse.platform.sink.topic_ledger import TopicSinkError
 
     try:
         return action()
     except (
         PipelineError,
         ClickHouseLoadError,
+        TopicSinkError,
         KafkaSourceError,
         JavaMissingError,
         MetricsError,

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import time
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 
@@ -82,3 +84,97 @@ def kafka_status(home: HomeOption = None) -> None:
         highlight=False,
     )
     _print_listeners(state, settings)
+
+
+@kafka_app.command("tail")
+def kafka_tail(
+    topic: Annotated[str, typer.Argument(help="The topic to read (e.g. a Kafka sink's)")],
+    max_records: Annotated[
+        int, typer.Option("--max", help="Stop after this many records (0: all of them)", min=0)
+    ] = 100,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep reading new records until Ctrl-C")] = False,
+    count: Annotated[
+        bool, typer.Option("--count", help="Print only how many records there are, per Delta version (header)")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per record")] = False,
+    spec_file: Annotated[
+        Path | None,
+        typer.Option("--spec", help="Connect as this pipeline spec does (bootstrap servers, kafka.security)"),
+    ] = None,
+    bootstrap: Annotated[str | None, typer.Option(help="Kafka bootstrap servers (default: the local Kafka)")] = None,
+    home: HomeOption = None,
+) -> None:
+    """Read a topic from its start as a read_committed consumer does: rows of aborted transactions never show."""
+    from riverhouse.platform.kafka.client import KafkaSourceError
+    from riverhouse.platform.kafka.tail import BEGINNING, count_by_header, read_committed
+    from riverhouse.platform.sink.topic import VERSION_HEADER
+
+    config = _client_config(settings_for(home), spec_file, bootstrap)
+    try:
+        records = read_committed(config, topic, BEGINNING, follow=follow and not count)
+        if count:
+            counts = count_by_header(records, VERSION_HEADER)
+            total = sum(counts.values())
+            if as_json:
+                print(json.dumps({"topic": topic, "records": total, "by_version": counts}))
+                return
+            out.print(f"{total:,} committed records in {topic}", highlight=False)
+            for version, n in sorted(counts.items(), key=lambda kv: (len(kv[0]), kv[0])):
+                out.print(f"  Delta version {version or '(no header)'}: {n:,}", highlight=False)
+            return
+        for shown, record in enumerate(records):
+            if max_records and shown >= max_records:
+                err.print(f"(stopped after {max_records} records: --max 0 reads them all)", highlight=False)
+                break
+            _print_record(record, as_json)
+    except KafkaSourceError as exc:
+        fail(str(exc))
+    except KeyboardInterrupt:
+        pass
+
+
+def _print_record(record: Any, as_json: bool) -> None:
+    def text(value: bytes | None) -> str | None:
+        return None if value is None else value.decode("utf-8", errors="replace")
+
+    if as_json:
+        headers = {k: text(v) for k, v in record.headers.items()}
+        print(
+            json.dumps(
+                {
+                    "partition": record.partition,
+                    "offset": record.offset,
+                    "key": text(record.key),
+                    "value": text(record.value),
+                    "headers": headers,
+                }
+            ),
+            flush=True,
+        )
+        return
+    version = record.headers.get("riverhouse.version")
+    label = f"p{record.partition}@{record.offset}" + (f" v{version.decode()}" if version else "")
+    print(f"{label} key={text(record.key)} {text(record.value)}", flush=True)
+
+
+def _client_config(settings: Settings, spec_file: Path | None, bootstrap: str | None) -> dict[str, Any]:
+    """librdkafka settings: the spec's connection, or plain bootstrap servers (option, environment, local)."""
+    if spec_file is not None:
+        from riverhouse.platform.kafka.bootstrap import resolve_bootstrap
+        from riverhouse.platform.kafka.client import librdkafka_config
+        from riverhouse.platform.spec import SpecError, load_spec
+
+        try:
+            spec = load_spec(spec_file)
+            if bootstrap:
+                settings = settings.with_(kafka_bootstrap=bootstrap)
+            return librdkafka_config(spec.kafka, resolve_bootstrap(spec, settings))
+        except (SpecError, RuntimeError) as exc:
+            fail(str(exc))
+    address = bootstrap or settings.kafka_bootstrap
+    if not address:
+        state = local_kafka.status(settings.kafka_state_dir)
+        if state is None:
+            fail("the local Kafka is not running: start it with `riverhouse kafka start`, or pass --bootstrap/--spec")
+        address = state.bootstrap
+    return {"bootstrap.servers": address, "log_level": 0}

@@ -3,6 +3,7 @@ SIGTERM, and a restart resumes without loss or duplicates (also after a SIGKILL)
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -17,7 +18,7 @@ import yaml
 
 from riverhouse.platform.sink.clickhouse import open_client, qualified_table
 from riverhouse.platform.state.settings import Settings
-from tests.conftest import order, orders_spec, produce, riverhouse_cmd, subprocess_env
+from tests.conftest import order, orders_spec, orders_spec_data, produce, riverhouse_cmd, subprocess_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -43,12 +44,12 @@ class Continuous:
         for line in self.proc.stderr:
             self.lines.append(line.rstrip())
 
-    def wait_for_loaded(self, total: int, timeout_s: float = 300) -> None:
-        """Until the process reports `total` rows loaded this session."""
+    def wait_for_loaded(self, total: int, timeout_s: float = 300, verb: str = "loaded") -> None:
+        """Until the process reports `total` rows loaded (or `verb`: produced) this session."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             for line in self.lines:
-                if line.startswith("loaded ") and f", {total:,} this session)" in line:
+                if line.startswith(f"{verb} ") and f", {total:,} this session)" in line:
                     return
             if self.proc.poll() is not None:
                 break
@@ -63,7 +64,8 @@ class Continuous:
         stdout = self.proc.stdout.read()
         self._reader.join(timeout=30)
         if sig == signal.SIGKILL:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # our own group: the orphaned JVM
+            with contextlib.suppress(ProcessLookupError):  # beside an engine there is no JVM of its own
+                os.killpg(self.proc.pid, signal.SIGKILL)  # our own group: the orphaned JVM
             time.sleep(2)
             return None
         assert self.proc.returncode == 0, "\n".join(self.lines[-30:])
@@ -113,3 +115,28 @@ def test_continuous_mode_stops_cleanly_and_resumes_exactly_once(
         + [f"d{i}" for i in range(10)]
     )
     assert ch_orders(settings, spec) == want
+
+
+def test_continuous_mode_produces_to_its_topic_exactly_once(
+    kafka: str, topic: str, settings: Settings, tmp_path: Path
+) -> None:
+    """One transactional producer for the session; a SIGKILL in between costs no row and doubles none."""
+    from tests.integration.test_topic_sink import committed_records
+
+    data = orders_spec_data(topic, name="streaming_topic")
+    data["sinks"] = [data.pop("sink"), {"kind": "kafka", "topic": f"{topic}_out", "key": ["order_id"]}]
+    spec_path = tmp_path / "streaming_topic.yaml"
+    spec_path.write_text(yaml.safe_dump(data))
+    produce(kafka, topic, [order(f"a{i}", "2026-01-01T10:00:00Z") for i in range(40)])
+    first = Continuous(spec_path, settings)
+    first.wait_for_loaded(40, verb="produced")
+    produce(kafka, topic, [order(f"b{i}", "2026-01-01T10:00:00Z") for i in range(20)])
+    first.wait_for_loaded(60, verb="produced")
+    first.stop(signal.SIGKILL)
+    produce(kafka, topic, [order(f"c{i}", "2026-01-01T10:00:00Z") for i in range(10)] * 2)
+    second = Continuous(spec_path, settings)
+    second.wait_for_loaded(10, verb="produced")
+    summary = second.stop(signal.SIGTERM)
+    assert summary is not None and summary["topic_rows_produced"] == 10
+    want = sorted([f"a{i}" for i in range(40)] + [f"b{i}" for i in range(20)] + [f"c{i}" for i in range(10)])
+    assert sorted(r.key().decode() for r in committed_records(kafka, f"{topic}_out")) == want

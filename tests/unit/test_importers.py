@@ -336,7 +336,7 @@ def test_expr_translation_keeps_expr_lang_meaning() -> None:
 # ---------------------------------------------------------------------------- KaflowSQL
 def test_kaflowsql_pipeline_maps_query_state_dimensions_and_emission(tmp_path: Path) -> None:
     result = import_kaflowsql(FIXTURES / "kaflowsql_transactions.yaml")
-    assert result.unmapped == []
+    assert settings_of(result) == {"output.format"}  # avro: the Kafka sink writes JSON until the registry work
     spec = written(result, tmp_path)
     assert spec.name == "transaction_enrichment"
     assert set(spec.sources) == {"transactions", "users", "merchants"}
@@ -355,7 +355,14 @@ def test_kaflowsql_pipeline_maps_query_state_dimensions_and_emission(tmp_path: P
     assert spec.sources["users"].key == ["user_id"] and spec.sources["merchants"].key == ["merchant_id"]
     assert spec.state.ttl == timedelta(hours=1) and spec.state.sources == {"users": timedelta(hours=2)}
     assert spec.dimensions == ["merchants"] and spec.require == ["email", "merchant_name"]
-    assert (spec.sink.table, spec.sink.order_by) == ("enriched_transactions", ["transaction_id"])
+    # output -> a Kafka sink of the same topic and key; no ClickHouse table
+    assert spec.clickhouse_sink is None and len(spec.topic_sinks) == 1
+    topic_sink = spec.topic_sinks[0]
+    assert (topic_sink.topic, topic_sink.key, topic_sink.format) == (
+        "enriched_transactions",
+        ["transaction_id"],
+        "json",
+    )
     plan = spec.plan
     assert plan.output_names[-1] == "amount_band" and plan.where is not None
     assert [(s.source, s.kind, s.window) for s in plan.steps] == [
@@ -372,6 +379,8 @@ def test_kaflowsql_unmappable_settings_and_dotted_topics(tmp_path: Path) -> None
     assert spec.sources["device_readings"].topic == "device.readings"
     assert "FROM device_readings AS d" in spec.query
     assert spec.state.ttl == timedelta(minutes=5) and spec.dimensions == ["device_config"]
+    # output.format json and output.key map as they are; the topic's name keeps its dash
+    assert [(s.topic, s.key, s.format) for s in spec.topic_sinks] == [("telemetry-enriched", ["device_id"], "json")]
 
 
 def test_kaflowsql_window_and_default_ttl(tmp_path: Path) -> None:
@@ -381,7 +390,7 @@ def test_kaflowsql_window_and_default_ttl(tmp_path: Path) -> None:
     assert written(result, tmp_path).state.ttl == timedelta(minutes=30)
     both = base.replace("window: 1h", "window: 3h")
     result = import_kaflowsql(config_file_text(tmp_path, both))
-    assert settings_of(result) == {"window"}  # KaflowSQL's engine reads default_ttl, not window
+    assert settings_of(result) == {"window", "output.format"}  # KaflowSQL's engine reads default_ttl, not window
     assert written(result, tmp_path).state.ttl == timedelta(hours=1)
 
 
@@ -416,8 +425,14 @@ def test_cli_writes_validates_and_is_strict(tmp_path: Path) -> None:
     )
     assert strict.exit_code == 1 and not strict_out.exists()
     assert "join.sources[1].time_window" in strict.output  # named, with rich markup escaped
-    lenient = runner.invoke(app, ["import", "kaflowsql", str(FIXTURES / "kaflowsql_transactions.yaml"), "--strict"])
+    json_output = tmp_path / "kaflowsql_json.yaml"
+    json_output.write_text(
+        (FIXTURES / "kaflowsql_transactions.yaml").read_text().replace("format: avro", "format: json")
+    )
+    lenient = runner.invoke(app, ["import", "kaflowsql", str(json_output), "--strict"])
     assert lenient.exit_code == 0 and lenient.output.count("query: |") == 1  # spec on stdout
+    avro = runner.invoke(app, ["import", "kaflowsql", str(FIXTURES / "kaflowsql_transactions.yaml"), "--strict"])
+    assert avro.exit_code == 1 and "output.format" in avro.output
     bad = runner.invoke(app, ["import", "glassflow", str(tmp_path / "missing.json")])
     assert bad.exit_code == 1 and "cannot read file" in bad.output and "Traceback" not in bad.output
 

@@ -24,7 +24,7 @@ import dagster as dg
 from riverhouse.platform.pipeline import Window
 from riverhouse.platform.publish import CheckOutcome
 from riverhouse.platform.sink.clickhouse import expected_columns
-from riverhouse.platform.spec import PipelineSpec
+from riverhouse.platform.spec import KafkaSinkSpec, PipelineSpec
 from riverhouse.platform.state.tables import bronze_schema, silver_schema
 from riverhouse.resources import Riverhouse
 
@@ -136,10 +136,13 @@ def build_pipeline_assets(spec: PipelineSpec) -> tuple[list[Any], list[dg.AssetC
 
     upstream = asset_key("silver", spec, spec.sink_source_name)
     if spec.is_join:
-        upstream = asset_key("gold", spec, spec.sink.table)
+        upstream = asset_key("gold", spec, spec.output_name)
         assets.append(_gold_asset(spec, upstream, parts))
-    sink_key = asset_key("clickhouse", spec, spec.sink.table)
-    assets.append(_clickhouse_asset(spec, sink_key, upstream, parts))
+    if spec.clickhouse_sink is not None:
+        sink_key = asset_key("clickhouse", spec, spec.sink.table)
+        assets.append(_clickhouse_asset(spec, sink_key, upstream, parts))
+    for sink in spec.topic_sinks:
+        assets.append(_topic_asset(spec, sink, upstream, parts))
     return assets, checks
 
 
@@ -269,7 +272,7 @@ def _gold_asset(spec: PipelineSpec, gold_key: dg.AssetKey, parts: dg.PartitionsD
     kind = "SQL query" if spec.query else f"{spec.join.type} temporal join" if spec.join else ""
     driving = spec.sources[plan.driving_source]
     window = driving.dedup.window if driving.dedup else plan.close_after
-    check = f"{spec.sink.table}_has_one_row_per_left_event"
+    check = f"{spec.output_name}_has_one_row_per_left_event"
 
     @dg.asset(
         key=gold_key,
@@ -344,3 +347,63 @@ def _clickhouse_asset(
         yield _check_result(check, pipeline.check_clickhouse())
 
     return clickhouse_table
+
+
+def topic_asset_name(topic: str) -> str:
+    """A Kafka topic's name as the last part of its asset key (`.` and `-` become `_`)."""
+    return re.sub(r"[^A-Za-z0-9_]", "_", topic)
+
+
+def _topic_asset(
+    spec: PipelineSpec, sink: KafkaSinkSpec, upstream: dg.AssetKey, parts: dg.PartitionsDefinition
+) -> dg.AssetsDefinition:
+    name = topic_asset_name(sink.topic)
+    key = asset_key("topic", spec, name)
+    check = f"{name}_matches_delta"
+    schema = [] if spec.is_join else [(f.name, str(f.type)) for f in spec.sink_source.fields]
+    key_columns = sink.key if sink.key is not None else ([] if spec.is_join else list(spec.sink_source.key))
+
+    @dg.asset(
+        key=key,
+        deps=[upstream],
+        partitions_def=parts,
+        group_name=spec.name,
+        kinds={"kafka"},
+        owners=list(spec.owners),
+        check_specs=[
+            dg.AssetCheckSpec(
+                check,
+                asset=key,
+                description=(
+                    "Per Delta version this run produced: the rows a read_committed consumer reads from the topic "
+                    "(by the riverhouse.version header) = the rows the version holds."
+                ),
+            )
+        ],
+        description=(
+            f"Kafka topic `{sink.topic}` ({sink.format}, key {', '.join(key_columns) or 'none'}): every Delta "
+            f"version of {upstream.path[0]} produced exactly once, in Kafka transactions with a ledger "
+            f"(`{sink.ledger}`). Consumers set isolation.level=read_committed. A backfill's new version is "
+            "produced as well (its records carry the riverhouse.rebuild header)."
+        ),
+        metadata={
+            **({"dagster/column_schema": _column_schema(schema)} if schema else {}),
+            "dagster/column_lineage": _column_lineage(spec),
+            "topic": sink.topic,
+            "ledger_topic": sink.ledger,
+        },
+    )
+    def topic_sink(context: dg.AssetExecutionContext, riverhouse: Riverhouse):
+        pipeline = riverhouse.pipeline(spec, context.log.info, warn=context.log.warning)
+        window = rebuild_window(context, spec)
+        published = pipeline.publish_topic(sink.topic)
+        # Stream or backfill, the step is the same: whatever Delta versions are new (a backfill's too).
+        mode = (
+            {"mode": "stream"}
+            if window is None
+            else {"mode": "rebuild", "window": f"{window.start.isoformat()}/{window.end.isoformat()}"}
+        )
+        yield dg.MaterializeResult(metadata={**published.metadata, **mode})
+        yield _check_result(check, pipeline.check_topic(published.result))
+
+    return topic_sink

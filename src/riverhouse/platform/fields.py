@@ -259,7 +259,7 @@ def resolve_source_refs(data: Any) -> Any:
 
 
 def resolve_pipeline_refs(data: Any) -> Any:
-    """Join keys, join selections and sink.order_by written as field paths -> field names."""
+    """Join keys, join selections and the sinks' order_by and key written as field paths -> field names."""
     if not isinstance(data, dict) or not isinstance(data.get("sources"), dict):
         return data
     sources = {n: s.get("fields") for n, s in data["sources"].items() if isinstance(s, dict)}
@@ -288,10 +288,29 @@ def resolve_pipeline_refs(data: Any) -> Any:
                 select[out] = ref
             join["select"] = select
         data["join"] = join
-    sink = data.get("sink")
-    if join is None and data.get("query") is None and isinstance(sink, dict) and "order_by" in sink:
-        source = sink.get("source") or (next(iter(sources)) if len(sources) == 1 else None)
-        if isinstance(source, str) and source in aliases:
-            order_by = resolve_refs(sink["order_by"], names[source], aliases[source], "sink.order_by: ")
-            data["sink"] = {**sink, "order_by": order_by}
+    if join is not None or data.get("query") is not None:
+        return data  # a join's sinks name output columns, not fields
+    sinks = data.get("sinks")
+    listed = [s for s in sinks if isinstance(s, dict)] if isinstance(sinks, list) else []
+    # Every sink publishes one table: the source any of them states, or the only one.
+    stated = next((s["source"] for s in [data.get("sink"), *listed] if isinstance(s, dict) and s.get("source")), None)
+    source = stated or (next(iter(sources)) if len(sources) == 1 else None)
+    if not isinstance(source, str) or source not in aliases:
+        return data
+    if isinstance(data.get("sink"), dict):
+        data["sink"] = _resolve_sink(data["sink"], "sink", names[source], aliases[source])
+    elif isinstance(sinks, list):
+        data["sinks"] = [
+            _resolve_sink(sink, f"sinks[{i}]", names[source], aliases[source]) if isinstance(sink, dict) else sink
+            for i, sink in enumerate(sinks)
+        ]
     return data
+
+
+def _resolve_sink(sink: dict[str, Any], where: str, names: set[str], aliases: Any) -> dict[str, Any]:
+    """A sink's `order_by` (ClickHouse) or `key` (Kafka) written as field paths -> field names."""
+    sink = dict(sink)
+    for setting in ("order_by", "key"):
+        if setting in sink:
+            sink[setting] = resolve_refs(sink[setting], names, aliases, f"{where}.{setting}: ")
+    return sink

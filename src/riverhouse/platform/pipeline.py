@@ -38,6 +38,7 @@ from riverhouse.platform.sink import clickhouse as sink
 from riverhouse.platform.sink.loader import SinkLoader, load_sink
 from riverhouse.platform.sink.replace import ReplaceResult
 from riverhouse.platform.sink.replace import replace_clickhouse_window as _replace_clickhouse_window
+from riverhouse.platform.sink.topic import ProduceResult, TopicSink, produce_topics
 from riverhouse.platform.sink.versions import LoadResult
 from riverhouse.platform.spec import PipelineSpec
 from riverhouse.platform.state.checkpoints import pipeline_lock
@@ -68,12 +69,14 @@ class Window:
 
 @dataclass
 class WindowRebuild:
-    """A rebuilt window: silver of every source, gold (join pipelines), the ClickHouse days swapped in."""
+    """A rebuilt window: silver of every source, gold (join pipelines), the ClickHouse days swapped in,
+    the Kafka sinks' new versions (a changed window is produced again, as a new Delta version)."""
 
     window: Window
     silver: dict[str, RebuildResult] = field(default_factory=dict)
     gold: RebuildResult | None = None
     clickhouse: ReplaceResult | None = None
+    topics: list[ProduceResult] = field(default_factory=list)
 
 
 def batch_line(spec: PipelineSpec, m: BatchMetrics) -> str:
@@ -82,6 +85,17 @@ def batch_line(spec: PipelineSpec, m: BatchMetrics) -> str:
         f"{prefix}batch {m.batch_id}: read {m.read:,}, quarantined {m.quarantined:,}, "
         f"duplicates dropped {m.duplicates_dropped:,}, inserted {m.inserted:,} ({m.seconds:.1f}s)"
     )
+
+
+def topic_summary(results: list[ProduceResult]) -> dict[str, Any]:
+    """A run summary's figures of its Kafka sinks (summed over them), plus each sink's own."""
+    return {
+        "topic_rows_produced": sum(r.rows for r in results),
+        "topic_versions_produced": sum(len(r.versions_produced) for r in results),
+        "topic_transactions": sum(r.transactions for r in results),
+        "topic_seconds": round(sum(r.seconds for r in results), 3),
+        "topics": [r.summary() for r in results],
+    }
 
 
 class Pipeline:
@@ -150,14 +164,21 @@ class Pipeline:
             return load_sink(self.spec, self.settings, self.warn, client=client)
         return _replace_clickhouse_window(self.spec, self.settings, window.start, window.end, log=self.log)
 
+    def produce(self, topic: str | None = None) -> list[ProduceResult]:
+        """Produce new Delta versions into every Kafka sink (or `topic`'s), exactly once (backfills' included)."""
+        return produce_topics(self.spec, self.settings, self.warn, topic=topic)
+
     def rebuild(self, window: Window) -> WindowRebuild:
-        """Backfill `window`: silver of every source from bronze, then gold, then the ClickHouse days."""
+        """Backfill `window`: silver of every source from bronze, then gold, then the ClickHouse days and topics."""
         out = WindowRebuild(window)
         for source in self.spec.sources:
             out.silver[source] = self.rebuild_silver(source, window)
         if self.spec.is_join:
             out.gold = rebuild_gold(self.spark, self.spec, self.settings, window.start, window.end, log=self.log)
-        out.clickhouse = _replace_clickhouse_window(self.spec, self.settings, window.start, window.end, log=self.log)
+        if self.spec.clickhouse_sink is not None:
+            start, end = window.start, window.end
+            out.clickhouse = _replace_clickhouse_window(self.spec, self.settings, start, end, log=self.log)
+        out.topics = self.produce()
         return out
 
     def lag(self, sources: list[str] | None = None) -> PipelineLag:
@@ -205,6 +226,9 @@ class Pipeline:
     def publish_clickhouse(self, window: Window | None) -> publish.Published:
         return publish.clickhouse(self, window)
 
+    def publish_topic(self, topic: str) -> publish.Published:
+        return publish.topic(self, topic)
+
     def check_rejected_rate(self, records: int, rejected: int) -> publish.CheckOutcome:
         return publish.rejected_rate(self.spec, records, rejected)
 
@@ -220,11 +244,14 @@ class Pipeline:
     def check_clickhouse(self) -> publish.CheckOutcome:
         return publish.clickhouse_matches_delta(self.spec, self.settings)
 
+    def check_topic(self, produced: ProduceResult) -> publish.CheckOutcome:
+        return publish.topic_matches_delta(self.spec, self.settings, produced)
+
     # ----------------------------------------------------------- streaming runs
     def _start(self, load: bool) -> SinkLoader | None:
         """What every streaming run begins with: the Spark session and (unless `load` is off) the loader."""
         _ = self.spark
-        return SinkLoader(self.spec, self.settings, self.log) if load else None
+        return SinkLoader(self.spec, self.settings, self.log) if load and self.spec.clickhouse_sink else None
 
     def _join(self, drain: bool) -> GoldResult | None:
         return run_gold(self.spark, self.spec, self.settings, drain=drain) if self.spec.is_join else None
@@ -277,6 +304,8 @@ class Pipeline:
             if loader is not None:
                 sink_version = None if spec.is_join else summary[f"silver_version_{spec.sink_source_name}"]
                 summary.update(loader.finish(up_to=sink_version))
+            if load and spec.topic_sinks:
+                summary.update(topic_summary(self.produce()))
         finally:
             if loader is not None:
                 loader.close()
@@ -302,6 +331,8 @@ class Pipeline:
         resolve_bootstrap(spec, self.settings)
         endpoint = metrics.ContinuousMetrics.from_env(spec, self.settings)  # a bad setting fails before Spark starts
         loader = self._start(load)  # one connection for the session
+        # One transactional producer per Kafka sink for the session (init_transactions once).
+        topic_sinks = {s.topic: TopicSink(spec, s, self.settings, self.warn) for s in spec.topic_sinks} if load else {}
         interval = spec.orchestration.trigger_interval
         totals = dict.fromkeys([*COUNTED, "batches"], 0)
         counted = threading.Lock()
@@ -318,7 +349,7 @@ class Pipeline:
             if m.read:
                 log(batch_line(spec, m))
 
-        loaded = {"rows": 0}
+        loaded = {"rows": 0, "topic_rows": 0}
         published = {"batches": -1}
 
         def publish_landed() -> None:
@@ -338,6 +369,13 @@ class Pipeline:
                         f"(Delta version {result.last_loaded_version}, {loaded['rows']:,} this session) "
                         f"in {time.monotonic() - began:.2f}s"
                     )
+            for produced in produce_topics(spec, self.settings, self.warn, sinks=topic_sinks):
+                if produced.rows:
+                    loaded["topic_rows"] += produced.rows
+                    log(
+                        f"produced {produced.rows:,} rows to topic {produced.topic} (Delta version "
+                        f"{produced.last_version}, {loaded['topic_rows']:,} this session) in {produced.seconds:.2f}s"
+                    )
 
         streams = [prepare_stream(spec, self.settings, source, on_batch) for source in spec.sources]
         trigger = {"processingTime": f"{max(1, int(interval.total_seconds() * 1000))} milliseconds"}
@@ -346,6 +384,8 @@ class Pipeline:
                 locks.enter_context(pipeline_lock(stream.checkpoint, spec.name))
             if loader is not None:
                 locks.callback(loader.close)  # before the locks are released
+            for topic_sink in topic_sinks.values():
+                locks.callback(topic_sink.close)
             endpoint.start(log)
             locks.callback(endpoint.stop)
             queries = start_queries(self.spark, streams, trigger)
@@ -384,5 +424,6 @@ class Pipeline:
             "mode": "continuous",
             **totals,
             "clickhouse_rows_loaded": loaded["rows"],
+            **({"topic_rows_produced": loaded["topic_rows"]} if topic_sinks else {}),
             "seconds": round(time.monotonic() - started, 3),
         }

@@ -17,7 +17,10 @@ from riverhouse.platform.gold.joins import gold_path
 from riverhouse.platform.ingest.writer import BatchMetrics
 from riverhouse.platform.quality.checks import duplicate_keys_within_window, reconcile_per_day
 from riverhouse.platform.quality.expectations import validate_rejected_rate, validate_silver
+from riverhouse.platform.sink.topic import ProduceResult
+from riverhouse.platform.sink.topic_check import topic_matches_delta as check_topic
 from riverhouse.platform.spec import PipelineSpec
+from riverhouse.platform.spec_sinks import transactional_id
 from riverhouse.platform.state.settings import Settings
 from riverhouse.platform.state.tables import TableLayout, open_table, plain_strings, read_inserts, silver_schema
 
@@ -35,6 +38,8 @@ class Published:
     rows: pa.Table | None = field(default=None, repr=False)
     # Metadata of tables written alongside (the ingest step's quarantine).
     related: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The step's own result, for its checks (a Kafka sink's pass: where it began).
+    result: Any = field(default=None, repr=False)
 
 
 @dataclass
@@ -185,6 +190,29 @@ def clickhouse(pipeline: Pipeline, window: Window | None) -> Published:
     )
 
 
+def topic(pipeline: Pipeline, topic_name: str) -> Published:
+    """A Kafka sink's pass: every Delta version not in the topic yet (a backfill's included), exactly once."""
+    spec = pipeline.spec
+    sink = next(s for s in spec.topic_sinks if s.topic == topic_name)
+    produced = next(r for r in pipeline.produce(topic_name) if r.topic == topic_name)
+    summary = produced.summary()
+    return Published(
+        "stream",
+        {
+            "topic": sink.topic,
+            "rows_produced": summary["rows_produced"],
+            "delta_versions_produced": summary["versions_produced"],
+            "transactions": summary["transactions"],
+            "seconds": summary["seconds"],
+            "delta_version": _version(summary["delta_version"]),
+            "last_produced_version": _version(summary["last_version"]),
+            "ledger_topic": sink.ledger,
+            "transactional_id": transactional_id(spec.name, sink),
+        },
+        result=produced,
+    )
+
+
 # ------------------------------------------------------------------------ checks
 def rejected_rate(spec: PipelineSpec, records: int, rejected: int) -> CheckOutcome:
     outcome = validate_rejected_rate(spec, records, rejected)
@@ -226,6 +254,17 @@ def one_row_per_left_event(pipeline: Pipeline) -> CheckOutcome:
         path, ["_left_key"], window, time_column="_left_event_time", emitted_only=True
     )
     return CheckOutcome(count == 0, {"duplicate_rows": count, "sample": sample})
+
+
+def topic_matches_delta(spec: PipelineSpec, settings: Settings, produced: ProduceResult) -> CheckOutcome:
+    passed, metadata = check_topic(spec, settings, produced)
+    described = None
+    if not passed:
+        described = "; ".join(
+            f"version {m['version']}: {m['rows_in_topic']} rows in the topic, {m['rows_in_delta']} in Delta"
+            for m in metadata["mismatches"]
+        )
+    return CheckOutcome(passed, metadata, described)
 
 
 def clickhouse_matches_delta(spec: PipelineSpec, settings: Settings) -> CheckOutcome:

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     BeforeValidator,
+    ConfigDict,
     Field,
     PlainSerializer,
     ValidationError,
@@ -34,35 +35,50 @@ from riverhouse.platform.fields import (
 from riverhouse.platform.spec_base import (
     IDENTIFIER_RE,
     SYSTEM_COLUMN_PREFIX,
+    TOPIC_RE,
     NotUtf8Error,
     StrictModel,
     check_column_name,
     check_identifier,
+    check_topic,
     read_utf8,
 )
 from riverhouse.platform.spec_kafka import SASL_PROTOCOLS, TLS_PROTOCOLS, KafkaSecurity, KafkaSpec
+from riverhouse.platform.spec_sinks import (
+    RESERVED_TABLE_PREFIX,
+    SINK_TAGS,
+    AnySink,
+    KafkaSinkSpec,
+    NoClickHouseSink,
+    PipelineSinks,
+    SinkSpec,
+    topic_clashes,
+    topics_written,
+)
 from riverhouse.platform.spec_yaml import MAX_BYTES, YamlProblem, load_yaml
 from riverhouse.platform.types import NUMERIC
 
-# Re-exported: the spec's public names, wherever they are defined (the `kafka:` section is spec_kafka.py).
+# Re-exported: the spec's public names, wherever they are defined (the `kafka:` section is
+# spec_kafka.py, the sinks spec_sinks.py).
 __all__ = [
     "IDENTIFIER_RE",
+    "RESERVED_TABLE_PREFIX",
     "SASL_PROTOCOLS",
     "SYSTEM_COLUMN_PREFIX",
     "TLS_PROTOCOLS",
+    "TOPIC_RE",
     "FieldSpec",
     "KafkaSecurity",
+    "KafkaSinkSpec",
     "KafkaSpec",
+    "NoClickHouseSink",
+    "SinkSpec",
     "check_column_name",
     "check_identifier",
 ]
 
-TOPIC_RE = re.compile(r"[A-Za-z0-9._-]{1,249}")
 WINDOW_RE = re.compile(r"\s*(\d+)\s*(s|m|h|d|w)\s*")
 OWNER_RE = re.compile(r"(team:[A-Za-z0-9_.-]+|[^@\s]+@[^@\s]+\.[^@\s]+)")
-# Riverhouse's own ClickHouse tables (ledger, backfill staging) start with this prefix, so
-# no sink table may: a backfill drops and re-creates its staging table.
-RESERVED_TABLE_PREFIX = "riverhouse_"
 MAX_WINDOW = timedelta(days=7)
 WINDOW_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 WINDOW_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -114,18 +130,7 @@ def format_window(window: timedelta) -> str:
     return f"{seconds}s"
 
 
-def check_sink_table(value: str) -> str:
-    check_identifier(value, "sink table")
-    if value.lower().startswith(RESERVED_TABLE_PREFIX):
-        raise ValueError(
-            f"sink table {value!r} starts with {RESERVED_TABLE_PREFIX!r}, which is reserved for Riverhouse's own "
-            "ClickHouse tables (ledger, backfill staging): choose another name"
-        )
-    return value
-
-
 Identifier = Annotated[str, BeforeValidator(check_identifier)]
-SinkTable = Annotated[str, BeforeValidator(check_sink_table)]
 Window = Annotated[timedelta, BeforeValidator(parse_window), PlainSerializer(format_window, return_type=str)]
 
 
@@ -154,9 +159,7 @@ class SourceSpec(StrictModel):
     @field_validator("topic")
     @classmethod
     def _topic_is_legal(cls, value: str) -> str:
-        if not TOPIC_RE.fullmatch(value) or value in {".", ".."}:
-            raise ValueError(f"topic {value!r} is not a legal Kafka topic name (letters, digits, '.', '_', '-')")
-        return value
+        return check_topic(value)
 
     @model_validator(mode="before")
     @classmethod
@@ -221,12 +224,6 @@ class SourceSpec(StrictModel):
         return [f.name for f in self.fields if f.required or f.name in keys]
 
 
-class SinkSpec(StrictModel):
-    source: Identifier | None = None
-    table: SinkTable
-    database: Identifier | None = None
-    order_by: list[Identifier] = Field(min_length=1)
-    batch_size: int = Field(default=100_000, gt=0, le=10_000_000)
 
 
 def _join_on(value: Any) -> Any:
@@ -302,7 +299,10 @@ class QualitySpec(StrictModel):
     max_rejected_rate: float = Field(default=0.05, ge=0, le=1)
 
 
-class PipelineSpec(StrictModel):
+class PipelineSpec(PipelineSinks, StrictModel):
+    # Dumps write `sink:`/`sinks:`, as the spec does.
+    model_config = ConfigDict(extra="forbid", frozen=True, serialize_by_alias=True)
+
     name: Identifier
     description: str = ""
     owners: list[str] = Field(default_factory=list)
@@ -315,7 +315,10 @@ class PipelineSpec(StrictModel):
     state: StateSpec = StateSpec()
     dimensions: list[Identifier] = Field(default_factory=list)
     require: list[Identifier] = Field(default_factory=list)
-    sink: SinkSpec
+    # `sink:` (one) or `sinks:` (several); read them through `sinks`, `sink` (the ClickHouse one)
+    # and `topic_sinks`.
+    declared_sink: AnySink | None = Field(default=None, alias="sink")
+    declared_sinks: list[AnySink] | None = Field(default=None, alias="sinks", min_length=1)
     orchestration: OrchestrationSpec = OrchestrationSpec()
     quality: QualitySpec = QualitySpec()
 
@@ -346,31 +349,33 @@ class PipelineSpec(StrictModel):
         topics = [s.topic for s in self.sources.values()]
         if len(set(topics)) != len(topics):
             raise ValueError("two sources read the same topic; declare each topic once")
+        stated = self._check_sinks_declared()
         if self.join is not None or self.query is not None:
-            return self._check_join()
+            return self._check_join(stated)
         if self.dimensions or self.require:
             raise ValueError("dimensions and require apply to join pipelines (give join: or query:)")
-        if self.sink.source is None:
+        if not stated:
             if len(self.sources) != 1:
+                where = "source (on a sink)" if self.declared_sinks is not None else "sink.source"
                 raise ValueError(
-                    "sink.source is required when the pipeline has more than one source "
+                    f"{where} is required when the pipeline has more than one source "
                     f"(sources: {', '.join(self.sources)})"
                 )
-        elif self.sink.source not in self.sources:
-            raise ValueError(f"sink.source {self.sink.source!r} is not one of the sources ({', '.join(self.sources)})")
+        else:
+            where, name = next(iter(stated.items()))
+            if name not in self.sources:
+                raise ValueError(f"{where}.source {name!r} is not one of the sources ({', '.join(self.sources)})")
         source = self.sources[self.sink_source_name]
         names = [f.name for f in source.fields]
-        for col in self.sink.order_by:
-            if col not in names:
-                raise ValueError(f"sink.order_by column {col!r} is not a field of source {self.sink_source_name!r}")
-            source.check_scalar(col, "sink.order_by column")
+        self._check_sink_columns(names, f"a field of source {self.sink_source_name!r}", source.check_scalar)
         return self
 
-    def _check_join(self) -> PipelineSpec:
+    def _check_join(self, stated: dict[str, str]) -> PipelineSpec:
         if self.join is not None and self.query is not None:
             raise ValueError("give either join: (a temporal join) or query: (SQL), not both")
-        if self.sink.source is not None:
-            raise ValueError("sink.source is not used by join pipelines: the sink receives the join output")
+        if stated:
+            where = next(iter(stated))
+            raise ValueError(f"{where}.source is not used by join pipelines: the sink receives the join output")
         if self.join is not None:
             for side in (self.join.left, self.join.right):
                 if side not in self.sources:
@@ -403,11 +408,9 @@ class PipelineSpec(StrictModel):
             plan = self.plan
         except QueryError as exc:
             raise ValueError(str(exc)) from None
-        for col in self.sink.order_by:
-            if col not in plan.output_names:
-                raise ValueError(
-                    f"sink.order_by column {col!r} is not an output column ({', '.join(plan.output_names)})"
-                )
+        names = list(plan.output_names)
+        # Output types are known once Spark has analyzed the query: not checked for scalars here.
+        self._check_sink_columns(names, f"an output column ({', '.join(names)})", lambda *_: None)
         return self
 
     @property
@@ -435,7 +438,8 @@ class PipelineSpec(StrictModel):
         """The source whose silver table feeds the sink (join pipelines: the driving source)."""
         if self.is_join:
             return self.plan.driving_source
-        return self.sink.source or next(iter(self.sources))
+        stated = next((s.source for s in self.sinks if s.source is not None), None)
+        return stated or next(iter(self.sources))
 
     @property
     def sink_source(self) -> SourceSpec:
@@ -462,7 +466,7 @@ def _format_loc(loc: tuple[Any, ...]) -> str:
     for item in loc:
         if isinstance(item, int):
             parts.append(f"[{item}]")
-        elif str(item).startswith("function-"):
+        elif str(item).startswith("function-") or item in SINK_TAGS:
             continue
         else:
             parts.append(("." if parts else "") + str(item))
@@ -530,11 +534,13 @@ def check_together(
 
     Two pipelines with one name would share tables and Dagster assets, and two whose names differ
     only in case would share secrets (RIVERHOUSE_SECRET_<PIPELINE>__*, envrefs.py); two pipelines
-    loading one ClickHouse table would double its rows (their deduplication tokens differ).
+    loading one ClickHouse table would double its rows (their deduplication tokens differ), and two
+    producing one Kafka topic would interleave their transactions (spec_sinks.topic_clashes).
     `default_database` is the DSN's database, where a sink without `database:` lands.
     """
     names: dict[str, str] = {}
     sinks: dict[tuple[str, str], str] = {}
+    topics: dict[str, str] = {}
     accepted: list[PipelineSpec] = []
     errors: list[SpecError] = []
     for source, spec in loaded:
@@ -548,8 +554,8 @@ def check_together(
                     "give each pipeline its own name",
                 )
             )
-        sink = sink_identity(spec, default_database)
-        if sink in sinks:
+        sink = sink_identity(spec, default_database) if spec.clickhouse_sink is not None else None
+        if sink is not None and sink in sinks:
             problems.append(
                 (
                     "sink.table",
@@ -558,11 +564,14 @@ def check_together(
                     "each pipeline loads its own table; two loaders of one table would double its rows",
                 )
             )
+        problems.extend(topic_clashes(topics, spec, source))
         if problems:
             errors.append(SpecError(source, problems))
             continue
         names[spec.name.upper()] = source
-        sinks[sink] = source
+        if sink is not None:
+            sinks[sink] = source
+        topics.update(dict.fromkeys(topics_written(spec), source))
         accepted.append(spec)
     return accepted, errors
 

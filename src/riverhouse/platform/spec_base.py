@@ -14,6 +14,8 @@ from pydantic import BaseModel, ConfigDict
 # Every pattern is used with `fullmatch`: `re.match` with `$` accepts a trailing newline,
 # which then reached DDL, paths and Dagster names.
 IDENTIFIER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+# Kafka's own rule for topic names (kafka.common.internals.Topic): at most 249 of these characters.
+TOPIC_RE = re.compile(r"[A-Za-z0-9._-]{1,249}")
 # Riverhouse's own columns (_topic, _event_date, _status, _left_*...) start with '_', so a
 # field or output column may not: it would duplicate or shadow one of them.
 SYSTEM_COLUMN_PREFIX = "_"
@@ -29,6 +31,12 @@ def check_identifier(value: str, what: str = "identifier") -> str:
             f"{what} {value!r} is not a safe SQL identifier: use letters, digits and '_', "
             "starting with a letter or '_', at most 63 characters"
         )
+    return value
+
+
+def check_topic(value: str, what: str = "topic") -> str:
+    if not isinstance(value, str) or not TOPIC_RE.fullmatch(value) or value in {".", ".."}:
+        raise ValueError(f"{what} {value!r} is not a legal Kafka topic name (letters, digits, '.', '_', '-')")
     return value
 
 

@@ -112,15 +112,15 @@ class GoldState:
 
 
 def gold_path(layout: TableLayout, spec: PipelineSpec) -> str:
-    return layout.path("gold", spec.sink.table)
+    return layout.path("gold", spec.output_name)
 
 
 def gold_quarantine_path(layout: TableLayout, spec: PipelineSpec) -> str:
-    return layout.path("gold_quarantine", spec.sink.table)
+    return layout.path("gold_quarantine", spec.output_name)
 
 
 def gold_app_id(spec: PipelineSpec) -> str:
-    return f"riverhouse:{spec.name}:gold:{spec.sink.table}"
+    return f"riverhouse:{spec.name}:gold:{spec.output_name}"
 
 
 def read_state(path: str) -> GoldState:

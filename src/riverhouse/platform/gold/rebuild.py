@@ -66,7 +66,7 @@ def rebuild_gold(
         try:
             result.rows, result.rows_before, same = same_rows(rows, current)
             if same:
-                log(f"gold {spec.sink.table} {label}: {result.rows:,} driving events, unchanged")
+                log(f"gold {spec.output_name} {label}: {result.rows:,} driving events, unchanged")
             else:
                 predicate = window_predicate("_left_event_time", "_left_event_date", start, end)
                 replace_where(
@@ -84,7 +84,7 @@ def rebuild_gold(
         result.delta_version = table_version(path)
         if result.changed:
             log(
-                f"gold {spec.sink.table} {label}: replaced {result.rows_before:,} rows with {result.rows:,} "
+                f"gold {spec.output_name} {label}: replaced {result.rows_before:,} rows with {result.rows:,} "
                 f"(Delta version {result.delta_version})"
             )
     result.seconds = time.monotonic() - started

@@ -295,11 +295,26 @@ def emission_block(p: KaflowPipeline, outputs: list[str], result: ImportResult) 
 
 
 def output_block(p: KaflowPipeline, outputs: list[str], result: ImportResult) -> dict[str, Any]:
-    result.note(f"output.topic {p.output.topic}: Riverhouse loads a ClickHouse table of that name, not a Kafka topic")
-    result.note(f"output.format {p.output.format}: moot, ClickHouse columns and types follow the query's output")
+    """`output:` -> a Kafka sink: the same topic, key and (JSON) format, produced exactly once."""
+    sink: dict[str, Any] = {"kind": "kafka", "topic": p.output.topic}
+    result.note(
+        f"output.topic {p.output.topic}: produced exactly once (Kafka transactions); consumers set "
+        "isolation.level=read_committed (librdkafka's default; Java's is read_uncommitted). To also load a "
+        "ClickHouse table, list both under sinks: (docs/pipeline-spec.md#sinks)"
+    )
+    if p.output.key:
+        if p.output.key in outputs:
+            sink["key"] = [p.output.key]
+        else:
+            result.drop("output.key", f"{p.output.key!r} is not an output column: records are written without a key")
+    else:
+        result.note("output.key: none, as in KaflowSQL: records have no key (spread over the topic's partitions)")
+    if p.output.format.lower() != "json":
+        result.drop(
+            "output.format",
+            f"{p.output.format}: the Kafka sink writes JSON (Avro comes with schema registry support); "
+            "consumers of the topic read JSON objects",
+        )
     if p.output.schema_:
         result.note("output.schema: its Avro field types typed the columns projected as is")
-    order_by = p.output.key if p.output.key in outputs else outputs[0]
-    if p.output.key and p.output.key not in outputs:
-        result.drop("output.key", f"{p.output.key!r} is not an output column; ORDER BY {order_by}")
-    return {"table": identifier(p.output.topic, "output.topic", result), "order_by": [order_by]}
+    return sink

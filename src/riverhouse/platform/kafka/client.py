@@ -182,14 +182,19 @@ def watermarks(config: dict[str, Any], topics: list[str]) -> dict[str, dict[int,
 
 def _watermark(consumer: Any, partition: Any) -> tuple[int, int]:
     """(low, high) of one partition, retrying what Kafka says is transient (a leader being elected)."""
-    from confluent_kafka import KafkaException
+    from confluent_kafka import KafkaError, KafkaException
 
+    # librdkafka does not flag these retriable here, but they pass once the partition has a leader
+    # again (right after a broker restart, every partition answers NOT_LEADER for a moment).
+    electing = (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE)
     deadline = time.monotonic() + METADATA_TIMEOUT_S
     while True:
         try:
             return consumer.get_watermark_offsets(partition, timeout=METADATA_TIMEOUT_S)
         except KafkaException as exc:
-            if not exc.args[0].retriable() or time.monotonic() > deadline:
+            error = exc.args[0]
+            transient = error.retriable() or error.code() in electing
+            if not transient or time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
 

@@ -191,7 +191,7 @@ def sink_table_path(spec: PipelineSpec, warehouse: str) -> str:
     from riverhouse.platform.state.tables import TableLayout
 
     layout = TableLayout(warehouse, spec.name)
-    return layout.path("gold", spec.sink.table) if spec.is_join else layout.silver(spec.sink_source_name)
+    return layout.path("gold", spec.output_name) if spec.is_join else layout.silver(spec.sink_source_name)
 
 
 def expected_columns(spec: PipelineSpec, schema: pa.Schema | None = None) -> list[tuple[str, str]]:
