@@ -1,4 +1,4 @@
-"""Spark's own account of a run: stage times from its event log, the MERGE's metrics from the Delta history.
+"""Spark's own account of a run: stage times from its event log (the engines before issue 25's also the MERGE's metrics).
 
 The bench's timings say how long a run took; these say where Spark spent it. Stage times
 come from the event log (`spark.eventLog.enabled`, JSON lines): each completed stage's
@@ -31,8 +31,33 @@ KAFKA_READ = "Kafka read + parse + batch counts"
 LOG_REPLAY = "Delta log replay (snapshot, files to read)"
 
 
-def job_kind(description: str, stage_name: str = "") -> str:
-    """What a stage did, from its job's description (Delta names its operations there) and the stage's name.
+# The engine names the observation of each of a batch's writes after its table
+# (state/delta_spark.append_once) and the in-batch dedup's (ingest/dedup.py); the executed
+# plan shows the name in its CollectMetrics node.
+OBSERVED_STEPS = (
+    ("rh_append_bronze", "bronze append (+ Kafka read + parse into the batch's cache)"),
+    ("rh_append_quarantine", "quarantine append"),
+    ("rh_dedup", "in-batch dedup (one aggregate per key)"),
+    ("rh_append_silver", "silver append (+ anti-join with silver's window)"),
+)
+
+
+def plan_kind(plan: str) -> str | None:
+    """What a SQL execution did, from its physical plan; None when the plan does not say.
+
+    Under Spark Connect a job's description is the client's plan message, and this engine's
+    batch runs no MERGE; the plan of a Delta write's data is the query it writes, whose
+    observation is named after the table.
+    """
+    for name, kind in OBSERVED_STEPS:
+        if name in plan:
+            return kind
+    return None
+
+
+def job_kind(description: str, stage_name: str = "", plan: str = "") -> str:
+    """What a stage did, from its SQL execution's plan, its job's description (Delta names its
+    operations there) and the stage's name.
 
     A streaming batch's jobs all carry the batch's description (`... batch = N`); Delta adds
     its operation to it, and the stage name says where the driver asked for the job.
@@ -40,6 +65,8 @@ def job_kind(description: str, stage_name: str = "") -> str:
     text, name = description.upper(), stage_name.upper()
     if "COMPUTE SNAPSHOT" in text or "FILTERING FILES" in text:
         return LOG_REPLAY
+    if plan and (kind := plan_kind(plan)) is not None:
+        return kind
     if "MERGE" in text:
         return "silver MERGE (dedup + insert-only merge)"
     if "OPTIMIZE" in text or "COMPACT" in text:
@@ -90,11 +117,18 @@ def stage_times(events: list[dict[str, Any]], since_s: float = 0.0, until_s: flo
     CPU time (summed over tasks: with two cores it can reach twice the wall time).
     """
     description_of_stage: dict[int, str] = {}
+    plan_of_stage: dict[int, str] = {}
+    plans: dict[str, str] = {}
     for event in events:
-        if event.get("Event") == "SparkListenerJobStart":
-            description = (event.get("Properties") or {}).get("spark.job.description") or ""
+        if str(event.get("Event", "")).endswith("SQLExecutionStart"):
+            plans[str(event.get("executionId"))] = event.get("physicalPlanDescription") or ""
+        elif event.get("Event") == "SparkListenerJobStart":
+            properties = event.get("Properties") or {}
+            description = properties.get("spark.job.description") or ""
+            execution = str(properties.get("spark.sql.execution.id") or "")
             for stage in event.get("Stage IDs") or []:
                 description_of_stage[stage] = description
+                plan_of_stage[stage] = plans.get(execution, "")
     out: dict[str, dict[str, float]] = {}
     for event in events:
         if event.get("Event") != "SparkListenerStageCompleted":
@@ -103,7 +137,10 @@ def stage_times(events: list[dict[str, Any]], since_s: float = 0.0, until_s: flo
         submitted, completed = info.get("Submission Time"), info.get("Completion Time")
         if submitted is None or completed is None or not since_s * 1000 <= submitted <= until_s * 1000:
             continue
-        kind = job_kind(description_of_stage.get(info.get("Stage ID"), ""), info.get("Stage Name") or "")
+        stage_id = info.get("Stage ID")
+        kind = job_kind(
+            description_of_stage.get(stage_id, ""), info.get("Stage Name") or "", plan_of_stage.get(stage_id, "")
+        )
         row = out.setdefault(kind, {"stages": 0, "tasks": 0, "stage_s": 0.0, "executor_run_s": 0.0, "cpu_s": 0.0})
         row["stages"] += 1
         row["tasks"] += int(info.get("Number of Tasks") or 0)

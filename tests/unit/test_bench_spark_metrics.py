@@ -82,3 +82,18 @@ def test_stage_times_sum_by_kind_within_the_window(tmp_path: Path) -> None:
 def test_tasks_by_executor_counts_each_task_once() -> None:
     events = [{"Event": "SparkListenerTaskEnd", "Task Info": {"Executor ID": e}} for e in ("0", "1", "1", "driver")]
     assert tasks_by_executor(events) == {"0": 1, "1": 2, "driver": 1}
+
+
+def test_a_batchs_steps_are_told_apart_by_their_observations_in_the_plan() -> None:
+    """The physical plans as Spark 4.2 logs them for this engine's batch (abridged from a real event log)."""
+    from riverhouse_bench.spark_metrics import job_kind, plan_kind
+
+    bronze = "== Physical Plan ==\nCollectMetrics (6)\n+- * Project (5)\n(6) CollectMetrics\nArguments: rh_append_bronze, [count(1) AS _rows#1L]"
+    silver = "AdaptiveSparkPlan (40)\n+- CollectMetrics (39)\n   +- BroadcastHashJoin LeftAnti BuildRight\nArguments: rh_append_silver, [count(1)]"
+    dedup = "AdaptiveSparkPlan (20)\n+- CollectMetrics (19)\nArguments: rh_dedup, [sum(CASE WHEN (_span#3L > 3600000000) THEN 1 ELSE 0 END)]"
+    assert plan_kind(bronze).startswith("bronze append")
+    assert plan_kind(silver).startswith("silver append")
+    assert plan_kind(dedup).startswith("in-batch dedup")
+    assert plan_kind("Scan parquet") is None
+    # Delta's own log replay is named in the job's description, whatever the plan.
+    assert job_kind("batch = 3: Compute snapshot for version: 7", "", silver).startswith("Delta log replay")

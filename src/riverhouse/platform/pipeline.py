@@ -293,6 +293,8 @@ class Pipeline:
             summary.update(totals)
             summary["stage_seconds"] = stages
             summary["query_startup_s"] = round(first_batch - queries_started, 3)
+            # Each batch's own seconds, in order (several sources: theirs one after the other).
+            summary["batch_seconds"] = [round(b.seconds, 3) for r in results for b in r.batches]
             gold = self._join(drain)
             if gold is not None:
                 log(
