@@ -101,7 +101,9 @@ def test_a_remote_that_is_not_a_spark_connect_url_is_refused(monkeypatch: pytest
         Settings.from_env(tmp_path)
 
 
-def test_a_down_engine_fails_at_once_naming_the_command_that_starts_it() -> None:
+def test_a_down_engine_fails_at_once_naming_the_command_that_starts_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Other tests of this process may have made it a Connect client already (the shared test engine).
+    monkeypatch.delenv("SPARK_CONNECT_MODE_ENABLED", raising=False)
     port = processes.free_port()
     with pytest.raises(EngineUnavailable) as info:
         get_spark(conf={"spark.remote": f"sc://127.0.0.1:{port}"})

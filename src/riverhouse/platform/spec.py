@@ -224,8 +224,6 @@ class SourceSpec(StrictModel):
         return [f.name for f in self.fields if f.required or f.name in keys]
 
 
-
-
 def _join_on(value: Any) -> Any:
     """`on: [user_id]` is shorthand for the same key names on both sides."""
     if isinstance(value, list):

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from riverhouse.platform.state.delta_log import files_overlapping
-from riverhouse.platform.state.delta_spark import Appended, ProgressHint, append_once
+from riverhouse.platform.state.delta_spark import Appended, ProgressHint, append_once, observation_name
 
 ORDER_COLUMNS = ["_event_time", "_topic", "_partition", "_offset"]
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -87,7 +87,7 @@ class InBatch:
             frame.unpersist()
 
 
-def dedup_batch(valid: Any, key: list[str], window: timedelta) -> InBatch:
+def dedup_batch(valid: Any, key: list[str], window: timedelta, name: str = "rh_dedup") -> InBatch:
     """The batch's valid rows minus in-batch duplicates, as a cached Spark plan; and the keys walked.
 
     One hash aggregate per key: its first event (by event time, then Kafka coordinates: `min_by`
@@ -109,7 +109,7 @@ def dedup_batch(valid: Any, key: list[str], window: timedelta) -> InBatch:
         F.min_by(F.struct(*columns), F.struct(*ORDER_COLUMNS)).alias("_first"), span.alias("_span")
     )
     per_key = per_key.persist(StorageLevel.MEMORY_AND_DISK)
-    seen = Observation("rh_dedup")
+    seen = Observation(name)
     is_long = F.col("_span") > F.lit(micros)
     per_key.observe(seen, F.sum(F.when(is_long, 1).otherwise(0)).alias("long")).count()
     long_keys = int(seen.get["long"] or 0)
@@ -193,7 +193,7 @@ def insert_new(
     hint: ProgressHint | None = None,
 ) -> Appended:
     """Dedup the batch in Spark, leave out what silver already holds, append the rest once per batch id."""
-    in_batch = dedup_batch(valid, key, window)
+    in_batch = dedup_batch(valid, key, window, observation_name("rh_dedup", silver_path))
     try:
         fresh = not_in_silver(valid.sparkSession, silver_path, in_batch.unique, key, window, bounds)
         # One file per day and batch (a batch is bounded by maxOffsetsPerTrigger): fewer files for

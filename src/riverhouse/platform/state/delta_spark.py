@@ -13,6 +13,7 @@ and without session settings that two pipelines sharing a Spark Connect session 
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
@@ -83,9 +84,7 @@ def append_once(
         return Appended(done, None)
     before = log.latest_version()
     mark = {MARK_APP: app_id, MARK_BATCH: batch_id, **(metadata or {})}
-    # A name per table, not per call: the name is in the plan, and a plan that differs every
-    # batch is generated and compiled again every batch.
-    observation = Observation(f"rh_append_{table or 'rows'}")
+    observation = Observation(observation_name(f"rh_append_{table or 'rows'}", path))
     observed = rows.observe(observation, F.count(F.lit(1)).alias("_rows"), *(observe or []))
     observed.write.format("delta").mode("append").option("userMetadata", json.dumps(mark, sort_keys=True)).save(path)
     figures = dict(observation.get)
@@ -100,6 +99,17 @@ def append_once(
     if hint is not None:
         hint.record_table(table, app_id, batch_id, version)
     return Appended(version, written, figures)
+
+
+def observation_name(step: str, path: str) -> str:
+    """The name of a write's observed metrics: the step and a digest of the table's path.
+
+    Stable per table, not per call: the name is in the plan, and a plan that differs every
+    batch is generated and compiled again every batch. Unique per table: Spark hands an
+    observation the metrics of the first finished query carrying its name in the session, and
+    a pipeline's sources (and pipelines sharing an engine) write at the same time.
+    """
+    return f"{step}_{hashlib.sha1(path.encode()).hexdigest()[:12]}"
 
 
 def read_at(spark: Any, path: str, version: int) -> Any:
