@@ -170,9 +170,11 @@ def test_many_small_batches_are_compacted_and_replays_still_skipped(spark: Any, 
     assert write(spark, silver, [("k3", timedelta(minutes=20), 30), ("new", timedelta(0), 31)], 6) == 1
 
 
-def test_delta_rs_reads_what_delta_spark_writes(spark: Any, silver: str) -> None:
+def test_delta_rs_reads_what_delta_spark_writes(spark: Any, tmp_path: Path) -> None:
     """Readers that need no JVM (checks, CLI status, the window swap) keep working on these tables:
-    table features, a checkpoint (every 10 commits), the change feed; Riverhouse's marks are in the log."""
+    table features, a checkpoint (here every 10 commits), the change feed; Riverhouse's marks are in the log."""
+    silver = str(tmp_path / "checkpointed")
+    ensure_delta_table(spark, silver, SCHEMA, ["_event_date"], {**SILVER_PROPERTIES, "delta.checkpointInterval": "10"})
     for i in range(12):
         write(spark, silver, [(f"k{i}", timedelta(minutes=i), i)], i)
     assert (Path(silver) / "_delta_log" / "00000000000000000010.checkpoint.parquet").exists()

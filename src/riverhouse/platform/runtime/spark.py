@@ -32,6 +32,10 @@ LOCAL_DEFAULTS: dict[str, str] = {
     # machine that was the largest share of a batch (make bench: 25 s of 61 s); 4 tasks
     # replay the same log in 5 s. A cluster with large logs may raise it in its settings.
     "spark.databricks.delta.snapshotPartitions": "4",
+    # Adaptive execution re-plans every shuffle stage as a job of its own: on a micro-batch of a
+    # few thousand records that is most of the work (a 7,000-record batch 3.6 s -> 1.8 s
+    # without it, bench/analysis.md), and with 4 shuffle partitions there is little to adapt.
+    "spark.sql.adaptive.enabled": "false",
 }
 # Spec SQL runs in these sessions: no `SELECT ... FROM text.`/path`` reads of the driver's files; plans
 # printed whole (Spark's default of 25 fields ends a long SELECT with "... N more fields"), so that
