@@ -10,6 +10,9 @@ JARS := jvm/lib
 JARS_STAMP := $(JARS)/.installed
 MVN ?= mvn
 PYTEST_ARGS ?=
+# Two test processes (pytest-xdist): a test mostly waits on a JVM, a subprocess or the broker,
+# so two overlap well on two cores. TEST_WORKERS=0 runs them in one process.
+TEST_WORKERS ?= 2
 
 .PHONY: demo test ui lint install clean java-check mvn-check jars chromium bench
 
@@ -67,7 +70,7 @@ chromium:
 
 test: $(STAMP) $(JARS_STAMP) chromium ## every test tier: unit, spark, integration, dagster, e2e (UI in Chromium)
 	$(BIN)/ruff check src tests
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 ui: $(STAMP) $(JARS_STAMP) ## Dagster UI on http://127.0.0.1:3000 with the local Kafka
 	$(BIN)/riverhouse ui
