@@ -1,0 +1,144 @@
+"""Object storage settings: one RIVERHOUSE_STORAGE_OPTIONS for Spark's S3A, pyarrow and delta-rs.
+
+The end-to-end run on an S3 server is tests/integration/test_object_storage.py.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pyarrow.fs as pafs
+import pytest
+
+from riverhouse.platform.runtime import engine
+from riverhouse.platform.runtime.spark import REDACTION_CONF, session_conf
+from riverhouse.platform.state.delta_log import filesystem
+from riverhouse.platform.state.storage import (
+    StorageOptionsError,
+    object_store,
+    s3a_conf,
+    s3a_env,
+    spark_uri,
+    storage_options,
+)
+from riverhouse.platform.state.tables import TableLayout
+
+pytestmark = pytest.mark.unit
+
+SECRET = "wJalrXUtnFEMI-test-secret"
+OPTIONS = {
+    "AWS_ACCESS_KEY_ID": "AKIATEST",
+    "AWS_SECRET_ACCESS_KEY": SECRET,
+    "AWS_SESSION_TOKEN": "session-token-value",
+    "AWS_REGION": "eu-west-1",
+    "AWS_ENDPOINT_URL": "http://minio:9000",
+    "AWS_ALLOW_HTTP": "true",
+}
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in (
+        "RIVERHOUSE_STORAGE_OPTIONS",
+        "RIVERHOUSE_SPARK_CONF",
+        "AWS_ENDPOINT_URL",
+        "AWS_ENDPOINT",
+        "AWS_ENDPOINT_URL_S3",
+        "AWS_REGION",
+        "AWS_DEFAULT_REGION",
+        "AWS_VIRTUAL_HOSTED_STYLE_REQUEST",
+        "RIVERHOUSE_SPARK_REMOTE",
+    ):
+        monkeypatch.delenv(name, raising=False)
+
+
+def with_options(monkeypatch: pytest.MonkeyPatch, **extra: str) -> None:
+    monkeypatch.setenv("RIVERHOUSE_STORAGE_OPTIONS", json.dumps({**OPTIONS, **extra}))
+
+
+def test_spark_writes_s3_warehouses_through_s3a() -> None:
+    assert spark_uri("s3://bucket/wh") == "s3a://bucket/wh"
+    assert spark_uri("s3a://bucket/wh") == "s3a://bucket/wh"
+    assert spark_uri("/data/wh") == "/data/wh"
+    assert TableLayout("s3://bucket/wh/", "p").silver("orders") == "s3a://bucket/wh/silver/p/orders"
+    assert TableLayout("/data/wh", "p").bronze("orders") == "/data/wh/bronze/p/orders"
+
+
+def test_s3a_settings_follow_the_storage_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    with_options(monkeypatch)
+    conf = s3a_conf(local=True)
+    assert conf["spark.hadoop.fs.s3a.endpoint"] == "http://minio:9000"
+    assert conf["spark.hadoop.fs.s3a.connection.ssl.enabled"] == "false"
+    assert conf["spark.hadoop.fs.s3a.path.style.access"] == "true"  # as delta-rs addresses a custom endpoint
+    assert conf["spark.hadoop.fs.s3a.endpoint.region"] == "eu-west-1"
+    assert conf["spark.delta.logStore.s3a.impl"] == "io.delta.storage.S3SingleDriverLogStore"
+    # Local mode: the keys go to the JVM's environment, never into a setting.
+    assert not any(SECRET in v or "AKIATEST" in v or "session-token" in v for v in conf.values())
+    assert s3a_env() == {
+        "AWS_ACCESS_KEY_ID": "AKIATEST",
+        "AWS_SECRET_ACCESS_KEY": SECRET,
+        "AWS_SESSION_TOKEN": "session-token-value",
+    }
+
+    with_options(monkeypatch, AWS_ENDPOINT_URL="https://s3.example.com", AWS_VIRTUAL_HOSTED_STYLE_REQUEST="true")
+    conf = s3a_conf(local=True)
+    assert conf["spark.hadoop.fs.s3a.connection.ssl.enabled"] == "true"
+    assert conf["spark.hadoop.fs.s3a.path.style.access"] == "false"
+
+
+def test_on_a_cluster_the_keys_are_settings_spark_redacts(monkeypatch: pytest.MonkeyPatch) -> None:
+    with_options(monkeypatch)
+    conf = s3a_conf(local=False)
+    secret_keys = {k: v for k, v in conf.items() if v in (SECRET, "AKIATEST", "session-token-value")}
+    assert set(secret_keys) == {
+        "spark.hadoop.fs.s3a.access.key",
+        "spark.hadoop.fs.s3a.secret.key",
+        "spark.hadoop.fs.s3a.session.token",
+    }
+    redact = re.compile(REDACTION_CONF["spark.redaction.regex"])
+    assert all(redact.search(key) for key in secret_keys)
+
+
+def test_no_options_means_the_providers_own_chain(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert storage_options() == {} and s3a_env() == {}
+    assert set(s3a_conf(local=False)) == {"spark.delta.logStore.s3a.impl", "spark.delta.logStore.s3.impl"}
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://localhost:9000")  # delta-rs reads the environment too
+    assert s3a_conf(local=True)["spark.hadoop.fs.s3a.endpoint"] == "http://localhost:9000"
+
+
+def test_storage_options_that_are_not_json_are_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RIVERHOUSE_STORAGE_OPTIONS", "AWS_REGION=eu-west-1")
+    with pytest.raises(StorageOptionsError, match="RIVERHOUSE_STORAGE_OPTIONS is not JSON"):
+        storage_options()
+
+
+def test_sessions_and_the_engine_get_the_s3a_settings_and_keys_only_in_the_environment(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    with_options(monkeypatch)
+    local = session_conf("local[2]")
+    assert local["spark.hadoop.fs.s3a.endpoint"] == "http://minio:9000"
+    assert SECRET not in json.dumps(local)
+    assert session_conf("spark://master:7077")["spark.hadoop.fs.s3a.secret.key"] == SECRET
+    monkeypatch.setenv("RIVERHOUSE_SPARK_CONF", json.dumps({"spark.hadoop.fs.s3a.path.style.access": "false"}))
+    assert session_conf("local[2]")["spark.hadoop.fs.s3a.path.style.access"] == "false"  # the user's wins
+
+    monkeypatch.delenv("RIVERHOUSE_SPARK_CONF")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY", raising=False)
+    argv, env = engine.server_command(tmp_path, "local[2]", "1g", "127.0.0.1", 15556)
+    assert env["AWS_SECRET_ACCESS_KEY"] == SECRET and env["AWS_ACCESS_KEY_ID"] == "AKIATEST"
+    conf_text = Path(argv[argv.index("--properties-file") + 1]).read_text()
+    assert "spark.hadoop.fs.s3a.endpoint=http://minio:9000\n" in conf_text
+    assert SECRET not in conf_text and SECRET not in " ".join(argv)
+
+
+def test_the_drivers_reads_use_the_same_endpoint_for_s3_and_s3a(monkeypatch: pytest.MonkeyPatch) -> None:
+    with_options(monkeypatch)
+    for uri in ("s3://bucket/wh/silver/p/o", "s3a://bucket/wh/silver/p/o"):
+        fs, path = filesystem(uri)
+        assert isinstance(fs, pafs.S3FileSystem) and path == "bucket/wh/silver/p/o"
+        assert fs.region == "eu-west-1"
+    fs, path = object_store("s3a://bucket/x")
+    assert path == "bucket/x"
