@@ -6,6 +6,7 @@ The end-to-end run on an S3 server is tests/integration/test_object_storage.py.
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -142,3 +143,29 @@ def test_the_drivers_reads_use_the_same_endpoint_for_s3_and_s3a(monkeypatch: pyt
         assert fs.region == "eu-west-1"
     fs, path = object_store("s3a://bucket/x")
     assert path == "bucket/x"
+
+
+def test_a_local_driver_jvm_starts_with_the_keys_and_this_process_keeps_its_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from riverhouse.platform.runtime.spark import _launch_env
+
+    with_options(monkeypatch)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "from-the-environment")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY", raising=False)
+    with _launch_env("local[2]"):  # pyspark starts the JVM with os.environ inside this block
+        assert os.environ["AWS_ACCESS_KEY_ID"] == "AKIATEST" and os.environ["AWS_SECRET_ACCESS_KEY"] == SECRET
+    assert os.environ["AWS_ACCESS_KEY_ID"] == "from-the-environment"
+    assert "AWS_SECRET_ACCESS_KEY" not in os.environ
+
+
+def test_s3a_settings_that_hold_secrets_are_redacted() -> None:
+    redact = re.compile(REDACTION_CONF["spark.redaction.regex"])
+    for key in (
+        "spark.hadoop.fs.s3a.access.key",
+        "spark.hadoop.fs.s3a.secret.key",
+        "spark.hadoop.fs.s3a.session.token",
+        "spark.hadoop.fs.s3a.encryption.key",  # SSE-C: the customer's key itself
+        "spark.hadoop.fs.s3a.bucket.riverhouse.secret.key",
+    ):
+        assert redact.search(key), key

@@ -44,9 +44,10 @@ SQL_SAFETY_CONF: dict[str, str] = {"spark.sql.runSQLOnFiles": "false", "spark.sq
 # Spark replaces a conf's or a data source option's value with "*********(redacted)" in
 # plans, the UI, the event log and its own log lines when the key or the value matches.
 # Besides Spark's defaults: the Kafka connector options that hold a secret once Riverhouse
-# resolved `${env:...}` (the SASL JAAS line, the client's private key).
+# resolved `${env:...}` (the SASL JAAS line, the client's private key), and S3A's SSE-C key
+# (`fs.s3a.encryption.key`; S3A's access/secret keys and session token match the defaults).
 REDACTION_CONF: dict[str, str] = {
-    "spark.redaction.regex": r"(?i)secret|password|token|access[.]?key|jaas|keystore\.key|ssl\.key",
+    "spark.redaction.regex": r"(?i)secret|password|token|access[.]?key|jaas|keystore\.key|ssl\.key|encryption\.key",
     "spark.sql.redaction.options.regex": r"(?i)url|jaas|password|secret|token|keystore\.key|ssl\.key",
 }
 # Applied last on every session and on the engine: nothing (a setting, the resource's config) overrides them.
