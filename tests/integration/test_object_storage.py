@@ -36,6 +36,7 @@ from riverhouse.platform.state.delta_log import DeltaLog
 from riverhouse.platform.state.settings import Settings
 from riverhouse.platform.state.tables import TableLayout, open_table
 from tests.conftest import REPO, orders_spec, produce, riverhouse_cmd, subprocess_env
+from tests.integration.test_cluster import standalone_cluster  # noqa: F401 - a fixture of the cluster test
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 BUCKET = "riverhouse-test"
@@ -81,10 +82,8 @@ def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def s3_engine(s3_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
-    """A Spark Connect engine started with the object store's settings (as `riverhouse engine start`)."""
-    from riverhouse.platform.runtime import engine
-
+def storage_env(s3_endpoint: str) -> Iterator[None]:
+    """RIVERHOUSE_STORAGE_OPTIONS for the server, as a user sets it; no AWS_* keys in the environment."""
     options = {
         "AWS_ACCESS_KEY_ID": "riverhouse",
         "AWS_SECRET_ACCESS_KEY": SECRET,
@@ -96,12 +95,20 @@ def s3_engine(s3_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
         env.setenv("RIVERHOUSE_STORAGE_OPTIONS", json.dumps(options))
         for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
             env.delenv(name, raising=False)  # the keys come from the storage options only
-        state_dir = tmp_path_factory.mktemp("s3-engine")
-        url = engine.start(state_dir, master="local[2]", memory="1g").url
-        try:
-            yield url, state_dir
-        finally:
-            engine.stop(state_dir)
+        yield
+
+
+@pytest.fixture(scope="module")
+def s3_engine(storage_env: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """A Spark Connect engine started with the object store's settings (as `riverhouse engine start`)."""
+    from riverhouse.platform.runtime import engine
+
+    state_dir = tmp_path_factory.mktemp("s3-engine")
+    url = engine.start(state_dir, master="local[2]", memory="1g").url
+    try:
+        yield url, state_dir
+    finally:
+        engine.stop(state_dir)
 
 
 def run_cli(settings: Settings, spec_path: Path, engine_url: str, *args: str) -> dict[str, Any]:
@@ -239,3 +246,43 @@ def test_s3_warehouse_join_and_backfill_match_the_reference_join(
     assert rebuilt["clickhouse_rows"] == len(reference)
     after = joined()
     assert len(after) == len(reference) and dict(after) == reference
+
+
+def test_s3_warehouse_on_a_standalone_cluster_executors_get_the_keys_from_the_engine(
+    storage_env: None,
+    kafka: str,
+    topic: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    standalone_cluster: tuple[str, Path],  # noqa: F811
+) -> None:
+    """Executors on a cluster write the Delta files: they get S3A's settings and keys from the engine
+    (redacted spark.hadoop.fs.s3a.* settings), not from their workers' environment, which has none."""
+    from riverhouse.platform.runtime import engine
+
+    master, work_dir = standalone_cluster
+    records, stats = orders(GeneratorConfig(count=800, duplicate_rate=0.2, malformed=2, seed=41))
+    produce(kafka, topic, list(records))
+    spec = orders_spec(topic, name="s3_cluster", max_offsets=500)
+    spec_path = tmp_path / "s3_cluster.yaml"
+    spec_path.write_text(yaml.safe_dump(spec.model_dump(mode="json", exclude_none=True)))
+    settings = Settings.from_env(tmp_path / "home").with_(
+        kafka_bootstrap=kafka, warehouse=f"s3://{BUCKET}/warehouse/{topic}"
+    )
+    monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")
+    engine_dir = tmp_path / "engine"
+    driver = engine.start(engine_dir, master=master, memory="1g")
+    try:
+        summary = run_cli(settings, spec_path, driver.url)
+    finally:
+        engine.stop(engine_dir)
+    assert summary["inserted"] == stats.expected_unique
+    assert list(work_dir.glob("worker*/app-*/*/stderr")), "no executor was launched"
+    silver = open_table(TableLayout(settings.warehouse, spec.name).silver("orders")).to_pyarrow_dataset()
+    assert sorted(silver.to_table(columns=["order_id"]).column("order_id").to_pylist()) == sorted(
+        e["order_id"] for e in stats.events
+    )
+    with open_client(settings.clickhouse_dsn) as client:
+        assert client.query(f"SELECT count() FROM {qualified_table(spec)}").result_rows[0][0] == stats.expected_unique
+    for log in work_dir.glob("worker*/app-*/*/std*"):
+        assert SECRET not in log.read_text(errors="replace")
