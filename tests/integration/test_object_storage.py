@@ -257,7 +257,8 @@ def test_s3_warehouse_on_a_standalone_cluster_executors_get_the_keys_from_the_en
     standalone_cluster: tuple[str, Path],  # noqa: F811
 ) -> None:
     """Executors on a cluster write the Delta files: they get S3A's settings and keys from the engine
-    (redacted spark.hadoop.fs.s3a.* settings), not from their workers' environment, which has none."""
+    (Spark copies its environment's keys into the Hadoop configuration tasks carry), not from their
+    workers' environment, which has none."""
     from riverhouse.platform.runtime import engine
 
     master, work_dir = standalone_cluster
@@ -269,6 +270,16 @@ def test_s3_warehouse_on_a_standalone_cluster_executors_get_the_keys_from_the_en
     settings = Settings.from_env(tmp_path / "home").with_(
         kafka_bootstrap=kafka, warehouse=f"s3://{BUCKET}/warehouse/{topic}"
     )
+    # The driver's event log (spark-submit reads spark-defaults.conf from SPARK_CONF_DIR): it records
+    # the Hadoop properties, where Spark put the keys, and must hold them redacted.
+    conf_dir, events_dir = tmp_path / "spark-conf", tmp_path / "events"
+    conf_dir.mkdir()
+    events_dir.mkdir()
+    (conf_dir / "spark-defaults.conf").write_text(
+        f"spark.eventLog.enabled true\nspark.eventLog.compress false\nspark.eventLog.dir file://{events_dir}\n"
+        "spark.cores.max 2\n"
+    )
+    monkeypatch.setenv("SPARK_CONF_DIR", str(conf_dir))
     monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")
     engine_dir = tmp_path / "engine"
     driver = engine.start(engine_dir, master=master, memory="1g")
@@ -286,3 +297,7 @@ def test_s3_warehouse_on_a_standalone_cluster_executors_get_the_keys_from_the_en
         assert client.query(f"SELECT count() FROM {qualified_table(spec)}").result_rows[0][0] == stats.expected_unique
     for log in work_dir.glob("worker*/app-*/*/std*"):
         assert SECRET not in log.read_text(errors="replace")
+    event_log = "".join(p.read_text(errors="replace") for p in events_dir.rglob("*") if p.is_file())
+    assert '"fs.s3a.secret.key"' in event_log  # Spark's Hadoop configuration held the key ...
+    assert SECRET not in event_log  # ... and the event log only its redaction
+    assert SECRET not in (engine_dir / "spark-engine.conf").read_text()

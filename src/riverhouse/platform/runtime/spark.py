@@ -150,7 +150,7 @@ def session_conf(master: str, conf: dict[str, str] | None = None) -> dict[str, s
 
     quiet = {"spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG_CONFIG}"}
     local = LOCAL_DEFAULTS if is_local(master) else {}
-    storage = s3a_conf(local=is_local(master))  # object storage (S3A) from RIVERHOUSE_STORAGE_OPTIONS
+    storage = s3a_conf()  # object storage (S3A) from RIVERHOUSE_STORAGE_OPTIONS; the keys: _launch_env
     return {
         **SESSION_DEFAULTS,
         **local,

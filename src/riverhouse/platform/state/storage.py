@@ -8,11 +8,13 @@ AWS_ALLOW_HTTP, AWS_VIRTUAL_HOSTED_STYLE_REQUEST), else the provider's usual cha
 AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, instance or pod role).
 
 Spark gets `s3a://` paths (`s3://` is mapped: delta-spark reaches S3 only through S3A) and
-`spark.hadoop.fs.s3a.*` settings without secrets; the keys reach Spark's JVM in its environment
-(S3A's default provider chain reads AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY/AWS_SESSION_TOKEN), so
-they are in no Spark setting, plan or UI page. On a cluster the executors need them too: there they
-go into `spark.hadoop.fs.s3a.access.key`/`secret.key`/`session.token`, which Spark redacts
-(runtime/spark.py REDACTION_CONF); an instance or pod role needs neither.
+`spark.hadoop.fs.s3a.*` settings without secrets; the keys reach Spark's JVM in its environment,
+so they are in no Spark setting, plan or UI page. Spark itself copies AWS_ACCESS_KEY_ID,
+AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN of the driver's environment into its Hadoop
+configuration (SparkHadoopUtil), which travels with each task: a cluster's executors get them
+from there, not from their own environment (tests/integration/test_object_storage.py runs a
+standalone cluster whose workers have none). Spark redacts those Hadoop keys where it shows them
+(runtime/spark.py REDACTION_CONF). An instance or pod role needs no key at all.
 """
 
 from __future__ import annotations
@@ -26,11 +28,6 @@ import pyarrow.fs as pafs
 # The environment variables S3A's default credential chain (EnvironmentVariableCredentialsProvider)
 # and every AWS SDK read.
 CREDENTIAL_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
-_S3A_SECRET_KEYS = {
-    "AWS_ACCESS_KEY_ID": "fs.s3a.access.key",
-    "AWS_SECRET_ACCESS_KEY": "fs.s3a.secret.key",
-    "AWS_SESSION_TOKEN": "fs.s3a.session.token",
-}
 # Delta's LogStore for S3 paths (its default, stated): S3 had no atomic put-if-absent when Delta
 # chose it, so this store makes a commit atomic among the writers of ONE JVM only. Riverhouse's
 # writers of a table are serialised by the pipeline's locks (checkpoints folder) and, under the
@@ -79,11 +76,10 @@ def spark_uri(path: str) -> str:
     return "s3a://" + path[len("s3://") :] if path.startswith("s3://") else path
 
 
-def s3a_conf(local: bool) -> dict[str, str]:
+def s3a_conf() -> dict[str, str]:
     """`spark.hadoop.fs.s3a.*` settings from the storage settings delta-rs uses, and Delta's S3 LogStore.
 
-    Endpoint, region and path-style access always; the keys only when `local` is False (a
-    cluster's executors do not share the driver's environment: see s3a_env for local mode).
+    Endpoint, region and path-style access; never a key (see s3a_env).
     """
     options = storage_options()
     conf = dict(LOGSTORE_CONF)
@@ -98,17 +94,14 @@ def s3a_conf(local: bool) -> dict[str, str]:
     region = _setting(options, "AWS_REGION", "AWS_DEFAULT_REGION")
     if region:
         conf["spark.hadoop.fs.s3a.endpoint.region"] = region
-    if not local:
-        for name, key in _S3A_SECRET_KEYS.items():
-            if options.get(name):
-                conf[f"spark.hadoop.{key}"] = options[name]
     return conf
 
 
 def s3a_env() -> dict[str, str]:
     """Credentials of RIVERHOUSE_STORAGE_OPTIONS as the environment variables S3A's chain reads.
 
-    Given to Spark's JVM (the engine, a local session's driver) at its start. Without a key in the
+    Given to Spark's JVM (the engine, a local session's driver) at its start; Spark hands them to
+    its executors in the Hadoop configuration of each task. Without a key in the
     options nothing is given: the JVM inherits the environment's own AWS_* variables, if any.
     """
     options = storage_options()
