@@ -157,3 +157,14 @@ def test_s3a_settings_that_hold_secrets_are_redacted() -> None:
         "spark.hadoop.fs.s3a.bucket.riverhouse.secret.key",
     ):
         assert redact.search(key), key
+
+
+def test_without_jvm_lib_ivy_fetches_hadoop_aws_without_the_sdk_bundle(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from riverhouse.platform.runtime import jars
+
+    monkeypatch.setenv("RIVERHOUSE_JARS", str(tmp_path))  # no spark/ folder: spark.jars.packages
+    conf = jars.spark_conf()
+    assert any(c.startswith("org.apache.hadoop:hadoop-aws:") for c in conf["spark.jars.packages"].split(","))
+    assert conf["spark.jars.excludes"] == "software.amazon.awssdk:bundle"
