@@ -222,7 +222,10 @@ def server_command(state_dir: Path, master: str, memory: str, host: str, port: i
     argv += ["--jars", ",".join(jars), "--driver-class-path", os.pathsep.join(jars)]
     if packages:  # no jvm/lib/spark: Ivy fetches the POM's coordinates (network at start)
         argv += ["--packages", packages]
-    env = {k: v for k, v in os.environ.items() if k not in _CLIENT_ENV}
+    from riverhouse.platform.state.storage import s3a_env
+
+    # The object store's keys reach S3A through the JVM's environment, not a setting (state/storage.py).
+    env = {**{k: v for k, v in os.environ.items() if k not in _CLIENT_ENV}, **s3a_env()}
     python = os.environ.get("PYSPARK_PYTHON", sys.executable)
     env.update({"SPARK_HOME": str(home), "PYSPARK_PYTHON": python, "PYSPARK_DRIVER_PYTHON": python})
     # `exec` keeps the pid from sh through spark-submit and spark-class to the JVM: $$ is the JVM's.

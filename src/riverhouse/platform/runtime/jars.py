@@ -81,6 +81,20 @@ def pom_coordinates(profile: str = "spark", pom: Path = POM) -> list[str]:
     raise KeyError(f"no profile {profile!r} in {pom}")
 
 
+def pom_exclusions(profile: str = "spark", pom: Path = POM) -> list[str]:
+    """group:artifact of every exclusion in a profile (hadoop-aws's 690 MB AWS SDK `bundle`)."""
+    root = ET.parse(pom).getroot()
+    for prof in root.iterfind("m:profiles/m:profile", _NS):
+        if prof.findtext("m:id", namespaces=_NS) == profile:
+            return sorted(
+                {
+                    f"{ex.findtext('m:groupId', namespaces=_NS)}:{ex.findtext('m:artifactId', namespaces=_NS)}"
+                    for ex in prof.iterfind("m:dependencies/m:dependency/m:exclusions/m:exclusion", _NS)
+                }
+            )
+    raise KeyError(f"no profile {profile!r} in {pom}")
+
+
 def spark_conf() -> dict[str, str]:
     """What every Riverhouse SparkSession needs: the jars (local and on a cluster) and Delta.
 
@@ -91,7 +105,10 @@ def spark_conf() -> dict[str, str]:
     if jars:
         return {"spark.jars": ",".join(str(j) for j in jars), **DELTA_CONF}
     if POM.exists():
-        return {"spark.jars.packages": ",".join(pom_coordinates("spark")), **DELTA_CONF}
+        packages = {"spark.jars.packages": ",".join(pom_coordinates("spark"))}
+        if excludes := pom_exclusions("spark"):  # Ivy would fetch what the POM excludes
+            packages["spark.jars.excludes"] = ",".join(excludes)
+        return {**packages, **DELTA_CONF}
     raise _missing("Spark (Kafka connector, delta-spark)")
 
 

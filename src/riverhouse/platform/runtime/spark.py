@@ -44,9 +44,10 @@ SQL_SAFETY_CONF: dict[str, str] = {"spark.sql.runSQLOnFiles": "false", "spark.sq
 # Spark replaces a conf's or a data source option's value with "*********(redacted)" in
 # plans, the UI, the event log and its own log lines when the key or the value matches.
 # Besides Spark's defaults: the Kafka connector options that hold a secret once Riverhouse
-# resolved `${env:...}` (the SASL JAAS line, the client's private key).
+# resolved `${env:...}` (the SASL JAAS line, the client's private key), and S3A's SSE-C key
+# (`fs.s3a.encryption.key`; S3A's access/secret keys and session token match the defaults).
 REDACTION_CONF: dict[str, str] = {
-    "spark.redaction.regex": r"(?i)secret|password|token|access[.]?key|jaas|keystore\.key|ssl\.key",
+    "spark.redaction.regex": r"(?i)secret|password|token|access[.]?key|jaas|keystore\.key|ssl\.key|encryption\.key",
     "spark.sql.redaction.options.regex": r"(?i)url|jaas|password|secret|token|keystore\.key|ssl\.key",
 }
 # Applied last on every session and on the engine: nothing (a setting, the resource's config) overrides them.
@@ -145,10 +146,21 @@ def session_conf(master: str, conf: dict[str, str] | None = None) -> dict[str, s
     RIVERHOUSE_SPARK_CONF < `conf` (the caller's: settings, the Dagster resource) < the fixed ones.
     """
     from riverhouse.platform.runtime.jars import spark_conf
+    from riverhouse.platform.state.storage import s3a_conf
 
     quiet = {"spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG_CONFIG}"}
     local = LOCAL_DEFAULTS if is_local(master) else {}
-    return {**SESSION_DEFAULTS, **local, **spark_conf(), **quiet, **user_conf(), **(conf or {}), **FIXED_CONF}
+    storage = s3a_conf()  # object storage (S3A) from RIVERHOUSE_STORAGE_OPTIONS; the keys: _launch_env
+    return {
+        **SESSION_DEFAULTS,
+        **local,
+        **spark_conf(),
+        **quiet,
+        **storage,
+        **user_conf(),
+        **(conf or {}),
+        **FIXED_CONF,
+    }
 
 
 def connect_session_conf(conf: dict[str, str]) -> dict[str, str]:
@@ -242,17 +254,23 @@ def overlay_spark_home(master: str) -> Path | None:
 
 @contextmanager
 def _launch_env(master: str) -> Iterator[None]:
-    """SPARK_HOME for starting the JVM: the local overlay when it applies, else untouched."""
+    """The environment the JVM starts with: the local overlay SPARK_HOME when it applies, the
+    object store's keys (state/storage.py s3a_env: S3A reads them there, not from a setting)."""
+    from riverhouse.platform.state.storage import s3a_env
+
     overlay = overlay_spark_home(master)
-    if overlay is None:
-        yield
-        return
-    os.environ["SPARK_HOME"] = str(overlay)
+    launch = {**s3a_env(), **({"SPARK_HOME": str(overlay)} if overlay is not None else {})}
+    saved = {name: os.environ.get(name) for name in launch}
+    os.environ.update(launch)
     try:
         yield
     finally:
         # The JVM has its own copy; child processes of ours choose for themselves.
-        os.environ.pop("SPARK_HOME", None)
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def get_spark(master: str | None = None, app_name: str = "riverhouse", conf: dict[str, str] | None = None) -> Any:

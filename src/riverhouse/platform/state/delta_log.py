@@ -82,10 +82,9 @@ def filesystem(table_path: str) -> tuple[pafs.FileSystem, str]:
         return pafs.LocalFileSystem(), os.path.abspath(table_path)
     if table_path.startswith("file://"):
         return pafs.LocalFileSystem(), table_path[len("file://") :]
-    uri = "s3://" + table_path[len("s3a://") :] if table_path.startswith("s3a://") else table_path
     from riverhouse.platform.state.storage import object_store
 
-    return object_store(uri)
+    return object_store(table_path)
 
 
 class DeltaLog:

@@ -16,7 +16,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
 from riverhouse.platform.spec import FieldSpec, SourceSpec
-from riverhouse.platform.state.storage import storage_options
+from riverhouse.platform.state.storage import spark_uri, storage_options
 from riverhouse.platform.types import arrow_type
 
 TS = pa.timestamp("us", tz="UTC")
@@ -87,7 +87,7 @@ class TableLayout:
     pipeline: str
 
     def path(self, layer: str, source: str) -> str:
-        root = self.warehouse.rstrip("/")
+        root = spark_uri(self.warehouse.rstrip("/"))  # s3:// -> s3a://: delta-spark writes through S3A
         return f"{root}/{layer}/{self.pipeline}/{source}"
 
     def bronze(self, source: str) -> str:
