@@ -6,6 +6,6 @@ from bench/). It drives the product through its public entry points.
 
 Modules: `common` (configuration, specs, generated data, machine facts), `harness` (the
 run), the scenarios by family (`limits`, `pipelines`, `cluster`, `freshness`, `final`,
-`state`), `metering` (CPU by process), `spark_metrics` (Spark's event log, the MERGE's
-Delta history), `results` (JSON, targets) and `report` + `sections` (the page).
+`state`), `metering` (CPU by process), `spark_metrics` (Spark's event log, silver's
+Delta log), `results` (JSON, targets) and `report` + `sections` (the page).
 """

@@ -14,7 +14,7 @@ from riverhouse.platform.kafka.generator import expected_join, orders, user_even
 from riverhouse.platform.sink.clickhouse import open_client, qualified_table
 from riverhouse_bench.common import join_spec, median_run, orders_spec
 from riverhouse_bench.metering import CpuMeter
-from riverhouse_bench.spark_metrics import merge_history, read_events, stage_times
+from riverhouse_bench.spark_metrics import commit_history, read_events, stage_times
 
 if TYPE_CHECKING:
     from riverhouse_bench.harness import Bench
@@ -46,9 +46,9 @@ def _dedup_run(bench: Bench, name: str, topic: str, messages: int, expected_uniq
         "table": spec.sink.table,
         # From the first batch to every row in ClickHouse (the steady part of the run).
         "cpu": cpu.window(started + summary["query_startup_s"], started + seconds),
-        # Spark's own account of the same stretch, and the MERGE's (a fresh table: every MERGE is this run's).
+        # Spark's own account of the same stretch, and silver's commits (a fresh table: all are this run's).
         "spark_stages": stage_times(read_events(bench.spark_events), first_batch_at, began_at + seconds),
-        "merge_metrics": merge_history(spark, silver),
+        "silver_commits": commit_history(silver),
     }
 
 

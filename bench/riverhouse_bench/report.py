@@ -93,14 +93,15 @@ def _scenario_lines(s: dict[str, Any]) -> list[str]:
         if name.startswith("dedup_state") and r.get("keys"):
             notes.append(
                 f"{r['keys']:,} keys in silver ({r['delta_bytes_per_key']:,.1f} bytes/key on disk); one "
-                f"{r['batch_events']:,}-event batch's MERGE took {r['merge_s']:.1f} s: the JVM peaked at "
+                f"{r['batch_events']:,}-event batch's silver step took {r.get('silver_step_s', r.get('merge_s', 0)):.1f} s: "
+                f"the JVM peaked at "
                 f"{r['jvm_peak_rss_bytes'] / 2**20:,.0f} MiB RSS, {r['jvm_baseline_rss_bytes'] / 2**20:,.0f} MiB "
                 f"before, so {r['bytes_per_key']:,.1f} bytes/key (live heap after: "
                 f"{r['live_heap_bytes_per_key']:,.1f} bytes/key)"
             )
             if r.get("marginal_bytes_per_key") is not None:
                 notes.append(
-                    f"{r['marginal_bytes_per_key']:,.1f} bytes of MERGE peak RSS per key added since the "
+                    f"{r['marginal_bytes_per_key']:,.1f} bytes of the silver step's peak RSS per key added since the "
                     f"{r['marginal_from_keys']:,}-key run"
                 )
         if name == "scale_local" and r.get("ratio") is not None:
@@ -153,7 +154,7 @@ def _cpu_lines(s: dict[str, Any]) -> list[str]:
         "CPU microseconds per event, by process (user + system time read from /proc every 0.1 s): "
         "`driver` is the Python process (it plans through py4j and runs the embedded ClickHouse engine "
         "and its inserts), `jvm` is Spark's driver and executors: Spark's Kafka source, the parse, the "
-        "Delta writes and the MERGE (including its JIT and GC threads); `spark_python` Spark's Python "
+        "Delta writes, the dedup and the anti-join (including its JIT and GC threads); `spark_python` Spark's Python "
         "workers (the in-batch dedup's walk of keys that span more than a window), `kafka` the local broker. "
         "`use of cores` is CPU time over wall time x cores.",
         "",
@@ -197,14 +198,13 @@ def _stage_lines(dedup: dict[str, Any]) -> list[str]:
     lines.append(f"| between batches (offsets, commit log), not overlapped | {other:.2f} | {other / wall:.0%} |")
     lines += [
         "",
-        "`read_parse` is the job that reads the batch from Kafka (Spark's connector), parses and "
-        "validates it in the plan and caches it on the executors, returning one row of counts per "
-        "Kafka partition; `bronze_write` the bronze and quarantine appends (delta-spark, from the "
-        "cache); `silver_merge` the in-batch dedup (window functions) and the insert-only MERGE, "
-        "whose own metrics are in the silver table's history (`DESCRIBE HISTORY`: scan, rewrite and "
-        "execution times). `clickhouse_load` starts on its own thread (its connection already "
-        "open) as soon as the batch's tables have committed, while Spark writes its commit log and "
-        "ends the query; the shares can therefore add up to more than the wall time.",
+        "`bronze` is the bronze append, which also reads the batch from Kafka (Spark's connector), "
+        "parses and validates it in the plan and caches it on the executors (its observed metrics "
+        "give the batch's counts, no extra job); `quarantine` the quarantine append (on a thread of its "
+        "own, beside silver); `silver` the in-batch dedup (one aggregate per key), the anti-join with "
+        "the silver files of the batch's window and the append. `clickhouse_load` inserts the Parquet "
+        "files the batch's commits added, a token per file slice; it overlaps the next batch, so the "
+        "shares can add up to more than the wall time.",
     ]
     return lines
 
@@ -411,18 +411,18 @@ def method_lines() -> list[str]:
         "machine the workers share the same two cores with the driver and the broker: the figure is the "
         "distributed plan's cost next to `local[2]`, not a speed-up.",
         "- `dedup_state`: silver built by Spark with N distinct keys in one day (inside one dedup "
-        "window, so every MERGE reads all of them); then a fresh process starts Spark, warms the MERGE up "
+        "window, so every batch's anti-join reads all of them); then a fresh process starts Spark, warms the step up "
         "on a small table, collects garbage and reads the JVM's RSS (driver and executor are one JVM in "
         "local mode), resets the kernel's peak-RSS mark (`/proc/<pid>/clear_refs`), and runs one batch "
-        "(10% duplicates of stored keys, 90% new) through the engine's dedup (window functions + the "
-        "window-bounded insert-only MERGE). bytes/key = (the JVM's peak RSS during the MERGE - its RSS "
+        "(10% duplicates of stored keys, 90% new) through the engine's silver step (one aggregate per "
+        "key, the anti-join with silver's window, the append). bytes/key = (the JVM's peak RSS during the step - its RSS "
         "before) / N. Beside it: the heap in use at its peak and after a GC, the whole JVM's peak RSS / N, "
         "and silver's Parquet bytes on disk / N.",
         "- Spark's own metrics: the bench's Spark sessions write Spark's event log; each completed "
         "stage's wall time and its tasks' executor run and CPU time are summed by what the job did "
-        "(Delta names its MERGE, OPTIMIZE and log replay in the job description; the stage's name says "
-        "which call asked for it). The MERGE's metrics are "
-        "the silver table's `DESCRIBE HISTORY` operationMetrics, summed over the run's MERGE commits.",
+        "(each batch write names its observed metrics in its plan; Delta names its log replay in the "
+        "job description). Silver's commits come from its Delta log (read as JSON, no Spark job): the "
+        "commits by operation and the write commits' operationMetrics, summed.",
         "- CPU: user + system seconds of each process below the bench (read from /proc), sampled "
         "every 0.1 s; a process that ends counts up to its last sample.",
         "",

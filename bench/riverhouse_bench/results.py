@@ -104,7 +104,7 @@ def targets(result: dict[str, Any]) -> list[Target]:
     state = _largest(s, "dedup_state", "keys")
     keys = s.get(state or "", {}).get("keys") or 0
     row(
-        f"dedup_state <= 100 bytes of RAM per key (at {keys:,} keys: MERGE's JVM peak RSS over its baseline)",
+        f"dedup_state <= 100 bytes of RAM per key (at {keys:,} keys: the silver step's JVM peak RSS over its baseline)",
         get(state, "bytes_per_key"),
         100.0,
         "{:,.1f} bytes/key",

@@ -1,10 +1,10 @@
-"""Sections of docs/benchmarks.md from Spark's own metrics: stage times, the MERGE's metrics, dedup state."""
+"""Sections of docs/benchmarks.md from Spark's own metrics: stage times, silver's commits, dedup state."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from riverhouse_bench.spark_metrics import MERGE_METRICS
+from riverhouse_bench.spark_metrics import COMMIT_METRICS
 
 
 def _runs_with_spark_metrics(s: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -22,13 +22,13 @@ def _runs_with_spark_metrics(s: dict[str, Any]) -> list[tuple[str, dict[str, Any
 
 
 def spark_lines(s: dict[str, Any]) -> list[str]:
-    """Spark's stage times by job kind for each Riverhouse run, then each run's MERGE metrics."""
+    """Spark's stage times by job kind for each Riverhouse run, then each run's silver commits."""
     runs = _runs_with_spark_metrics(s)
     if not runs:
         return []
     lines = [
         "",
-        "## Where Spark's time goes (its event log, and the MERGE's metrics from the Delta history)",
+        "## Where Spark's time goes (its event log, and silver's commits from the Delta log)",
         "",
         "Completed stages from the first batch to the end of each run, by what the job did. `stage s` "
         "sums each stage's wall time (stages of one job can overlap); `executor run s` and `CPU s` sum "
@@ -44,25 +44,29 @@ def spark_lines(s: dict[str, Any]) -> list[str]:
                 f"| {label} | {kind} | {row['stages']:,} | {row['tasks']:,} | {row['stage_s']:.2f} | "
                 f"{row['executor_run_s']:.2f} | {row['cpu_s']:.2f} |"
             )
-    merges = [(label, run["merge_metrics"]) for label, run in runs if (run.get("merge_metrics") or {}).get("merges")]
-    if merges:
-        shown = [m for m in MERGE_METRICS if any(m in metrics for _, metrics in merges)]
+    commits = [
+        (label, run["silver_commits"]) for label, run in runs if (run.get("silver_commits") or {}).get("commits")
+    ]
+    if commits:
         lines += [
             "",
-            "The silver MERGE commits of the same runs (`DESCRIBE HISTORY` operationMetrics, summed; times in ms):",
+            "Silver's commits in the same runs (its Delta log; write metrics summed over the WRITE commits):",
             "",
-            "| run | MERGE commits | " + " | ".join(shown) + " |",
-            "|---|---:|" + "---:|" * len(shown),
+            "| run | commits | by operation | " + " | ".join(COMMIT_METRICS) + " |",
+            "|---|---:|---|" + "---:|" * len(COMMIT_METRICS),
         ]
-        for label, metrics in merges:
+        for label, c in commits:
+            ops = ", ".join(f"{op} {n:,}" for op, n in c.get("operations", {}).items())
             lines.append(
-                f"| {label} | {metrics['merges']:,} | " + " | ".join(f"{metrics.get(m, 0):,}" for m in shown) + " |"
+                f"| {label} | {c['commits']:,} | {ops} | "
+                + " | ".join(f"{c.get(m, 0):,}" for m in COMMIT_METRICS)
+                + " |"
             )
     return lines
 
 
 def state_lines(s: dict[str, Any]) -> list[str]:
-    """The dedup state by key count: silver on disk, and the MERGE's JVM memory over its baseline."""
+    """The dedup state by key count: silver on disk, and the silver step's JVM memory over its baseline."""
     runs = sorted((r for n, r in s.items() if n.startswith("dedup_state") and r.get("keys")), key=lambda r: r["keys"])
     if not runs:
         return []
@@ -70,23 +74,23 @@ def state_lines(s: dict[str, Any]) -> list[str]:
         "",
         "## dedup_state, where the state lives",
         "",
-        "Silver holds N keys (one day, inside one window); one batch is merged against it in a fresh "
-        "JVM after a warm-up. Memory figures are per stored key: the JVM's peak RSS during the MERGE "
-        "over its RSS before (the target's figure), its peak heap in use over the baseline heap, the "
-        "heap still live after the MERGE and a GC, and the whole JVM's peak RSS (baseline included).",
+        "Silver holds N keys (one day, inside one window); one batch goes through the silver step (in-batch "
+        "dedup, anti-join with silver's window, append) in a fresh JVM after a warm-up. Memory figures are "
+        "per stored key: the JVM's peak RSS during the step over its RSS before (the target's figure), its "
+        "peak heap in use over the baseline heap, the heap still live after the step and a GC, and the "
+        "whole JVM's peak RSS (baseline included).",
         "",
-        "| keys | silver bytes/key on disk | batch | MERGE s | JVM RSS before | JVM RSS peak | RSS bytes/key "
-        "| peak heap bytes/key | live heap bytes/key | whole JVM bytes/key | MERGE scanTimeMs | rewriteTimeMs |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| keys | silver bytes/key on disk | batch | silver step s | JVM RSS before | JVM RSS peak | RSS bytes/key "
+        "| peak heap bytes/key | live heap bytes/key | whole JVM bytes/key |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in runs:
-        merge = r.get("merge_metrics") or {}
+        step_s = r.get("silver_step_s", r.get("merge_s", 0.0))  # merge_s: results of the MERGE engine
         lines.append(
-            f"| {r['keys']:,} | {r['delta_bytes_per_key']:,.1f} | {r['batch_events']:,} | {r['merge_s']:.1f} | "
+            f"| {r['keys']:,} | {r['delta_bytes_per_key']:,.1f} | {r['batch_events']:,} | {step_s:.1f} | "
             f"{r['jvm_baseline_rss_bytes'] / 2**20:,.0f} MiB | {r['jvm_peak_rss_bytes'] / 2**20:,.0f} MiB | "
             f"{r['bytes_per_key']:,.1f} | {r['heap_bytes_per_key']:,.1f} | {r['live_heap_bytes_per_key']:,.1f} | "
-            f"{r['jvm_total_rss_bytes_per_key']:,.1f} | {merge.get('scanTimeMs', 0):,} | "
-            f"{merge.get('rewriteTimeMs', 0):,} |"
+            f"{r['jvm_total_rss_bytes_per_key']:,.1f} |"
         )
     return lines
 

@@ -1,11 +1,11 @@
-"""Spark's own account of a run: stage times from its event log (the engines before issue 25's also the MERGE's metrics).
+"""Spark's own account of a run: stage times from its event log, and the commits of silver's Delta log.
 
 The bench's timings say how long a run took; these say where Spark spent it. Stage times
 come from the event log (`spark.eventLog.enabled`, JSON lines): each completed stage's
-wall time and its tasks' executor run and CPU time, grouped by what the job did (Delta
-names its MERGE, writes and OPTIMIZE in the job description; the rest of a streaming
-batch is the Kafka read, the parse and the batch's counts). The MERGE's own metrics
-(scan, rewrite and execution times, rows and files) are in silver's `DESCRIBE HISTORY`.
+wall time and its tasks' executor run and CPU time, grouped by what the job did (each of a
+batch's writes names its observed metrics in its plan; Delta names its log replay in the job
+description). What the run committed comes from silver's Delta log, read as JSON without Spark
+(the engine's `DeltaLog`): the commits by operation and their write metrics.
 """
 
 from __future__ import annotations
@@ -14,17 +14,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-# Delta's operationMetrics of a MERGE that the page reports, summed over a run's commits.
-MERGE_METRICS = (
-    "numSourceRows",
-    "numTargetRowsInserted",
-    "numTargetFilesAdded",
-    "numTargetFilesRemoved",
-    "numTargetBytesAdded",
-    "executionTimeMs",
-    "scanTimeMs",
-    "rewriteTimeMs",
-)
+# Delta's operationMetrics of a write commit that the page reports, summed over a run's commits.
+COMMIT_METRICS = ("numFiles", "numOutputRows", "numOutputBytes")
 
 
 KAFKA_READ = "Kafka read + parse + batch counts"
@@ -67,7 +58,7 @@ def job_kind(description: str, stage_name: str = "", plan: str = "") -> str:
         return LOG_REPLAY
     if plan and (kind := plan_kind(plan)) is not None:
         return kind
-    if "MERGE" in text:
+    if "MERGE" in text:  # results of the engine before issue 25
         return "silver MERGE (dedup + insert-only merge)"
     if "OPTIMIZE" in text or "COMPACT" in text:
         return "silver compaction (OPTIMIZE)"
@@ -150,25 +141,30 @@ def stage_times(events: list[dict[str, Any]], since_s: float = 0.0, until_s: flo
     return {kind: {k: round(v, 3) for k, v in row.items()} for kind, row in out.items()}
 
 
-def merge_history(spark: Any, path: str | Path, since_version: int = -1) -> dict[str, Any]:
-    """Every MERGE commit's operationMetrics in silver's history after `since_version`, summed by name.
+def commit_history(path: str | Path, since_version: int = -1) -> dict[str, Any]:
+    """The commits of the Delta table at `path` after `since_version`: how many, by operation, and
+    the write commits' operationMetrics summed by name (read from the log, no Spark job)."""
+    from riverhouse.platform.state.delta_log import DeltaLog
 
-    All of Delta's metrics are kept (their names vary between Delta versions); the page
-    shows MERGE_METRICS. Times are milliseconds, as Delta records them.
-    """
-    from delta.tables import DeltaTable
-
-    history = DeltaTable.forPath(spark, str(path)).history().select("version", "operation", "operationMetrics")
+    log = DeltaLog(str(path))
+    newest = log.latest_version()
+    operations: dict[str, int] = {}
     totals: dict[str, int] = {}
-    merges = 0
-    for row in history.collect():
-        if row["operation"] != "MERGE" or row["version"] <= since_version:
+    if newest is None:
+        return {"commits": 0, "operations": operations}
+    for commit in log.commits_back(newest, since_version + 1):
+        operation = str(commit.info.get("operation") or "?")
+        operations[operation] = operations.get(operation, 0) + 1
+        if operation != "WRITE":
             continue
-        merges += 1
-        for name, value in (row["operationMetrics"] or {}).items():
+        for name, value in (commit.info.get("operationMetrics") or {}).items():
             if str(value).lstrip("-").isdigit():
                 totals[name] = totals.get(name, 0) + int(value)
-    return {"merges": merges, **dict(sorted(totals.items()))}
+    return {
+        "commits": sum(operations.values()),
+        "operations": dict(sorted(operations.items())),
+        **dict(sorted(totals.items())),
+    }
 
 
 def tasks_by_executor(events: list[dict[str, Any]]) -> dict[str, int]:

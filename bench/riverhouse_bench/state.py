@@ -1,18 +1,18 @@
-"""dedup_state: what N keys in the dedup window cost, measured where the state lives (silver + the MERGE).
+"""dedup_state: what N keys in the dedup window cost, measured where the state lives (silver + the silver step).
 
-The dedup state is the silver Delta table: each batch's insert-only MERGE reads the keys of
-the days within a window of the batch. So the figures are (1) silver's bytes on disk per
-key and (2) the memory of the JVM that runs the MERGE (Spark's driver and executor: one
-JVM in local mode) while it merges one batch against a silver holding N keys, over N.
+The dedup state is the silver Delta table: each batch's silver step anti-joins the batch with
+silver's files of the days within a window of the batch. So the figures are (1) silver's bytes
+on disk per key and (2) the memory of the JVM that runs the step (Spark's driver and executor:
+one JVM in local mode) while it takes one batch against a silver holding N keys, over N.
 
-The silver table is built by Spark in one process (N keys in one day, so every MERGE
-reads all of them). A second, fresh process then starts Spark, warms the MERGE up on a
+The silver table is built by Spark in one process (N keys in one day, so every batch's
+anti-join reads all of them). A second, fresh process then starts Spark, warms the step up on a
 small table of its own (classes loaded, code generated), collects garbage, takes the
 JVM's resident memory and live heap as the baseline, resets the kernel's peak-RSS mark,
 and runs one batch (`batch_rows` events: 10% duplicates of stored keys, 90% new) through
-the engine's own dedup: Spark's window functions and the window-bounded MERGE. Peak RSS
-minus the baseline, over N, is the figure checked against the target; the heap the MERGE
-left live after a GC is reported beside it.
+the engine's own silver step (ingest/dedup.insert_new: one aggregate per key, the anti-join,
+the append). Peak RSS minus the baseline, over N, is the figure checked against the target;
+the heap the step left live after a GC is reported beside it.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ WARMUP_KEYS = 10_000
 
 
 def dedup_state(bench: Bench, keys: int, batch_rows: int = 200_000) -> dict[str, Any]:
-    """Build a silver of `keys` keys, then measure one batch's MERGE against it in a fresh JVM."""
+    """Build a silver of `keys` keys, then measure one batch's silver step against it in a fresh JVM."""
     spec = orders_spec(f"bench_state_{keys}", f"bench_state_{keys}")
     silver = TableLayout(bench.settings.warehouse, spec.name).silver("orders")
     warmup = TableLayout(bench.settings.warehouse, f"{spec.name}_warmup").silver("orders")
@@ -43,13 +43,13 @@ def dedup_state(bench: Bench, keys: int, batch_rows: int = 200_000) -> dict[str,
     started = time.monotonic()
     built = _in_own_process(build_silver, silver, keys, master, conf)
     build_s = time.monotonic() - started
-    measured = _in_own_process(measure_merge, silver, warmup, keys, batch_rows, master, conf)
+    measured = _in_own_process(measure_silver_step, silver, warmup, keys, batch_rows, master, conf)
     size = sum(f.stat().st_size for f in Path(silver).rglob("*.parquet"))
     return {
         **measured,
         "keys": keys,
         "events": keys + measured["batch_events"],
-        "seconds": build_s + measured["merge_s"],
+        "seconds": build_s + measured["step_s"],
         "events_per_s": None,
         "build_s": round(build_s, 3),
         "build_files": built["files"],
@@ -116,7 +116,7 @@ def _session(master: str, conf: dict[str, str]) -> Any:
 
 
 def build_silver(path: str, keys: int, master: str, conf: dict[str, str]) -> dict[str, Any]:
-    """Silver holding `keys` distinct orders (one day), written by delta-spark like the stream's MERGE would."""
+    """Silver holding `keys` distinct orders (one day), written by delta-spark like the stream's appends."""
     from riverhouse.platform.state.tables import SILVER_PROPERTIES, ensure_delta_table, silver_schema
 
     spark = _session(master, conf)
@@ -149,7 +149,7 @@ def _live_heap(spark: Any) -> int:
     return int(runtime.totalMemory() - runtime.freeMemory())
 
 
-def _merge_batch(spark: Any, path: str, keys: int, batch_rows: int, batch_id: int) -> Any:
+def _silver_step(spark: Any, path: str, keys: int, batch_rows: int, batch_id: int) -> Any:
     """One batch through the engine's dedup: 10% duplicates of stored keys, the rest new keys (`keys` and up)."""
     from pyspark.sql import functions as F
 
@@ -166,10 +166,10 @@ def _merge_batch(spark: Any, path: str, keys: int, batch_rows: int, batch_id: in
     return outcome, batch_rows - repeats
 
 
-def measure_merge(
+def measure_silver_step(
     path: str, warmup_path: str, keys: int, batch_rows: int, master: str, conf: dict[str, str]
 ) -> dict[str, Any]:
-    """In a fresh JVM: warm the MERGE up, take the baseline, then merge one batch against `keys` stored keys."""
+    """In a fresh JVM: warm the step up, take the baseline, then take one batch against `keys` stored keys."""
     from riverhouse.platform.state.tables import SILVER_PROPERTIES, ensure_delta_table, silver_schema
 
     spark = _session(master, conf)
@@ -177,7 +177,7 @@ def measure_merge(
     src = orders_spec("bench_state", "bench_state").sources["orders"]
     ensure_delta_table(spark, warmup_path, silver_schema(src), ["_event_date"], SILVER_PROPERTIES)
     _silver_rows(spark, spark.range(0, WARMUP_KEYS), batch_id=0).write.format("delta").mode("append").save(warmup_path)
-    _merge_batch(spark, warmup_path, WARMUP_KEYS, min(batch_rows, WARMUP_KEYS), batch_id=1)
+    _silver_step(spark, warmup_path, WARMUP_KEYS, min(batch_rows, WARMUP_KEYS), batch_id=1)
     baseline_heap = _live_heap(spark)
     time.sleep(1)  # let the JVM return what the GC freed before the baseline is read
     baseline_rss = _status(pid, "VmRSS")
@@ -200,20 +200,20 @@ def measure_merge(
     sampler.start()
     started = time.monotonic()
     try:
-        outcome, new_keys = _merge_batch(spark, path, keys, batch_rows, batch_id=1)
+        outcome, new_keys = _silver_step(spark, path, keys, batch_rows, batch_id=1)
     finally:
         stop.set()
         sampler.join()
-    merge_s = time.monotonic() - started
+    step_s = time.monotonic() - started
     peak_rss = max(_status(pid, "VmHWM") if reset else 0, max(sampled))
     live_after = _live_heap(spark)
-    from riverhouse_bench.spark_metrics import merge_history
+    from riverhouse_bench.spark_metrics import commit_history
 
-    history = merge_history(spark, path)
+    history = commit_history(path)
     spark.stop()
     return {
         "batch_events": batch_rows,
-        "merge_s": round(merge_s, 3),
+        "silver_step_s": round(step_s, 3),
         "jvm_baseline_rss_bytes": baseline_rss,
         "jvm_peak_rss_bytes": peak_rss,
         "bytes_per_key": (peak_rss - baseline_rss) / keys,
@@ -224,7 +224,7 @@ def measure_merge(
         "live_heap_bytes_per_key": (live_after - baseline_heap) / keys,
         "jvm_total_rss_bytes_per_key": peak_rss / keys,
         "peak_reset_by_kernel": reset,
-        "merge_metrics": history,
+        "silver_commits": history,
         "inserted": outcome.rows,
         "exact": outcome.rows == new_keys,
         "note": "the dedup state is the silver Delta table; memory is the JVM that runs the batch's silver "
@@ -234,7 +234,7 @@ def measure_merge(
 
 
 def marginal_memory(results: dict[str, Any]) -> None:
-    """MERGE peak RSS per additional stored key between the smallest and the largest dedup_state run.
+    """The silver step's peak RSS per additional stored key between the smallest and the largest dedup_state run.
 
     Each run's peak includes a working set that follows the batch, not the keys; the slope
     between two key counts is what each stored key adds.
