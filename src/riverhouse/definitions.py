@@ -34,9 +34,6 @@ def pipelines_dir() -> Path:
 
 def spec_error_asset(error: SpecError, taken: set[str]) -> dg.AssetSpec:
     """A visible stand-in for a spec that did not load: its key names the file, its description the problems."""
-    # A file name that is not UTF-8 (surrogate escapes) would fail serialization later, in the webserver.
-    source = error.source.encode("utf-8", "backslashreplace").decode("utf-8")
-    error = SpecError(source, error.problems)
     name = re.sub(r"[^A-Za-z0-9_]", "_", Path(error.source).stem) or "spec"
     unique, n = name, 2
     while unique in taken:

@@ -37,6 +37,7 @@ from riverhouse.platform.spec_base import (
     SYSTEM_COLUMN_PREFIX,
     TOPIC_RE,
     NotUtf8Error,
+    SpecError,
     StrictModel,
     check_column_name,
     check_identifier,
@@ -84,18 +85,6 @@ WINDOW_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": 
 WINDOW_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 NUMERIC_TYPES = NUMERIC
-
-
-class SpecError(Exception):
-    """A spec could not be loaded; `problems` holds (path, message, hint) triples."""
-
-    def __init__(self, source: str, problems: list[tuple[str, str, str]]):
-        self.source = source
-        self.problems = problems
-        lines = [f"{source}: {len(problems)} problem(s)"]
-        for path, message, hint in problems:
-            lines.append(f"  {path or '<root>'}: {message}" + (f" (hint: {hint})" if hint else ""))
-        super().__init__("\n".join(lines))
 
 
 def parse_window(value: Any) -> timedelta:

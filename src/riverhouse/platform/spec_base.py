@@ -69,3 +69,24 @@ def read_utf8(path: Path) -> str:
             f"not UTF-8 text: byte 0x{bad} at line {line}, column {column}; the file looks like {encoding}: "
             "save it as UTF-8 (e.g. `iconv -f LATIN1 -t UTF-8 in > out`)"
         ) from None
+
+
+def printable(text: str) -> str:
+    """`text` with any surrogate escape (undecodable bytes) written as a backslash escape."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+class SpecError(Exception):
+    """A spec could not be loaded; `problems` holds (path, message, hint) triples."""
+
+    def __init__(self, source: str, problems: list[tuple[str, str, str]]):
+        # A file name that is not UTF-8 arrives with surrogate escapes, which no log handler, Dagster
+        # snapshot or test report can encode: the bytes are shown escaped (\udcff) instead.
+        source = printable(source)
+        problems = [(printable(p), printable(m), printable(h)) for p, m, h in problems]
+        self.source = source
+        self.problems = problems
+        lines = [f"{source}: {len(problems)} problem(s)"]
+        for path, message, hint in problems:
+            lines.append(f"  {path or '<root>'}: {message}" + (f" (hint: {hint})" if hint else ""))
+        super().__init__("\n".join(lines))
