@@ -245,8 +245,8 @@ def _silver_asset(spec: PipelineSpec, source_name: str, parts: dg.PartitionsDefi
         owners=list(spec.owners),
         check_specs=check_specs,
         description=(
-            f"`{source_name}` deduplicated on {', '.join(src.dedup_key)} within {window} (window-bounded "
-            "insert-only MERGE, one Delta commit per Spark batch). Partitioned by event time: materializing a "
+            f"`{source_name}` deduplicated on {', '.join(src.dedup_key)} within {window} (each batch's first "
+            "event per key, anti-joined with silver's window, one Delta append per Spark batch). Partitioned by event time: materializing a "
             "partition without the ingest asset (or a backfill) rebuilds that window from bronze."
         ),
         metadata={"dagster/column_schema": _column_schema([(f.name, str(f.type)) for f in silver_schema(src)])},

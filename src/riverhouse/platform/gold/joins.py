@@ -275,7 +275,7 @@ def _run_gold(spark: Any, spec: PipelineSpec, settings: Settings, drain: bool) -
     assert lo is not None and hi is not None  # some events are closed, so both bounds exist
     lookups = lookup_frames(spark, spec, layout, versions, lo, hi)
     rows = conform(evaluate(spark, spec, plan, fresh, lookups), target)
-    # Read by the counts and both MERGEs: joined once.
+    # Read by the counts and both appends: joined once.
     rows = rows.persist()
     try:
         tally = _tally(rows, result)
