@@ -66,7 +66,7 @@ def env_ref_problems(value: Any) -> list[str]:
 def resolve_env_refs(value: Any, where: str) -> Any:
     if not isinstance(value, str):
         return value
-    from riverhouse.platform.spec import SpecError
+    from riverhouse.platform.spec_base import SpecError
 
     problems = env_ref_problems(value)
     if problems:

@@ -28,7 +28,7 @@ from datetime import timedelta
 import sqlglot
 from sqlglot import exp
 
-from riverhouse.platform.spec import IDENTIFIER_RE, check_column_name
+from riverhouse.platform.spec_base import IDENTIFIER_RE, check_column_name
 
 FLAT_SEP = "__"
 

@@ -36,13 +36,16 @@ from typing import Any, NoReturn
 from riverhouse.platform.errors import EngineUnavailable
 from riverhouse.platform.runtime import processes
 from riverhouse.platform.runtime.spark import (
+    CONNECT_PORT,  # noqa: F401  (engine's API: the address parts live beside the session code)
     DEFAULT_MASTER,
     REMOTE_ENV,
     check_java,
     configured_master,
     overlay_spark_home,
+    parse_remote,
     redact_remote,
     release_session,
+    require_reachable,  # noqa: F401  (engine's API, used by `riverhouse engine status`)
     session_conf,
 )
 
@@ -55,7 +58,6 @@ MEMORY_ENV = "RIVERHOUSE_ENGINE_MEMORY"
 # Set in the engine's environment to its JVM's pid: its Python workers (foreachBatch) read it.
 PID_ENV = "RIVERHOUSE_ENGINE_PID"
 DEFAULT_MEMORY = os.environ.get(MEMORY_ENV, "2g")
-CONNECT_PORT = 15002  # Spark Connect's own default (a URL without a port means it)
 # What makes a Python process a Spark Connect client or a spark-submit child: the server and
 # the Python workers it starts must not inherit them (they would attach to themselves).
 _CLIENT_ENV = (
@@ -110,36 +112,6 @@ def status(state_dir: Path) -> EngineState | None:
     """The engine recorded in the state folder, if its process is alive."""
     state = read_state(state_dir)
     return state if state and state.is_alive() else None
-
-
-def parse_remote(url: str) -> tuple[str, int]:
-    """Host and port of a Spark Connect URL (`sc://host[:port][/;params]`)."""
-    if not url.startswith("sc://"):
-        raise EngineUnavailable(f"{redact_remote(url)!r} is not a Spark Connect address: write sc://host:port")
-    hostport = url.removeprefix("sc://").split("/", 1)[0].split(";", 1)[0]
-    if hostport.startswith("["):  # [ipv6]:port
-        host, _, rest = hostport[1:].partition("]")
-        port = rest.removeprefix(":")
-    else:
-        host, _, port = hostport.partition(":")
-    try:
-        return host or "localhost", int(port) if port else CONNECT_PORT
-    except ValueError:
-        raise EngineUnavailable(f"{redact_remote(url)!r}: the port is not a number (sc://host:port)") from None
-
-
-def require_reachable(url: str, timeout_s: float = 3.0) -> None:
-    """Fail at once, saying how to start it, when nothing listens at the engine's address.
-
-    Spark Connect's client would retry an unreachable server with backoff for minutes.
-    """
-    host, port = parse_remote(url)
-    if not processes.port_open(host, port, timeout_s):
-        raise EngineUnavailable(
-            f"the Spark engine at {host}:{port} does not answer. Start it with `riverhouse engine start` "
-            f"(add --home to name a state folder), point {REMOTE_ENV} at a running Spark Connect server, "
-            f"or unset {REMOTE_ENV} to run Spark inside each run's process"
-        )
 
 
 def engine_lost(exc: BaseException, remote: str) -> EngineUnavailable | None:

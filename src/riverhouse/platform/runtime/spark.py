@@ -15,6 +15,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from riverhouse.platform.errors import EngineUnavailable
+from riverhouse.platform.runtime import processes
+
 # Every session (a user's RIVERHOUSE_SPARK_CONF may change them): UTC, Arrow for Python <-> JVM.
 SESSION_DEFAULTS: dict[str, str] = {
     "spark.sql.session.timeZone": "UTC",
@@ -55,6 +58,7 @@ FIXED_CONF: dict[str, str] = {**REDACTION_CONF, **SQL_SAFETY_CONF}
 
 MASTER_ENV = "RIVERHOUSE_SPARK_MASTER"
 REMOTE_ENV = "RIVERHOUSE_SPARK_REMOTE"
+CONNECT_PORT = 15002  # Spark Connect's own default (a URL without a port means it)
 CONF_ENV = "RIVERHOUSE_SPARK_CONF"
 DEFAULT_MASTER = "local[2]"
 ENGINE_RETRIES = 6
@@ -318,10 +322,38 @@ def _connect_session() -> Any:
         return None
 
 
+def parse_remote(url: str) -> tuple[str, int]:
+    """Host and port of a Spark Connect URL (`sc://host[:port][/;params]`)."""
+    if not url.startswith("sc://"):
+        raise EngineUnavailable(f"{redact_remote(url)!r} is not a Spark Connect address: write sc://host:port")
+    hostport = url.removeprefix("sc://").split("/", 1)[0].split(";", 1)[0]
+    if hostport.startswith("["):  # [ipv6]:port
+        host, _, rest = hostport[1:].partition("]")
+        port = rest.removeprefix(":")
+    else:
+        host, _, port = hostport.partition(":")
+    try:
+        return host or "localhost", int(port) if port else CONNECT_PORT
+    except ValueError:
+        raise EngineUnavailable(f"{redact_remote(url)!r}: the port is not a number (sc://host:port)") from None
+
+
+def require_reachable(url: str, timeout_s: float = 3.0) -> None:
+    """Fail at once, saying how to start it, when nothing listens at the engine's address.
+
+    Spark Connect's client would retry an unreachable server with backoff for minutes.
+    """
+    host, port = parse_remote(url)
+    if not processes.port_open(host, port, timeout_s):
+        raise EngineUnavailable(
+            f"the Spark engine at {host}:{port} does not answer. Start it with `riverhouse engine start` "
+            f"(add --home to name a state folder), point {REMOTE_ENV} at a running Spark Connect server, "
+            f"or unset {REMOTE_ENV} to run Spark inside each run's process"
+        )
+
+
 def _connect(remote: str, conf: dict[str, str]) -> Any:
     """A Spark Connect session on `remote` with this session's SQL settings (the server holds the rest)."""
-    from riverhouse.platform.runtime.engine import require_reachable
-
     require_reachable(remote)
     from pyspark.errors import PySparkRuntimeError
     from pyspark.sql import SparkSession
