@@ -76,8 +76,8 @@ def printable(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-class SpecError(Exception):
-    """A spec could not be loaded; `problems` holds (path, message, hint) triples."""
+class ProblemsError(Exception):
+    """Input that cannot be used; `problems` holds (where, what, hint) triples, one line each."""
 
     def __init__(self, source: str, problems: list[tuple[str, str, str]]):
         # A file name that is not UTF-8 arrives with surrogate escapes, which no log handler, Dagster
@@ -87,6 +87,10 @@ class SpecError(Exception):
         self.source = source
         self.problems = problems
         lines = [f"{source}: {len(problems)} problem(s)"]
-        for path, message, hint in problems:
-            lines.append(f"  {path or '<root>'}: {message}" + (f" (hint: {hint})" if hint else ""))
+        for where, what, hint in problems:
+            lines.append(f"  {where or '<root>'}: {what}" + (f" (hint: {hint})" if hint else ""))
         super().__init__("\n".join(lines))
+
+
+class SpecError(ProblemsError):
+    """A spec could not be loaded; `problems` holds (path, message, hint) triples."""

@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from riverhouse.platform.spec import IDENTIFIER_RE, MAX_WINDOW, PipelineSpec, SpecError, format_window, parse_spec
+from riverhouse.platform.spec_base import ProblemsError
 
 # Go's time.ParseDuration units: both projects are written in Go and read their
 # windows, TTLs and delays with it ("1h30m", "168h", "500ms").
@@ -29,16 +30,8 @@ GO_UNITS = {
 }
 
 
-class ImporterError(Exception):
+class ImporterError(ProblemsError):
     """The input cannot be imported at all; `problems` holds (where, what, hint) triples."""
-
-    def __init__(self, source: str, problems: list[tuple[str, str, str]]):
-        self.source = source
-        self.problems = problems
-        lines = [f"{source}: {len(problems)} problem(s)"]
-        for where, what, hint in problems:
-            lines.append(f"  {where or '<root>'}: {what}" + (f" (hint: {hint})" if hint else ""))
-        super().__init__("\n".join(lines))
 
 
 @dataclass(frozen=True)
