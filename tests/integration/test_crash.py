@@ -45,17 +45,26 @@ def write_spec(tmp_path: Path, topic: str) -> tuple[Path, Any]:
     return path, spec
 
 
+# A crashed run normally ends in well under a minute; the margin is for a loaded 2-core machine.
+RUN_TIMEOUT_S = 420
+
+
 def run_cli(spec_path: Path, settings: Settings, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     proc = subprocess.Popen(
         [*riverhouse_cmd(), "run", str(spec_path), "--json", *args],
-        env=subprocess_env(settings, **env),
+        env=subprocess_env(settings, PYTHONFAULTHANDLER="1", **env),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
     )
     try:
-        stdout, stderr = proc.communicate(timeout=300)
+        stdout, stderr = proc.communicate(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        # A hung run: SIGABRT makes Python's fault handler print every thread's stack.
+        proc.send_signal(signal.SIGABRT)
+        stdout, stderr = proc.communicate(timeout=60)
+        pytest.fail(f"the run hung for {RUN_TIMEOUT_S} s; its threads:\n{stderr[-6000:]}\n{engine_log_tail()}")
     finally:
         # The driver's JVM must not outlive it: PySpark's gateway exits when its stdin closes.
         survivors = _group_alive_after(proc.pid, timeout_s=20)
@@ -64,6 +73,13 @@ def run_cli(spec_path: Path, settings: Settings, *args: str, **env: str) -> subp
     result = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     result.survivors = survivors  # type: ignore[attr-defined]
     return result
+
+
+def engine_log_tail() -> str:
+    from tests.conftest import ENGINE_DIR
+
+    logs = [path for folder in ENGINE_DIR for path in folder.glob("logs/*")]
+    return "\n".join(f"--- {path}:\n" + path.read_text(errors="replace")[-6000:] for path in logs)
 
 
 # Crash points inside the streaming batch body (ingest/writer.py); the others run in the run's process.
