@@ -1,7 +1,7 @@
 """The same dedup run on a Spark standalone cluster: a master and two one-core workers on loopback.
 
 The cluster comes from the pip-installed pyspark (`spark-class ...Master/Worker`), as in
-tests/integration/test_cluster.py. On this machine the two workers share the same two
+tests/integration/standalone.py. On this machine the two workers share the same two
 cores as the driver and the broker, so the figure shows the distributed plan's overhead
 (task scheduling, executor JVMs, shuffles over the network stack) next to local[2], not
 a speed-up; it is the same run a larger cluster scales out.

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -30,23 +29,23 @@ import pytest
 import yaml
 
 from riverhouse.platform.kafka.generator import GeneratorConfig, expected_join, orders, user_events
+from riverhouse.platform.pipeline import Pipeline
 from riverhouse.platform.sink.clickhouse import open_client, qualified_table
 from riverhouse.platform.spec import load_spec
 from riverhouse.platform.state.delta_log import DeltaLog
 from riverhouse.platform.state.settings import Settings
 from riverhouse.platform.state.tables import TableLayout, open_table
 from tests.conftest import REPO, orders_spec, produce, riverhouse_cmd, subprocess_env
-from tests.integration.test_cluster import standalone_cluster  # noqa: F401 - a fixture of the cluster test
+from tests.integration.standalone import (  # noqa: F401 - standalone_cluster is a fixture
+    free_port,
+    silver,
+    standalone_cluster,
+    tasks_by_execution,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 BUCKET = "riverhouse-test"
 SECRET = f"rh-secret-{uuid.uuid4().hex}"  # moto accepts any keys; this one must never be printed
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def moto_server() -> str:
@@ -183,6 +182,7 @@ BACKFILL = """
 import json, sys
 from datetime import datetime
 from riverhouse.platform.pipeline import Pipeline, Window
+from riverhouse.platform.pipeline import Pipeline
 from riverhouse.platform.spec import load_spec
 from riverhouse.platform.state.settings import Settings
 window = Window(datetime.fromisoformat(sys.argv[2]), datetime.fromisoformat(sys.argv[3]))
@@ -248,7 +248,8 @@ def test_s3_warehouse_join_and_backfill_match_the_reference_join(
     assert len(after) == len(reference) and dict(after) == reference
 
 
-def test_s3_warehouse_on_a_standalone_cluster_executors_get_the_keys_from_the_engine(
+def test_a_cluster_run_on_s3_equals_a_local_run_and_its_executors_get_the_keys_from_the_engine(
+    spark: Any,
     storage_env: None,
     kafka: str,
     topic: str,
@@ -256,26 +257,31 @@ def test_s3_warehouse_on_a_standalone_cluster_executors_get_the_keys_from_the_en
     monkeypatch: pytest.MonkeyPatch,
     standalone_cluster: tuple[str, Path],  # noqa: F811
 ) -> None:
-    """Executors on a cluster write the Delta files: they get S3A's settings and keys from the engine
-    (Spark copies its environment's keys into the Hadoop configuration tasks carry), not from their
-    workers' environment, which has none."""
+    """The production shape: `riverhouse run` attached to an engine that is a standalone cluster's
+    driver, the warehouse on S3. Spark's Kafka source, the parse, the in-batch dedup, the anti-join
+    with silver and the Delta appends run as tasks of executors the two workers launched (Spark's
+    event log says which executor ran each task), and silver's rows equal a local-mode run's on a
+    local warehouse. The executors write the Delta files with S3A's settings and keys from the
+    engine (Spark copies its environment's keys into the Hadoop configuration tasks carry), not
+    from their workers' environment, which has none; the keys are never printed or logged."""
     from riverhouse.platform.runtime import engine
 
     master, work_dir = standalone_cluster
-    records, stats = orders(GeneratorConfig(count=800, duplicate_rate=0.2, malformed=2, seed=41))
+    records, stats = orders(GeneratorConfig(count=3000, duplicate_rate=0.2, malformed=5, seed=11))
     produce(kafka, topic, list(records))
-    spec = orders_spec(topic, name="s3_cluster", max_offsets=500)
-    spec_path = tmp_path / "s3_cluster.yaml"
+    spec = orders_spec(topic, name="clustered", max_offsets=2000)
+    spec_path = tmp_path / "clustered.yaml"
     spec_path.write_text(yaml.safe_dump(spec.model_dump(mode="json", exclude_none=True)))
-    settings = Settings.from_env(tmp_path / "home").with_(
+    cluster_settings = Settings.from_env(tmp_path / "cluster").with_(
         kafka_bootstrap=kafka, warehouse=f"s3://{BUCKET}/warehouse/{topic}"
     )
-    # The driver's event log (spark-submit reads spark-defaults.conf from SPARK_CONF_DIR): it records
-    # the Hadoop properties, where Spark put the keys, and must hold them redacted.
+    # The driver's event log (spark-submit reads spark-defaults.conf from SPARK_CONF_DIR): which
+    # executor ran what, and the Hadoop properties, where Spark put the keys (it must hold them redacted).
     conf_dir, events_dir = tmp_path / "spark-conf", tmp_path / "events"
     conf_dir.mkdir()
     events_dir.mkdir()
     (conf_dir / "spark-defaults.conf").write_text(
+        # Uncompressed: Spark 4 compresses event logs with zstd by default.
         f"spark.eventLog.enabled true\nspark.eventLog.compress false\nspark.eventLog.dir file://{events_dir}\n"
         "spark.cores.max 2\n"
     )
@@ -284,17 +290,32 @@ def test_s3_warehouse_on_a_standalone_cluster_executors_get_the_keys_from_the_en
     engine_dir = tmp_path / "engine"
     driver = engine.start(engine_dir, master=master, memory="1g")
     try:
-        summary = run_cli(settings, spec_path, driver.url)
+        assert driver.master == master
+        cluster_summary = run_cli(cluster_settings, spec_path, driver.url)
     finally:
         engine.stop(engine_dir)
-    assert summary["inserted"] == stats.expected_unique
-    assert list(work_dir.glob("worker*/app-*/*/stderr")), "no executor was launched"
-    silver = open_table(TableLayout(settings.warehouse, spec.name).silver("orders")).to_pyarrow_dataset()
-    assert sorted(silver.to_table(columns=["order_id"]).column("order_id").to_pylist()) == sorted(
-        e["order_id"] for e in stats.events
-    )
-    with open_client(settings.clickhouse_dsn) as client:
+
+    local_settings = Settings.from_env(tmp_path / "local").with_(kafka_bootstrap=kafka)
+    local_summary = Pipeline(spec, local_settings, spark=spark, log=lambda m: None).run()
+    assert silver(cluster_settings, spec) == silver(local_settings, spec)
+    assert len(silver(cluster_settings, spec)) == stats.expected_unique
+    for key in ("read", "inserted", "duplicates_dropped", "quarantined", "clickhouse_rows_loaded"):
+        assert cluster_summary[key] == local_summary[key], key
+    with open_client(cluster_settings.clickhouse_dsn) as client:
         assert client.query(f"SELECT count() FROM {qualified_table(spec)}").result_rows[0][0] == stats.expected_unique
+
+    # The work ran in executors launched by the two workers, not in the driver.
+    for worker in ("worker1", "worker2"):
+        assert list((work_dir / worker).glob("app-*/*/stderr")), f"no executor was launched on {worker}"
+    executors_of = tasks_by_execution(events_dir)
+    anti_joins = [e for plan, e in executors_of.items() if "LeftAnti" in plan]
+    # A Delta write's tasks run the plan of the data it writes, which carries the write's observed
+    # metrics (state/delta_spark.append_once names them rh_append_<table>_<digest>).
+    writes = [e for plan, e in executors_of.items() if "rh_append_" in plan]
+    assert anti_joins and writes, sorted(p.splitlines()[0] for p in executors_of)
+    assert "driver" not in set().union(*anti_joins) | set().union(*writes)
+    assert len(set().union(*executors_of.values()) - {"driver"}) == 2  # both workers' executors had tasks
+
     for log in work_dir.glob("worker*/app-*/*/std*"):
         assert SECRET not in log.read_text(errors="replace")
     event_log = "".join(p.read_text(errors="replace") for p in events_dir.rglob("*") if p.is_file())

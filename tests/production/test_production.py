@@ -236,8 +236,9 @@ def test_daemon_sensor_run_lands_unique_events_and_survives_a_kill(stack: Stack)
         logs = list((stack.folder / worker).glob("app-*/*/stderr"))
         assert any("Running task" in log.read_text(errors="replace") for log in logs), f"no task ran on {worker}"
 
-    # 2. A backlog of many batches; SIGKILL the daemon and the run worker while it is ingesting.
-    second_ids = produce_orders(stack, seed=202, count=15000)
+    # 2. A backlog of several batches (1,500 records each); SIGKILL the daemon and the run worker
+    # while it is ingesting: after its first batch, with at least two more to go.
+    second_ids = produce_orders(stack, seed=202, count=5000)
     victim = wait_for_run(stack, {first.run_id})
     deadline = time.monotonic() + 420
     worker_pid = None

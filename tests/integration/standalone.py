@@ -1,11 +1,10 @@
-"""Distributed: the same pipeline on a Spark standalone cluster (a master + two workers on loopback).
+"""A Spark standalone cluster for the tests (a master + two workers on loopback), and what Spark's
+event log says ran where.
 
 The cluster comes from the pip-installed pyspark (`spark-class ...Master/Worker`); its driver
 is a Spark Connect engine (`riverhouse engine start` with the cluster's master), as in
-production, and `riverhouse run` attaches to it. Spark's Kafka source, the parse, the in-batch
-dedup, the anti-join with silver and the Delta appends then run as tasks of executors the
-workers launched (Spark's event log says which executor ran each task of each SQL execution),
-and the rows must equal a local-mode run's.
+production. The test that runs a pipeline on it is in test_object_storage.py (a cluster with
+an object-store warehouse is the production shape).
 """
 
 from __future__ import annotations
@@ -22,15 +21,10 @@ from typing import Any
 
 import pyspark
 import pytest
-import yaml
 
-from riverhouse.platform.kafka.generator import GeneratorConfig, orders
-from riverhouse.platform.pipeline import Pipeline
 from riverhouse.platform.state.settings import Settings
 from riverhouse.platform.state.tables import TableLayout, open_table
-from tests.conftest import orders_spec, produce, riverhouse_cmd, subprocess_env
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
 SPARK_HOME = Path(pyspark.__file__).parent
 
 
@@ -125,72 +119,6 @@ def silver(settings: Settings, spec: Any) -> list[tuple[Any, ...]]:
         .to_table(columns=["order_id", "user_id", "amount", "price", "created_at", "_topic", "_partition", "_offset"])
     )
     return sorted(tuple(r.values()) for r in table.to_pylist())
-
-
-def test_cluster_run_equals_local_run(
-    spark: Any,
-    kafka: str,
-    topic: str,
-    tmp_path: Path,
-    standalone_cluster: tuple[str, Path],
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    master, work_dir = standalone_cluster
-    records, stats = orders(GeneratorConfig(count=3000, duplicate_rate=0.2, malformed=5, seed=11))
-    produce(kafka, topic, list(records))
-    spec = orders_spec(topic, name="clustered", max_offsets=2000)
-    spec_path = tmp_path / "clustered.yaml"
-    spec_path.write_text(yaml.safe_dump(spec.model_dump(mode="json", exclude_none=True)))
-
-    cluster_settings = Settings.from_env(tmp_path / "cluster").with_(kafka_bootstrap=kafka)
-    # Spark's event log of the driver (spark-submit reads spark-defaults.conf from SPARK_CONF_DIR).
-    conf_dir, events_dir = tmp_path / "spark-conf", tmp_path / "events"
-    conf_dir.mkdir()
-    events_dir.mkdir()
-    (conf_dir / "spark-defaults.conf").write_text(
-        # Uncompressed: Spark 4 compresses event logs with zstd by default.
-        f"spark.eventLog.enabled true\nspark.eventLog.compress false\nspark.eventLog.dir file://{events_dir}\n"
-        "spark.cores.max 2\n"
-    )
-    from riverhouse.platform.runtime import engine
-
-    monkeypatch.setenv("SPARK_CONF_DIR", str(conf_dir))  # the engine's spark-submit reads spark-defaults.conf
-    monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")
-    engine_dir = tmp_path / "engine"
-    driver = engine.start(engine_dir, master=master, memory="1g")
-    try:
-        assert driver.master == master
-        proc = subprocess.run(
-            [*riverhouse_cmd(), "run", str(spec_path), "--json"],
-            env=subprocess_env(cluster_settings, RIVERHOUSE_SPARK_REMOTE=driver.url),
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-    finally:
-        engine.stop(engine_dir)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    cluster_summary = json.loads(proc.stdout)
-
-    local_settings = Settings.from_env(tmp_path / "local").with_(kafka_bootstrap=kafka)
-    local_summary = Pipeline(spec, local_settings, spark=spark, log=lambda m: None).run()
-
-    assert silver(cluster_settings, spec) == silver(local_settings, spec)
-    assert len(silver(cluster_settings, spec)) == stats.expected_unique
-    for key in ("read", "inserted", "duplicates_dropped", "quarantined", "clickhouse_rows_loaded"):
-        assert cluster_summary[key] == local_summary[key], key
-    # The work really ran in executors launched by the two workers, not in the driver.
-    for worker in ("worker1", "worker2"):
-        assert list((work_dir / worker).glob("app-*/*/stderr")), f"no executor was launched on {worker}"
-    executors_of = tasks_by_execution(events_dir)
-    anti_joins = [e for plan, e in executors_of.items() if "LeftAnti" in plan]
-    # A Delta write's tasks run the plan of the data it writes, which carries the write's observed
-    # metrics (state/delta_spark.append_once names them rh_append_<table>_<digest>).
-    writes = [e for plan, e in executors_of.items() if "rh_append_" in plan]
-    assert anti_joins and writes, sorted(p.splitlines()[0] for p in executors_of)
-    dedup_executors, write_executors = set().union(*anti_joins), set().union(*writes)
-    assert "driver" not in dedup_executors | write_executors, (dedup_executors, write_executors)
-    assert len(set().union(*executors_of.values()) - {"driver"}) == 2  # both workers' executors had tasks
 
 
 def tasks_by_execution(events_dir: Path) -> dict[str, frozenset[str]]:
