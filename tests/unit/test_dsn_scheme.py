@@ -82,6 +82,7 @@ def test_credentials_database_and_options_are_read_as_written() -> None:
         ("https://ch.example.com/db?password=s3cret", "?password= is not taken"),
         ("https://u:s3cret@ch.example.com/db?port=8443", "?port= is not taken"),
         ("tcp://u:s3cret@ch.example.com/db", "unsupported ClickHouse DSN"),
+        ("https://u:s3cret@ch.example.com/db?user=v", "names its user twice"),
     ],
 )
 def test_misleading_dsns_are_refused_by_name_without_the_password(dsn: str, said: str) -> None:
@@ -91,6 +92,10 @@ def test_misleading_dsns_are_refused_by_name_without_the_password(dsn: str, said
     assert "s3cret" not in str(info.value) and "ch.example.com" in str(info.value)
     if "native" in said:
         assert "8123" in str(info.value) and "8443" in str(info.value)
+
+
+def test_a_user_given_only_as_a_query_value_is_left_to_the_driver() -> None:
+    assert client_args("https://ch.example.com/db?user=alice")["user"] == "alice"  # clickhouse-connect reads it
 
 
 def test_chdb_dsns_are_left_to_the_embedded_engine() -> None:

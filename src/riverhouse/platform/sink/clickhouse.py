@@ -175,6 +175,10 @@ def client_args(dsn: str) -> dict[str, Any]:
             raise ClickHouseLoadError(
                 f"ClickHouse DSN {shown!r}: ?{name}= is not taken; write it in the DSN (scheme://user:password@host:port/db)"
             )
+    if url.username and ({"user", "user_name"} & options.keys()):
+        raise ClickHouseLoadError(
+            f"ClickHouse DSN {shown!r} names its user twice (before the host and as ?user=); keep one"
+        )
     said = options.pop("interface", None)
     if said is not None and said.lower() != interface:
         raise ClickHouseLoadError(
