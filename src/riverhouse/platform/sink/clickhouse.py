@@ -104,33 +104,106 @@ def _first_line(exc: BaseException) -> str:
     return (text[0] if text else type(exc).__name__)[:400]
 
 
+# The DSN's scheme decides the transport (clickhouse-connect's own DSN parser drops the scheme, so
+# `https://host/db` went out as plain http on 8123): scheme -> (interface, TLS).
+DSN_SCHEMES = {
+    "http": ("http", False),
+    "clickhouse": ("http", False),
+    "https": ("https", True),
+    "clickhouses": ("https", True),
+}
+DEFAULT_PORTS = {False: 8123, True: 8443}
+# ClickHouse's native TCP protocol, which clickhouse-connect (an HTTP client) does not speak.
+NATIVE_PORTS = {9000: "native protocol", 9440: "native protocol over TLS"}
+# Query parameters that would repeat what the DSN's scheme and authority say.
+AUTHORITY_PARAMS = ("host", "port", "username", "password")
+_TRUE = ("1", "true", "yes", "on", "y")
+_FALSE = ("0", "false", "no", "off", "n")
+
+
 def check_dsn(dsn: str) -> None:
     """Refuse a DSN clickhouse-connect would misread, naming the problem (never the password)."""
-    from urllib.parse import urlsplit
+    if not dsn.startswith("chdb://"):
+        client_args(dsn)
 
-    if dsn.startswith("chdb://"):
-        return
-    if not dsn.startswith(("http://", "https://", "clickhouse://", "clickhouses://")):
+
+def client_args(dsn: str) -> dict[str, Any]:
+    """The keyword arguments for `clickhouse_connect.get_client` that a server DSN means.
+
+    The scheme decides the transport: `https://` and `clickhouses://` are HTTPS (port 8443
+    unless given), `http://` and `clickhouse://` plain HTTP (port 8123 unless given). Native
+    protocol ports (9000, 9440) are refused, and so are `?secure=`/`?interface=` values that
+    contradict the scheme. Other query parameters (`verify`, `ca_cert`, `compress`, ...) are
+    client options, passed on as clickhouse-connect's DSN parser would.
+    """
+    from urllib.parse import parse_qsl, unquote, urlsplit
+
+    shown = redact_dsn(dsn)
+    scheme = dsn.partition("://")[0].lower() if "://" in dsn else ""
+    if scheme not in DSN_SCHEMES:
         raise ClickHouseLoadError(
-            f"unsupported ClickHouse DSN {redact_dsn(dsn)!r}: use chdb:///path or http(s)://user:pass@host:port/db"
+            f"unsupported ClickHouse DSN {shown!r}: use chdb:///path or http(s)://user:pass@host:port/db"
         )
-    userinfo = split_dsn(dsn).userinfo or ""  # type: ignore[union-attr]
-    if any(c in userinfo for c in "/?#@"):
-        # clickhouse-connect reads the DSN as a URL, where these end the credentials.
+    interface, secure = DSN_SCHEMES[scheme]
+    parts = split_dsn(dsn)
+    assert parts is not None  # it has a scheme
+    if any(c in (parts.userinfo or "") for c in "/?#@"):
+        # Read as a URL, these end the credentials.
         raise ClickHouseLoadError(
-            f"ClickHouse DSN {redact_dsn(dsn)!r}: the user or password contains '/', '?', '#' or '@'; "
+            f"ClickHouse DSN {shown!r}: the user or password contains '/', '?', '#' or '@'; "
             "write them percent-encoded (%2F, %3F, %23, %40)"
         )
     try:
-        parts = urlsplit(dsn)
-        _ = parts.port  # raises ValueError on a non-numeric or out-of-range port
+        url = urlsplit(dsn)
+        port = url.port  # raises ValueError on a non-numeric or out-of-range port
     except ValueError as exc:
         raise ClickHouseLoadError(
-            f"ClickHouse DSN {redact_dsn(dsn)!r} is malformed ({str(exc).split(':')[0]}): "
+            f"ClickHouse DSN {shown!r} is malformed ({str(exc).split(':')[0]}): "
             "write http(s)://user:password@host:port/database with a numeric port"
         ) from None
-    if not parts.hostname:
-        raise ClickHouseLoadError(f"ClickHouse DSN {redact_dsn(dsn)!r} names no host")
+    if not url.hostname:
+        raise ClickHouseLoadError(f"ClickHouse DSN {shown!r} names no host")
+    if port in NATIVE_PORTS:
+        raise ClickHouseLoadError(
+            f"ClickHouse DSN {shown!r}: port {port} is ClickHouse's {NATIVE_PORTS[port]}, which Riverhouse's "
+            "client does not speak; use the HTTP interface: http://...:8123 or https://...:8443 "
+            "(the server's http_port / https_port)"
+        )
+    options: dict[str, Any] = dict(parse_qsl(url.query))  # the last of a repeated name wins
+    for name in AUTHORITY_PARAMS:
+        if name in options:
+            raise ClickHouseLoadError(
+                f"ClickHouse DSN {shown!r}: ?{name}= is not taken; write it in the DSN (scheme://user:password@host:port/db)"
+            )
+    if url.username and ({"user", "user_name"} & options.keys()):
+        raise ClickHouseLoadError(
+            f"ClickHouse DSN {shown!r} names its user twice (before the host and as ?user=); keep one"
+        )
+    said = options.pop("interface", None)
+    if said is not None and said.lower() != interface:
+        raise ClickHouseLoadError(
+            f"ClickHouse DSN {shown!r}: its ?interface= contradicts the scheme {scheme}://, which means {interface}; "
+            "the scheme decides: drop the parameter"
+        )
+    said = options.pop("secure", None)
+    if said is not None and (said.lower() not in _TRUE + _FALSE or (said.lower() in _TRUE) != secure):
+        raise ClickHouseLoadError(
+            f"ClickHouse DSN {shown!r}: its ?secure= contradicts the scheme {scheme}:// "
+            f"({'TLS' if secure else 'no TLS'}); the scheme decides: use https:// for TLS, http:// without, "
+            "and drop the parameter"
+        )
+    database = unquote(url.path[1:].split("/")[0]) if url.path else ""
+    named = options.pop("database", "")
+    return {
+        "interface": interface,
+        "secure": secure,
+        "host": url.hostname,
+        "port": port or DEFAULT_PORTS[secure],
+        "username": unquote(url.username) if url.username else None,
+        "password": unquote(url.password) if url.password else "",
+        "database": database or named or None,
+        **options,
+    }
 
 
 def _scrubbed(exc: BaseException, dsn: str) -> str:
@@ -143,15 +216,16 @@ def _scrubbed(exc: BaseException, dsn: str) -> str:
 
 @contextmanager
 def open_client(dsn: str, attempts: int | None = None, log: Callable[[str], None] | None = None) -> Iterator[Any]:
-    """A clickhouse-connect client for `chdb:///path` or `http(s)://user:pass@host:port/db`.
+    """A clickhouse-connect client for `chdb:///path` or `http(s)://user:pass@host:port/db`
+    (the scheme decides TLS, see `client_args`).
 
     A host that does not resolve fails at once; one that does not answer is retried a few
     times (each retry reported) with a short connect timeout, so a wrong DSN fails in seconds.
     """
     import clickhouse_connect
 
-    check_dsn(dsn)
     embedded = dsn.startswith("chdb://")
+    args = {} if embedded else client_args(dsn)
     if embedded:
         Path(dsn[len("chdb://") :]).mkdir(parents=True, exist_ok=True)
     if attempts is None:
@@ -161,7 +235,8 @@ def open_client(dsn: str, attempts: int | None = None, log: Callable[[str], None
         if embedded:
             return clickhouse_connect.get_client(dsn=dsn)
         try:
-            return clickhouse_connect.get_client(dsn=dsn, connect_timeout=CONNECT_TIMEOUT_S)
+            # Every argument explicit: clickhouse-connect's DSN parser would drop the scheme.
+            return clickhouse_connect.get_client(**{"connect_timeout": CONNECT_TIMEOUT_S, **args})
         except Exception as exc:
             # Re-raised with the password scrubbed; the type is kept so retry decisions hold.
             try:
