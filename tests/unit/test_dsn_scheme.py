@@ -106,7 +106,7 @@ def test_chdb_dsns_are_left_to_the_embedded_engine() -> None:
 @pytest.fixture(scope="module")
 def server_tls(tmp_path_factory: pytest.TempPathFactory) -> ssl.SSLContext:
     """A server TLS context with a throwaway self-signed certificate for 127.0.0.1."""
-    x509 = pytest.importorskip("cryptography.x509")
+    from cryptography import x509  # a dependency of riverhouse (the local broker's certificates)
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
