@@ -32,6 +32,26 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        out.print(f"riverhouse {version('riverhouse')}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    show_version: Annotated[
+        bool,
+        typer.Option("--version", is_eager=True, callback=_print_version, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    pass  # the options above; the help text is the app's
+
+
 DEMO_SPEC = Path("pipelines/orders_dedup.yaml")
 DEMO_JOIN_SPEC = Path("pipelines/orders_enriched.yaml")
 

@@ -28,6 +28,14 @@ def test_help_lists_every_command() -> None:
         assert command in proc.stdout
 
 
+def test_version_is_the_packages() -> None:
+    import tomllib
+
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    proc = cli("--version")
+    assert proc.returncode == 0 and proc.stdout.strip() == f"riverhouse {declared}", proc.stdout + proc.stderr
+
+
 def test_local_kafka_lifecycle_and_generate(tmp_path: Path) -> None:
     """A real broker: start, topics with a chosen partition count, and data that survives stop/start."""
     from riverhouse.platform.kafka.client import watermarks

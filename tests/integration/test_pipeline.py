@@ -1,4 +1,4 @@
-"""Kafka (mock cluster) -> Spark -> Delta -> ClickHouse (chDB): exact rows, idempotent re-runs."""
+"""Kafka (the local broker) -> Spark -> Delta -> ClickHouse (chDB): exact rows, idempotent re-runs."""
 
 from __future__ import annotations
 

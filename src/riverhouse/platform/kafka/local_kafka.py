@@ -31,7 +31,6 @@ STATE_FILE = "state.json"
 BROKER_FILE = "broker.json"
 DEFAULT_HEAP = os.environ.get("RIVERHOUSE_KAFKA_HEAP", "1g")
 DEFAULT_PARTITIONS = 4  # auto-created topics; `riverhouse generate --partitions N` chooses
-SCRAM_USER = "riverhouse"
 LOG_CONFIG = Path(__file__).with_name("kafka_log4j2.properties")
 
 
