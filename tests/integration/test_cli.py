@@ -36,6 +36,18 @@ def test_version_is_the_packages() -> None:
     assert proc.returncode == 0 and proc.stdout.strip() == f"riverhouse {declared}", proc.stdout + proc.stderr
 
 
+def test_generate_names_a_broker_that_does_not_answer(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+    proc = cli("generate", "--topic", "t", "--count", "5", "--bootstrap", address, "--home", str(tmp_path), timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"Kafka at {address} did not answer" in proc.stderr and "riverhouse kafka start" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 def test_local_kafka_lifecycle_and_generate(tmp_path: Path) -> None:
     """A real broker: start, topics with a chosen partition count, and data that survives stop/start."""
     from riverhouse.platform.kafka.client import watermarks

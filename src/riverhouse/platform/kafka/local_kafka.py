@@ -304,7 +304,17 @@ def create_topic(bootstrap: str, topic: str, partitions: int, config: dict[str, 
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient, NewTopic
 
+    from riverhouse.platform.kafka.client import METADATA_TIMEOUT_S, KafkaSourceError
+
     admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0, **(config or {})})
+    try:
+        admin.list_topics(timeout=METADATA_TIMEOUT_S)  # a broker that does not answer is named, not waited on
+    except KafkaException as exc:
+        reason = exc.args[0].str() if exc.args and hasattr(exc.args[0], "str") else str(exc)
+        raise KafkaSourceError(
+            f"Kafka at {bootstrap} did not answer within {METADATA_TIMEOUT_S:g}s ({reason}): start the local "
+            "broker with `riverhouse kafka start`, or give the address (--bootstrap, RIVERHOUSE_KAFKA_BOOTSTRAP)"
+        ) from None
     future = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=-1)])[topic]
     try:
         future.result(timeout=30)
