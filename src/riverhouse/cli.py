@@ -87,7 +87,12 @@ def start_local_engine(settings: Settings, wanted: bool) -> tuple[str, bool]:
 
 # ---------------------------------------------------------------------------- validate
 @app.command()
-def validate(files: Annotated[list[Path], typer.Argument(help="Pipeline spec files (YAML)")]) -> None:
+def validate(
+    files: Annotated[list[Path], typer.Argument(help="Pipeline spec files (YAML)")],
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print {valid: [...], invalid: [...]} as JSON (exit code as without)")
+    ] = False,
+) -> None:
     """Check pipeline specs; print every problem with its field path and a hint.
 
     Specs checked together must also fit together: distinct names, sink tables and sink topics.
@@ -101,6 +106,26 @@ def validate(files: Annotated[list[Path], typer.Argument(help="Pipeline spec fil
             errors.append(exc)
     # A sink without `database:` lands in the DSN's database: compared as that one.
     accepted, clashes = check_together(loaded, dsn_database(os.environ.get("RIVERHOUSE_CLICKHOUSE_DSN", "")))
+    fitting = {id(spec) for spec in accepted}
+    if as_json:
+        report = {
+            "valid": [
+                {"file": path, "pipeline": spec.name, "sources": list(spec.sources), "sinks": sink_entries(spec)}
+                for path, spec in loaded
+                if id(spec) in fitting
+            ],
+            "invalid": [
+                {
+                    "file": exc.source,
+                    "problems": [
+                        {"field": where, "message": message, "hint": hint} for where, message, hint in exc.problems
+                    ],
+                }
+                for exc in errors + clashes
+            ],
+        }
+        print(json.dumps(report))
+        raise typer.Exit(1 if errors or clashes else 0)
     for exc in errors + clashes:
         err.print(f"[bold red]{escape(exc.source)}[/]: {len(exc.problems)} problem(s)", highlight=False)
         for where, message, hint in exc.problems:
@@ -108,7 +133,6 @@ def validate(files: Annotated[list[Path], typer.Argument(help="Pipeline spec fil
             if hint:
                 line += f"\n    [dim]hint: {escape(hint)}[/]"
             err.print(line, highlight=False)
-    fitting = {id(spec) for spec in accepted}
     for path, spec in loaded:
         if id(spec) not in fitting:
             continue
@@ -124,6 +148,11 @@ def validate(files: Annotated[list[Path], typer.Argument(help="Pipeline spec fil
 def describe_sinks(spec: Any) -> str:
     """`orders`, `topic clean_orders`, ...: what a pipeline writes, in one line."""
     return ", ".join(s.table if s.kind == "clickhouse" else f"topic {s.topic}" for s in spec.sinks)
+
+
+def sink_entries(spec: Any) -> list[dict[str, str]]:
+    """What a pipeline writes, for JSON: [{"kind": "clickhouse", "name": "orders"}, ...]."""
+    return [{"kind": s.kind, "name": s.table if s.kind == "clickhouse" else s.topic} for s in spec.sinks]
 
 
 def _bootstrap(settings: Settings, bootstrap: str | None) -> str:

@@ -72,10 +72,24 @@ def kafka_stop(home: HomeOption = None) -> None:
 
 
 @kafka_app.command("status")
-def kafka_status(home: HomeOption = None) -> None:
+def kafka_status(
+    as_json: Annotated[bool, typer.Option("--json", help="Print the status as JSON")] = False,
+    home: HomeOption = None,
+) -> None:
     """Print whether the local Kafka runs, and its addresses. Exit 1 when it does not."""
     settings = settings_for(home)
     state = local_kafka.status(settings.kafka_state_dir)
+    if as_json:
+        report: dict[str, Any] = {"running": state is not None, "state_dir": str(settings.kafka_state_dir)}
+        if state is not None:
+            report |= {
+                "bootstrap": state.bootstrap,
+                "pid": state.pid,
+                "uptime_s": round(time.time() - state.started_at),
+            }
+            report["listeners"] = dict(state.listeners) or {"PLAINTEXT": state.bootstrap}
+        print(json.dumps(report))
+        raise typer.Exit(0 if state is not None else 1)
     if state is None:
         out.print("local Kafka is not running (start it with `riverhouse kafka start`)")
         raise typer.Exit(1)

@@ -28,6 +28,23 @@ def test_help_lists_every_command() -> None:
         assert command in proc.stdout
 
 
+def test_validate_json_lists_valid_files_and_each_problem(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: broken\nsources: {}\n")
+    good = REPO / "pipelines" / "orders_dedup.yaml"
+    proc = cli("validate", "--json", str(good), str(bad))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    assert [v["pipeline"] for v in report["valid"]] == ["orders_dedup"]
+    assert report["valid"][0]["sinks"] == [{"kind": "clickhouse", "name": "orders"}]
+    [invalid] = report["invalid"]
+    assert invalid["file"] == str(bad) and invalid["problems"]
+    assert all(set(p) == {"field", "message", "hint"} for p in invalid["problems"])
+    assert any(p["field"] == "sources" for p in invalid["problems"]), invalid
+    clean = cli("validate", "--json", str(good))
+    assert clean.returncode == 0 and json.loads(clean.stdout)["invalid"] == []
+
+
 def test_version_is_the_packages() -> None:
     import tomllib
 
@@ -54,6 +71,8 @@ def test_local_kafka_lifecycle_and_generate(tmp_path: Path) -> None:
 
     home = str(tmp_path / "home")
     assert cli("kafka", "status", "--home", home).returncode == 1
+    down = cli("kafka", "status", "--json", "--home", home)
+    assert down.returncode == 1 and json.loads(down.stdout)["running"] is False
     started = cli("kafka", "start", "--home", home)
     assert started.returncode == 0, started.stderr
     try:
@@ -63,6 +82,11 @@ def test_local_kafka_lifecycle_and_generate(tmp_path: Path) -> None:
         assert "already running" in cli("kafka", "start", "--home", home).stdout  # idempotent
         status = cli("kafka", "status", "--home", home)
         assert status.returncode == 0 and state.bootstrap in status.stdout
+        up = cli("kafka", "status", "--json", "--home", home)
+        report = json.loads(up.stdout)
+        assert up.returncode == 0 and report["running"] is True, up.stdout + up.stderr
+        assert (report["bootstrap"], report["pid"]) == (state.bootstrap, state.pid)
+        assert report["listeners"]["PLAINTEXT"] == state.bootstrap
         generate = ["generate", "--home", home, "--topic", "gen_orders", "--count", "500", "--malformed", "3"]
         generated = cli(*generate, "--duplicate-rate", "0.1", "--partitions", "8", "--json")
         assert generated.returncode == 0, generated.stderr
