@@ -60,6 +60,10 @@ class KafkaSecurity(BaseModel):
         return self
 
 
+# Consumer group names: plain characters only (they reach Kafka's tools and ACLs as written).
+GROUP_ID_PATTERN = r"^[A-Za-z0-9._-]{1,200}$"
+
+
 class KafkaSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)  # as every spec model (spec.StrictModel)
 
@@ -74,6 +78,14 @@ class KafkaSpec(BaseModel):
     # Records Kafka lost before they were read (retention, a recreated topic) stop the run;
     # false skips them (the run says how many).
     fail_on_data_loss: bool = True
+    # Kafka's tooling (kafka-consumer-groups, Burrow, Kafka UI) sees a pipeline's lag through a
+    # consumer group: after each batch commits, its end offsets are committed to this group
+    # (default riverhouse-<pipeline>), for monitoring only: Spark's checkpoint stays the truth.
+    consumer_group: str | None = Field(default=None, pattern=GROUP_ID_PATTERN)
+    commit_offsets: bool = True
+    # The prefix of the consumer groups Spark's Kafka source uses (its `groupIdPrefix`), for
+    # clusters whose ACLs allow only named groups.
+    group_id_prefix: str | None = Field(default=None, pattern=GROUP_ID_PATTERN)
 
     @field_validator("bootstrap_servers")
     @classmethod
@@ -100,6 +112,10 @@ class KafkaSpec(BaseModel):
         if "ssl.key.password" in self.config and (self.security is None or self.security.key is None):
             raise ValueError("kafka.config.ssl.key.password decrypts kafka.security.key: give the key there too")
         return self
+
+    def monitoring_group(self, pipeline: str) -> str | None:
+        """The consumer group a pipeline's offsets are committed to, or None when that is off."""
+        return (self.consumer_group or f"riverhouse-{pipeline}") if self.commit_offsets else None
 
     def resolved_config(self) -> dict[str, Any]:
         """The settings with `${env:NAME}` references resolved (never log the result)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -28,7 +29,13 @@ from riverhouse.platform.faults import FaultPlan
 from riverhouse.platform.ingest.parse import parse_records
 from riverhouse.platform.ingest.writer import BatchMetrics, BatchWriter
 from riverhouse.platform.kafka.bootstrap import resolve_bootstrap
-from riverhouse.platform.kafka.client import check_data_loss, connector_options, librdkafka_config
+from riverhouse.platform.kafka.client import (
+    check_data_loss,
+    commit_group_offsets,
+    committed_offsets,
+    connector_options,
+    librdkafka_config,
+)
 from riverhouse.platform.runtime import metrics
 from riverhouse.platform.runtime.engine import engine_lost
 from riverhouse.platform.runtime.spark import REMOTE_ENV
@@ -120,6 +127,8 @@ class SourceStream:
         self.channel = BatchChannel(self.checkpoint)
         self.batches: list[BatchMetrics] = []
         self._seen = self.channel.last_reported()
+        self._offsets_published: dict[str, dict[str, int]] | None = None
+        self._offsets_failed = False
 
     def start(self, spark: Any, trigger: dict[str, Any]) -> Any:
         kafka_spec = self.spec.kafka
@@ -155,7 +164,32 @@ class SourceStream:
             self.batches.append(batch)
             if self.on_batch is not None:
                 self.on_batch(batch)
+        if new:
+            self.publish_offsets()
         return new
+
+    def publish_offsets(self) -> None:
+        """Commit the offsets of the last batch Spark committed to the pipeline's consumer group
+        (`kafka.consumer_group`), so Kafka's tools show its lag. Monitoring only: a failure is
+        reported once and never stops the run."""
+        group = self.spec.kafka.monitoring_group(self.spec.name)
+        if group is None or self._offsets_failed:
+            return
+        offsets = committed_offsets(self.checkpoint / "spark")
+        if not offsets or offsets == self._offsets_published:
+            return
+        try:
+            commit_group_offsets(librdkafka_config(self.spec.kafka, self.bootstrap), group, offsets)
+        except Exception as exc:
+            self._offsets_failed = True
+            print(
+                f"riverhouse: warning: could not commit offsets to consumer group {group} (lag monitoring only; "
+                f"the pipeline is unaffected): {type(exc).__name__}: {exc}",
+                file=sys.stderr,
+                flush=True,
+            )
+            return
+        self._offsets_published = offsets
 
     def stop(self, query: Any) -> None:
         """Clean stop: start no new batch, let the one in flight finish, stop the query."""
@@ -166,6 +200,7 @@ class SourceStream:
         finally:
             self.channel.clear_stop()
         self.collect_reports()
+        self.publish_offsets()
 
     def failure(self, exc: BaseException) -> PipelineError:
         if self.remote and (lost := engine_lost(exc, self.remote)) is not None:
@@ -313,6 +348,7 @@ def stream_result(stream: SourceStream, query: Any, started: float) -> IngestRes
         raw = progress["sources"][0].get("endOffset")
         end_offsets = json.loads(raw) if isinstance(raw, str) else (raw or {})
     stream.collect_reports()
+    stream.publish_offsets()  # the last batch's, committed by Spark after its report
     silver_version = DeltaLog(stream.layout.silver(stream.source)).latest_version()
     return IngestResult(
         stream.spec.name, stream.source, stream.batches, time.monotonic() - started, silver_version, end_offsets

@@ -132,6 +132,8 @@ def connector_options(kafka: Any, bootstrap: str, topics: list[str]) -> dict[str
         "kafkaConsumer.pollTimeoutMs": "60000",
         "fetchOffset.numRetries": "2",
     }
+    if kafka.group_id_prefix:
+        options["groupIdPrefix"] = kafka.group_id_prefix
     for key, value in java_security(kafka.security).items():
         options[f"kafka.{key}"] = value
     return options
@@ -278,6 +280,23 @@ def committed_offsets(spark_checkpoint: Path) -> Offsets | None:
         if len(lines) >= 3 and lines[2].strip().startswith("{"):
             return {t: {str(p): int(o) for p, o in parts.items()} for t, parts in json.loads(lines[2]).items()}
     return None
+
+
+def commit_group_offsets(config: dict[str, Any], group: str, offsets: Offsets) -> None:
+    """Commit `offsets` ({topic: {partition: next offset}}) to consumer group `group`.
+
+    For monitoring only (Spark's checkpoint is what the pipeline reads from): Kafka's tools
+    show the group's lag. The group never joins (no subscription), so the commit is a plain
+    offset commit, allowed while the group has no members.
+    """
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({**config, "group.id": group, "enable.auto.commit": False})
+    try:
+        partitions = [TopicPartition(t, int(p), o) for t, parts in offsets.items() for p, o in parts.items()]
+        consumer.commit(offsets=partitions, asynchronous=False)
+    finally:
+        consumer.close()
 
 
 def check_data_loss(config: dict[str, Any], topics: list[str], spark_checkpoint: Path, fail: bool) -> list[str]:
