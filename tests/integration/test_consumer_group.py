@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from riverhouse.platform.kafka.client import watermarks
+from riverhouse.platform.kafka.client import commit_group_offsets, watermarks
 from riverhouse.platform.kafka.generator import GeneratorConfig, orders
 from riverhouse.platform.pipeline import Pipeline
 from riverhouse.platform.spec import parse_spec
@@ -75,3 +75,30 @@ def test_group_names_are_plain_and_the_prefix_reaches_the_connector() -> None:
         with pytest.raises(SpecError) as caught:
             parse_spec(data)
         assert "consumer_group" in str(caught.value)
+
+
+def test_a_commit_to_a_broker_that_is_gone_fails_within_its_timeout() -> None:
+    """A run reports its offsets after each batch: with the broker stopped mid-run, the report
+    must fail (then a warning), not wait for the group's coordinator for ever and hang the run."""
+    import threading
+
+    from confluent_kafka import KafkaException
+
+    from tests.integration.standalone import free_port
+
+    outcome: list[BaseException | None] = []
+
+    def commit() -> None:
+        try:
+            commit_group_offsets(
+                {"bootstrap.servers": f"127.0.0.1:{free_port()}", "log_level": 0}, "g", {"t": {"0": 5}}, timeout_s=5
+            )
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=commit, daemon=True)
+    worker.start()
+    worker.join(30)
+    assert not worker.is_alive(), "the commit still waits for a broker that is gone"
+    assert isinstance(outcome[0], KafkaException), outcome

@@ -282,21 +282,30 @@ def committed_offsets(spark_checkpoint: Path) -> Offsets | None:
     return None
 
 
-def commit_group_offsets(config: dict[str, Any], group: str, offsets: Offsets) -> None:
+def commit_group_offsets(
+    config: dict[str, Any], group: str, offsets: Offsets, timeout_s: float = METADATA_TIMEOUT_S
+) -> None:
     """Commit `offsets` ({topic: {partition: next offset}}) to consumer group `group`.
 
     For monitoring only (Spark's checkpoint is what the pipeline reads from): Kafka's tools
-    show the group's lag. The group never joins (no subscription), so the commit is a plain
-    offset commit, allowed while the group has no members.
+    show the group's lag. The group never has members, so this is the admin API's offset
+    change, bounded by `timeout_s`: a consumer's synchronous commit would wait for the
+    group's coordinator for ever when the broker is gone, and hang the run it reports on.
+    Raises on failure (a KafkaSourceError, or a timeout).
     """
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+    from confluent_kafka.admin import AdminClient
 
-    consumer = Consumer({**config, "group.id": group, "enable.auto.commit": False})
-    try:
-        partitions = [TopicPartition(t, int(p), o) for t, parts in offsets.items() for p, o in parts.items()]
-        consumer.commit(offsets=partitions, asynchronous=False)
-    finally:
-        consumer.close()
+    partitions = [TopicPartition(t, int(p), o) for t, parts in offsets.items() for p, o in parts.items()]
+    admin = AdminClient(config)
+    request = [ConsumerGroupTopicPartitions(group, partitions)]
+    for future in admin.alter_consumer_group_offsets(request, request_timeout=timeout_s).values():
+        done = future.result(timeout=timeout_s + 5)
+        failed = [tp for tp in done.topic_partitions or [] if tp.error is not None]
+        if failed:
+            raise KafkaSourceError(
+                f"consumer group {group}: {failed[0].topic}[{failed[0].partition}]: {failed[0].error}"
+            )
 
 
 def check_data_loss(config: dict[str, Any], topics: list[str], spark_checkpoint: Path, fail: bool) -> list[str]:
