@@ -15,6 +15,7 @@ secure start (see kafka_tls.py); the SCRAM user's password is in `secure/credent
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -31,7 +32,7 @@ STATE_FILE = "state.json"
 BROKER_FILE = "broker.json"
 DEFAULT_HEAP = os.environ.get("RIVERHOUSE_KAFKA_HEAP", "1g")
 DEFAULT_PARTITIONS = 4  # auto-created topics; `riverhouse generate --partitions N` chooses
-SCRAM_USER = "riverhouse"
+CREATE_TOPIC_TIMEOUT_S = 30.0
 LOG_CONFIG = Path(__file__).with_name("kafka_log4j2.properties")
 
 
@@ -308,9 +309,13 @@ def create_topic(bootstrap: str, topic: str, partitions: int, config: dict[str, 
     admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0, **(config or {})})
     future = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=-1)])[topic]
     try:
-        future.result(timeout=30)
+        future.result(timeout=CREATE_TOPIC_TIMEOUT_S)
     except KafkaException as exc:
         if exc.args and exc.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:
             return False
         raise
+    except concurrent.futures.TimeoutError:  # its message is empty
+        raise LocalKafkaError(
+            f"Kafka at {bootstrap} did not create topic {topic!r} within {CREATE_TOPIC_TIMEOUT_S:.0f}s"
+        ) from None
     return True
