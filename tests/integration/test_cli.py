@@ -43,18 +43,33 @@ def test_local_kafka_lifecycle_and_generate(tmp_path: Path) -> None:
         assert "already running" in cli("kafka", "start", "--home", home).stdout  # idempotent
         status = cli("kafka", "status", "--home", home)
         assert status.returncode == 0 and state.bootstrap in status.stdout
+        as_json = cli("kafka", "status", "--json", "--home", home)
+        assert as_json.returncode == 0, as_json.stderr
+        report = json.loads(as_json.stdout)
+        assert (report["bootstrap"], report["pid"], report["running"]) == (state.bootstrap, state.pid, True)
+        assert report["listeners"] == {"PLAINTEXT": state.bootstrap} and report["secure_files"] is None
         generate = ["generate", "--home", home, "--topic", "gen_orders", "--count", "500", "--malformed", "3"]
         generated = cli(*generate, "--duplicate-rate", "0.1", "--partitions", "8", "--json")
         assert generated.returncode == 0, generated.stderr
         stats = json.loads(generated.stdout)
         assert (stats["messages"], stats["unique"], stats["duplicates"], stats["malformed"]) == (553, 500, 50, 3)
+        assert stats["topic"] == "gen_orders"  # the topic produced to, not the kind's default
         marks = watermarks({"bootstrap.servers": state.bootstrap}, ["gen_orders"])["gen_orders"]
         assert sorted(marks) == list(range(8))  # created with the asked-for partitions
         assert sum(high - low for low, high in marks.values()) == 553  # really in Kafka
+        tail = cli("kafka", "tail", "gen_orders", "--count", "--json", "--home", home)
+        assert tail.returncode == 0, tail.stderr
+        assert json.loads(tail.stdout)["records"] == 553
         stopped = cli("kafka", "stop", "--home", home)
         assert stopped.returncode == 0 and "stopped" in stopped.stdout
         assert local_kafka.status(tmp_path / "home" / "kafka") is None
         assert cli("kafka", "status", "--home", home).returncode == 1
+        stopped_json = cli("kafka", "status", "--json", "--home", home)
+        assert stopped_json.returncode == 1 and json.loads(stopped_json.stdout)["running"] is False
+        # Nothing listens at the address now: generate says so (and what to do) instead of waiting 30 s.
+        refused = cli("generate", "--home", home, "--bootstrap", state.bootstrap, "--count", "10")
+        assert refused.returncode == 1 and "Traceback" not in refused.stderr
+        assert f"cannot reach Kafka at {state.bootstrap}" in " ".join(refused.stderr.split())
         restarted = cli("kafka", "start", "--home", home)
         assert restarted.returncode == 0, restarted.stderr
         assert state.bootstrap in restarted.stdout  # same address: clients and checkpoints stay valid
