@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import shutil
@@ -14,17 +15,27 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from riverhouse.cli_support import HomeOption, err, fail, out, settings_for
+from riverhouse.cli_support import (
+    BOOTSTRAP_HELP,
+    HomeOption,
+    err,
+    fail,
+    kafka_client_config,
+    load_spec_or_fail,
+    out,
+    require_kafka,
+    settings_for,
+)
+from riverhouse.cli_validate import validate
 from riverhouse.platform.errors import EngineUnavailable
 from riverhouse.platform.kafka import local_kafka
 from riverhouse.platform.runtime import engine
 from riverhouse.platform.runtime.spark import REMOTE_ENV, JavaMissingError, SparkConfError, redact_remote
-from riverhouse.platform.spec import SpecError, check_together, load_spec
-from riverhouse.platform.state.settings import Settings, dsn_database, redact_dsn
+from riverhouse.platform.spec import SpecError
+from riverhouse.platform.state.settings import Settings, redact_dsn
 
 app = typer.Typer(
     help="Riverhouse: Kafka -> deduplicated Delta tables -> ClickHouse, exactly once.",
@@ -34,23 +45,28 @@ app = typer.Typer(
 )
 
 
-def _print_version(value: bool) -> None:
-    if value:
-        from importlib.metadata import version
-
-        out.print(f"riverhouse {version('riverhouse')}", highlight=False)
-        raise typer.Exit()
+def _print_version(wanted: bool) -> None:
+    if not wanted:
+        return
+    try:
+        version = importlib.metadata.version("riverhouse")
+    except importlib.metadata.PackageNotFoundError:
+        fail("riverhouse is not installed (no package metadata): install it with `pip install -e .` in the clone")
+    out.print(f"riverhouse {version}", highlight=False)
+    raise typer.Exit()
 
 
 @app.callback()
 def _options(
-    show_version: Annotated[
+    version: Annotated[
         bool,
-        typer.Option("--version", is_eager=True, callback=_print_version, help="Print the version and exit."),
+        typer.Option("--version", help="Print the installed version and exit", callback=_print_version, is_eager=True),
     ] = False,
 ) -> None:
-    pass  # the options above; the help text is the app's
+    """Riverhouse: Kafka -> deduplicated Delta tables -> ClickHouse, exactly once."""
 
+
+app.command()(validate)  # first in --help
 
 DEMO_SPEC = Path("pipelines/orders_dedup.yaml")
 DEMO_JOIN_SPEC = Path("pipelines/orders_enriched.yaml")
@@ -83,88 +99,6 @@ def start_local_engine(settings: Settings, wanted: bool) -> tuple[str, bool]:
         raise AssertionError("unreachable") from None
     took = time.monotonic() - started
     return f"Spark Connect at {state.url} (local engine started in {took:.0f}s, pid {state.pid})", True
-
-
-# ---------------------------------------------------------------------------- validate
-@app.command()
-def validate(
-    files: Annotated[list[Path], typer.Argument(help="Pipeline spec files (YAML)")],
-    as_json: Annotated[
-        bool, typer.Option("--json", help="Print {valid: [...], invalid: [...]} as JSON (exit code as without)")
-    ] = False,
-) -> None:
-    """Check pipeline specs; print every problem with its field path and a hint.
-
-    Specs checked together must also fit together: distinct names, sink tables and sink topics.
-    """
-    loaded = []
-    errors = []
-    for path in files:
-        try:
-            loaded.append((str(path), load_spec(path)))
-        except SpecError as exc:
-            errors.append(exc)
-    # A sink without `database:` lands in the DSN's database: compared as that one.
-    accepted, clashes = check_together(loaded, dsn_database(os.environ.get("RIVERHOUSE_CLICKHOUSE_DSN", "")))
-    fitting = {id(spec) for spec in accepted}
-    if as_json:
-        report = {
-            "valid": [
-                {"file": path, "pipeline": spec.name, "sources": list(spec.sources), "sinks": sink_entries(spec)}
-                for path, spec in loaded
-                if id(spec) in fitting
-            ],
-            "invalid": [
-                {
-                    "file": exc.source,
-                    "problems": [
-                        {"field": where, "message": message, "hint": hint} for where, message, hint in exc.problems
-                    ],
-                }
-                for exc in errors + clashes
-            ],
-        }
-        print(json.dumps(report))
-        raise typer.Exit(1 if errors or clashes else 0)
-    for exc in errors + clashes:
-        err.print(f"[bold red]{escape(exc.source)}[/]: {len(exc.problems)} problem(s)", highlight=False)
-        for where, message, hint in exc.problems:
-            line = f"  [yellow]{escape(where or '<root>')}[/]: {escape(message)}"
-            if hint:
-                line += f"\n    [dim]hint: {escape(hint)}[/]"
-            err.print(line, highlight=False)
-    for path, spec in loaded:
-        if id(spec) not in fitting:
-            continue
-        out.print(
-            f"[green]ok[/] {escape(path)}: pipeline [bold]{spec.name}[/], sources {', '.join(spec.sources)}, "
-            f"{'sinks' if len(spec.sinks) > 1 else 'sink'} {describe_sinks(spec)}",
-            highlight=False,
-        )
-    if errors or clashes:
-        raise typer.Exit(1)
-
-
-def describe_sinks(spec: Any) -> str:
-    """`orders`, `topic clean_orders`, ...: what a pipeline writes, in one line."""
-    return ", ".join(s.table if s.kind == "clickhouse" else f"topic {s.topic}" for s in spec.sinks)
-
-
-def sink_entries(spec: Any) -> list[dict[str, str]]:
-    """What a pipeline writes, for JSON: [{"kind": "clickhouse", "name": "orders"}, ...]."""
-    return [{"kind": s.kind, "name": s.table if s.kind == "clickhouse" else s.topic} for s in spec.sinks]
-
-
-def _bootstrap(settings: Settings, bootstrap: str | None) -> str:
-    if bootstrap:
-        return bootstrap
-    if settings.kafka_bootstrap:
-        return settings.kafka_bootstrap
-    state = local_kafka.status(settings.kafka_state_dir)
-    if state is None:
-        fail("the local Kafka is not running: start it with `riverhouse kafka start`, or pass --bootstrap")
-    assert state is not None
-    return state.bootstrap
 
 
 # ---------------------------------------------------------------------------- generate
@@ -200,7 +134,7 @@ def _produce_with_progress(
             on_progress=lambda n: progress.advance(task, n),
             producer_extra=client_config,
         )
-    return stats.as_dict()
+    return stats.as_dict() | {"topic": topic}  # the generator names its kind's default topic
 
 
 @app.command()
@@ -222,12 +156,13 @@ def generate(
             max=1000,
         ),
     ] = local_kafka.DEFAULT_PARTITIONS,
-    bootstrap: Annotated[str | None, typer.Option(help="Kafka bootstrap servers (default: the local Kafka)")] = None,
+    bootstrap: Annotated[str | None, typer.Option(help=BOOTSTRAP_HELP)] = None,
     spec_file: Annotated[
         Path | None,
         typer.Option(
             "--spec",
-            help="Take the Kafka connection (bootstrap servers, kafka.security, kafka.config) from this pipeline spec",
+            help="Produce where this pipeline reads, connected as its runs are: its kafka.security and "
+            "kafka.config, and its bootstrap servers unless --bootstrap or RIVERHOUSE_KAFKA_BOOTSTRAP names others",
         ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the counts as JSON")] = False,
@@ -245,27 +180,20 @@ def generate(
     except ValueError as exc:
         fail(str(exc))
     settings = settings_for(home)
-    client_config: dict[str, Any] = {}
-    if spec_file is not None:
-        spec = _load_or_fail(spec_file)
-        from riverhouse.platform.kafka.client import librdkafka_security
-        from riverhouse.platform.kafka.client_settings import LIBRDKAFKA, for_client
-
-        # The spec's librdkafka settings and its security (bootstrap comes below).
-        client_config = _guarded(
-            lambda: {**for_client(spec.kafka.resolved_config(), LIBRDKAFKA), **librdkafka_security(spec.kafka.security)}
-        )
-        if not bootstrap and spec.kafka.bootstrap_servers != "local":
-            bootstrap = spec.kafka.bootstrap_servers
+    spec = None if spec_file is None else load_spec_or_fail(spec_file)
+    config, source = kafka_client_config(settings, spec, bootstrap)
+    # One quick metadata request first: a broker that is not there is named in seconds, with what
+    # to do, instead of by the topic creation's timeout.
+    require_kafka(config, source, settings)
+    address = config.pop("bootstrap.servers")
     started = time.monotonic()
     try:
-        address = _bootstrap(settings, bootstrap)
-        local_kafka.create_topic(address, topic, partitions, client_config)
-        stats = _produce_with_progress(address, topic, kind, cfg, rate, quiet=as_json, client_config=client_config)
+        local_kafka.create_topic(address, topic, partitions, config)
+        stats = _produce_with_progress(address, topic, kind, cfg, rate, quiet=as_json, client_config=config)
     except typer.Exit:
         raise
     except Exception as exc:
-        fail(f"producing to {topic!r} failed: {exc}")
+        fail(f"producing to {topic!r} at {address} failed: {str(exc) or type(exc).__name__}")
     stats["seconds"] = round(time.monotonic() - started, 3)
     if as_json:
         print(json.dumps(stats))
@@ -305,7 +233,7 @@ def run(
     from riverhouse.platform.pipeline import Pipeline
 
     settings = settings_for(home)
-    spec = _load_or_fail(spec_file)
+    spec = load_spec_or_fail(spec_file)
     log = (lambda m: None) if as_json else (lambda m: err.print(m, highlight=False))
     if continuous:
         # A long-running process always reports progress (on stderr; --json keeps stdout for the summary).
@@ -331,15 +259,6 @@ def run(
         print(json.dumps(summary, default=str))
     else:
         _print_summary(f"pipeline {spec.name}", summary)
-
-
-def _load_or_fail(path: Path) -> Any:
-    try:
-        return load_spec(path)
-    except SpecError as exc:
-        err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
-        err.print(f"[dim]run `riverhouse validate {escape(str(path))}` for hints[/]")
-        raise typer.Exit(1) from None
 
 
 def _guarded(action: Any) -> Any:
@@ -437,8 +356,8 @@ def demo(
     """
     from riverhouse.demo import run_demo
 
-    spec = _load_or_fail(spec_file)
-    join_spec = None if skip_join else _load_or_fail(join_spec_file)
+    spec = load_spec_or_fail(spec_file)
+    join_spec = None if skip_join else load_spec_or_fail(join_spec_file)
     base = settings_for(home)
     log = (lambda m: None) if as_json else (lambda m: err.print(m, highlight=False))
     # The engine of the base home (kept running if it was): the demo's own home is reset each run.
@@ -514,7 +433,7 @@ def reset(
 
     settings = settings_for(home)
     if Path(pipeline).is_file():
-        spec = _load_or_fail(Path(pipeline))
+        spec = load_spec_or_fail(Path(pipeline))
     else:
         folder = pipelines or Path(os.environ.get("RIVERHOUSE_PIPELINES", "pipelines"))
         found = [s for s in load_spec_folder(folder)[0] if s.name == pipeline]

@@ -9,7 +9,16 @@ from typing import Annotated, Any
 
 import typer
 
-from riverhouse.cli_support import HomeOption, err, fail, out, settings_for
+from riverhouse.cli_support import (
+    BOOTSTRAP_HELP,
+    HomeOption,
+    err,
+    fail,
+    kafka_client_config,
+    load_spec_or_fail,
+    out,
+    settings_for,
+)
 from riverhouse.platform.kafka import local_kafka
 from riverhouse.platform.runtime.spark import JavaMissingError
 from riverhouse.platform.state.settings import Settings
@@ -48,15 +57,28 @@ def kafka_start(
     _print_listeners(state, settings)
 
 
+def _secure_files(settings: Settings) -> dict[str, Path]:
+    """What a client of the secure listeners needs (made at the first `kafka start --secure`)."""
+    from riverhouse.platform.kafka import kafka_tls
+
+    secure = settings.kafka_state_dir / "secure"
+    return {
+        "credentials": secure / kafka_tls.CREDENTIALS,
+        "ca": secure / kafka_tls.CA,
+        "client_certificate": secure / kafka_tls.CLIENT_CERT,
+        "client_key": secure / kafka_tls.CLIENT_KEY,
+    }
+
+
 def _print_listeners(state: local_kafka.LocalKafkaState, settings: Settings) -> None:
     out.print(f"[dim]data and logs in {settings.kafka_state_dir}[/]", highlight=False)
     if state.secure:
-        secure = settings.kafka_state_dir / "secure"
+        files = _secure_files(settings)
         out.print(
             f"  SASL_SSL {state.listeners['SASL_SSL']}  (SCRAM-SHA-512, user and password in "
-            f"{secure / 'credentials.json'}, CA {secure / 'ca.pem'})\n"
-            f"  SSL      {state.listeners['SSL']}  (client certificate required: {secure / 'client.pem'}, "
-            f"key {secure / 'client.key'})",
+            f"{files['credentials']}, CA {files['ca']})\n"
+            f"  SSL      {state.listeners['SSL']}  (client certificate required: {files['client_certificate']}, "
+            f"key {files['client_key']})",
             highlight=False,
         )
 
@@ -79,25 +101,30 @@ def kafka_status(
     """Print whether the local Kafka runs, and its addresses. Exit 1 when it does not."""
     settings = settings_for(home)
     state = local_kafka.status(settings.kafka_state_dir)
+    report: dict[str, Any] = {"bootstrap": None, "source": "local", "running": False}
+    if state:
+        report = {
+            "bootstrap": state.bootstrap,
+            "source": "local",
+            "running": True,
+            "pid": state.pid,
+            "uptime_s": round(time.time() - state.started_at),
+            "listeners": state.listeners,  # PLAINTEXT; SASL_SSL and SSL when started --secure
+            "secure_files": {k: str(v) for k, v in _secure_files(settings).items()} if state.secure else None,
+        }
+    report["state_dir"] = str(settings.kafka_state_dir)
     if as_json:
-        report: dict[str, Any] = {"running": state is not None, "state_dir": str(settings.kafka_state_dir)}
-        if state is not None:
-            report |= {
-                "bootstrap": state.bootstrap,
-                "pid": state.pid,
-                "uptime_s": round(time.time() - state.started_at),
-            }
-            report["listeners"] = dict(state.listeners) or {"PLAINTEXT": state.bootstrap}
-        print(json.dumps(report))
-        raise typer.Exit(0 if state is not None else 1)
-    if state is None:
+        print(json.dumps(report), flush=True)
+    elif state:
+        out.print(
+            f"local Kafka running: bootstrap {state.bootstrap} (pid {state.pid}, up {report['uptime_s']}s)",
+            highlight=False,
+        )
+        _print_listeners(state, settings)
+    else:
         out.print("local Kafka is not running (start it with `riverhouse kafka start`)")
+    if not report["running"]:
         raise typer.Exit(1)
-    out.print(
-        f"local Kafka running: bootstrap {state.bootstrap} (pid {state.pid}, up {time.time() - state.started_at:.0f}s)",
-        highlight=False,
-    )
-    _print_listeners(state, settings)
 
 
 @kafka_app.command("tail")
@@ -113,9 +140,11 @@ def kafka_tail(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per record")] = False,
     spec_file: Annotated[
         Path | None,
-        typer.Option("--spec", help="Connect as this pipeline spec does (bootstrap servers, kafka.security)"),
+        typer.Option(
+            "--spec", help="Connect as this pipeline's runs do (its bootstrap servers, kafka.security, kafka.config)"
+        ),
     ] = None,
-    bootstrap: Annotated[str | None, typer.Option(help="Kafka bootstrap servers (default: the local Kafka)")] = None,
+    bootstrap: Annotated[str | None, typer.Option(help=BOOTSTRAP_HELP)] = None,
     home: HomeOption = None,
 ) -> None:
     """Read a topic from its start as a read_committed consumer does: rows of aborted transactions never show."""
@@ -123,7 +152,8 @@ def kafka_tail(
     from riverhouse.platform.kafka.tail import BEGINNING, count_by_header, read_committed
     from riverhouse.platform.sink.topic import VERSION_HEADER
 
-    config = _client_config(settings_for(home), spec_file, bootstrap)
+    spec = None if spec_file is None else load_spec_or_fail(spec_file)
+    config, _ = kafka_client_config(settings_for(home), spec, bootstrap)
     try:
         records = read_committed(config, topic, BEGINNING, follow=follow and not count)
         if count:
@@ -169,26 +199,3 @@ def _print_record(record: Any, as_json: bool) -> None:
     version = record.headers.get("riverhouse.version")
     label = f"p{record.partition}@{record.offset}" + (f" v{version.decode()}" if version else "")
     print(f"{label} key={text(record.key)} {text(record.value)}", flush=True)
-
-
-def _client_config(settings: Settings, spec_file: Path | None, bootstrap: str | None) -> dict[str, Any]:
-    """librdkafka settings: the spec's connection, or plain bootstrap servers (option, environment, local)."""
-    if spec_file is not None:
-        from riverhouse.platform.kafka.bootstrap import resolve_bootstrap
-        from riverhouse.platform.kafka.client import librdkafka_config
-        from riverhouse.platform.spec import SpecError, load_spec
-
-        try:
-            spec = load_spec(spec_file)
-            if bootstrap:
-                settings = settings.with_(kafka_bootstrap=bootstrap)
-            return librdkafka_config(spec.kafka, resolve_bootstrap(spec, settings))
-        except (SpecError, RuntimeError) as exc:
-            fail(str(exc))
-    address = bootstrap or settings.kafka_bootstrap
-    if not address:
-        state = local_kafka.status(settings.kafka_state_dir)
-        if state is None:
-            fail("the local Kafka is not running: start it with `riverhouse kafka start`, or pass --bootstrap/--spec")
-        address = state.bootstrap
-    return {"bootstrap.servers": address, "log_level": 0}

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
+from riverhouse.platform.spec_base import SpecError
 from riverhouse.platform.state.settings import Settings, SettingsError
 
 out = Console(soft_wrap=True)
@@ -36,3 +37,90 @@ def settings_for(home: Path | None) -> Settings:
     except SettingsError as exc:
         fail(str(exc))
         raise AssertionError("unreachable") from None
+
+
+BOOTSTRAP_HELP = (
+    "Kafka bootstrap servers (default: RIVERHOUSE_KAFKA_BOOTSTRAP if set, else the --spec's, else the local Kafka)"
+)
+# Where the bootstrap servers of a command's Kafka come from (the hints differ).
+FROM_OPTION = "--bootstrap"
+FROM_ENV = "RIVERHOUSE_KAFKA_BOOTSTRAP"
+FROM_SPEC = "the spec's kafka.bootstrap_servers"
+FROM_LOCAL = "the local Kafka"
+# One metadata request before a command starts its work: the local broker answers in milliseconds,
+# a remote one (SASL_SSL included) within a second or two.
+KAFKA_CHECK_TIMEOUT_S = 5.0
+
+
+def load_spec_or_fail(path: Path) -> Any:
+    """The pipeline spec in `path`, or its problems on stderr and exit 1."""
+    from riverhouse.platform.spec import load_spec
+
+    try:
+        return load_spec(path)
+    except SpecError as exc:
+        err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
+        err.print(f"[dim]run `riverhouse validate {escape(str(path))}` for hints[/]")
+        raise typer.Exit(1) from None
+
+
+def kafka_client_config(settings: Settings, spec: Any | None, bootstrap: str | None) -> tuple[dict[str, Any], str]:
+    """librdkafka settings (the spec's connection, or plain bootstrap servers), and where the servers come from.
+
+    The servers are looked up in the order a run uses (kafka/bootstrap.py): --bootstrap (as the operator's
+    override), RIVERHOUSE_KAFKA_BOOTSTRAP, the spec's kafka.bootstrap_servers, the running local Kafka.
+    """
+    from riverhouse.platform.kafka import local_kafka
+
+    source = FROM_OPTION if bootstrap else FROM_ENV if settings.kafka_bootstrap else FROM_LOCAL
+    if spec is not None:
+        from riverhouse.platform.kafka.bootstrap import resolve_bootstrap
+        from riverhouse.platform.kafka.client import librdkafka_config
+
+        if bootstrap:
+            settings = settings.with_(kafka_bootstrap=bootstrap)
+        if source == FROM_LOCAL and spec.kafka.bootstrap_servers != "local":
+            source = FROM_SPEC
+        try:
+            return librdkafka_config(spec.kafka, resolve_bootstrap(spec, settings)), source
+        except (SpecError, RuntimeError) as exc:  # a local Kafka that is not running; `${env:...}` unset
+            fail(str(exc))
+    address = bootstrap or settings.kafka_bootstrap
+    if not address:
+        state = local_kafka.status(settings.kafka_state_dir)
+        if state is None:
+            fail(
+                "the local Kafka is not running: start it with `riverhouse kafka start`, "
+                f"or name a broker with --bootstrap, --spec or {FROM_ENV}"
+            )
+        assert state is not None
+        address = state.bootstrap
+    return {"bootstrap.servers": address, "log_level": 0}, source
+
+
+def require_kafka(config: dict[str, Any], source: str, settings: Settings) -> None:
+    """Fail with what to do unless the Kafka of `config` answers a metadata request within seconds."""
+    from riverhouse.platform.kafka import local_kafka
+    from riverhouse.platform.kafka.client import KafkaSourceError, require_reachable
+
+    try:
+        require_reachable(config, KAFKA_CHECK_TIMEOUT_S)
+    except KafkaSourceError as exc:
+        state = local_kafka.status(settings.kafka_state_dir) if source == FROM_LOCAL else None
+        hints = {
+            FROM_OPTION: "check the address given with --bootstrap; to use the local Kafka instead, start it "
+            "with `riverhouse kafka start` and leave out --bootstrap",
+            FROM_ENV: f"{FROM_ENV} names it: point that variable at a running broker, or unset it and start the "
+            "local Kafka with `riverhouse kafka start`",
+            FROM_SPEC: f"{FROM_SPEC} names it: check it and kafka.security, or name another broker with "
+            f"--bootstrap or {FROM_ENV}",
+            FROM_LOCAL: (
+                f"the local Kafka (pid {state.pid}) does not answer: see its logs in "
+                f"{settings.kafka_state_dir / 'logs'}, or restart it with `riverhouse kafka stop` and "
+                "`riverhouse kafka start`"
+                if state
+                else "the local Kafka stopped: start it with `riverhouse kafka start`"
+            ),
+        }
+        hint = hints[source]
+        fail(f"{exc}. {hint[0].upper()}{hint[1:]}")

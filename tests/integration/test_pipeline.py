@@ -1,4 +1,4 @@
-"""Kafka (the local broker) -> Spark -> Delta -> ClickHouse (chDB): exact rows, idempotent re-runs."""
+"""The real local Kafka broker -> Spark -> Delta -> ClickHouse (chDB): exact rows, idempotent re-runs."""
 
 from __future__ import annotations
 

@@ -139,32 +139,68 @@ def connector_options(kafka: Any, bootstrap: str, topics: list[str]) -> dict[str
     return options
 
 
-def watermarks(config: dict[str, Any], topics: list[str]) -> dict[str, dict[int, tuple[int, int]]]:
-    """(low, high) offsets of every partition of the topics; a missing topic has none."""
-    from confluent_kafka import Consumer, KafkaException, TopicPartition
-
-    # librdkafka reports why a broker cannot be used (authentication, TLS) only to error_cb;
-    # the metadata call itself just times out with "transport failure".
+def require_reachable(config: dict[str, Any], timeout_s: float = METADATA_TIMEOUT_S) -> None:
+    """One metadata request; KafkaSourceError naming the address and librdkafka's reason unless Kafka answers."""
     reasons: list[str] = []
-    consumer = Consumer(
+    consumer = collecting_consumer(config, "riverhouse-meta", reasons)
+    try:
+        topic_metadata(consumer, reasons, config, None, "", timeout_s)
+    finally:
+        consumer.close()
+
+
+def topic_metadata(
+    consumer: Any,
+    reasons: list[str],
+    config: dict[str, Any],
+    topic: str | None,
+    doing: str,
+    timeout_s: float = METADATA_TIMEOUT_S,
+) -> Any:
+    """The cluster's metadata (of `topic` only, if given), or KafkaSourceError: "cannot reach Kafka at X {doing}: why".
+
+    `reasons` is what the consumer's error_cb collected: librdkafka reports why a broker cannot be
+    used (refused, authentication, TLS) only there; the metadata call itself just times out with
+    "transport failure".
+    """
+    from confluent_kafka import KafkaException
+
+    try:
+        return consumer.list_topics(topic, timeout=timeout_s)
+    except KafkaException as exc:
+        consumer.poll(0.2)  # serves error_cb: the reason, if librdkafka knows one
+        reason = _best_reason(reasons) or exc.args[0].str()
+        doing = f" {doing}" if doing else ""
+        raise KafkaSourceError(
+            f"cannot reach Kafka at {config['bootstrap.servers']}{doing} (no answer within {timeout_s:g}s): {reason}"
+        ) from None
+
+
+def collecting_consumer(config: dict[str, Any], group_prefix: str, reasons: list[str], **extra: Any) -> Any:
+    """A consumer that commits nothing (its group id is unique) and collects librdkafka's errors in `reasons`."""
+    from confluent_kafka import Consumer
+
+    return Consumer(
         {
             **config,
-            "group.id": f"riverhouse-meta-{uuid.uuid4().hex[:8]}",
+            "group.id": f"{group_prefix}-{uuid.uuid4().hex[:8]}",
             "enable.auto.commit": False,
             "error_cb": lambda err: reasons.append(err.str()),
+            **extra,
         }
     )
+
+
+def watermarks(config: dict[str, Any], topics: list[str]) -> dict[str, dict[int, tuple[int, int]]]:
+    """(low, high) offsets of every partition of the topics; a missing topic has none."""
+    from confluent_kafka import KafkaException, TopicPartition
+
+    reasons: list[str] = []
+    consumer = collecting_consumer(config, "riverhouse-meta", reasons)
     try:
         out: dict[str, dict[int, tuple[int, int]]] = {}
         for topic in topics:
-            try:
-                metadata = consumer.list_topics(topic, timeout=METADATA_TIMEOUT_S)
-            except KafkaException as exc:
-                consumer.poll(0.2)  # serves error_cb: the reason, if librdkafka knows one
-                raise KafkaSourceError(
-                    f"cannot reach Kafka at {config['bootstrap.servers']} to list topic {topic!r}: "
-                    f"{_best_reason(reasons) or exc.args[0].str()}"
-                ) from None
+            metadata = topic_metadata(consumer, reasons, config, topic, f"to list topic {topic!r}")
             info = metadata.topics.get(topic)
             if info is None or info.error is not None or not info.partitions:
                 out[topic] = {}

@@ -15,6 +15,7 @@ secure start (see kafka_tls.py); the SCRAM user's password is in `secure/credent
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -31,6 +32,7 @@ STATE_FILE = "state.json"
 BROKER_FILE = "broker.json"
 DEFAULT_HEAP = os.environ.get("RIVERHOUSE_KAFKA_HEAP", "1g")
 DEFAULT_PARTITIONS = 4  # auto-created topics; `riverhouse generate --partitions N` chooses
+CREATE_TOPIC_TIMEOUT_S = 30.0
 LOG_CONFIG = Path(__file__).with_name("kafka_log4j2.properties")
 
 
@@ -304,22 +306,16 @@ def create_topic(bootstrap: str, topic: str, partitions: int, config: dict[str, 
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from riverhouse.platform.kafka.client import METADATA_TIMEOUT_S, KafkaSourceError
-
     admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0, **(config or {})})
-    try:
-        admin.list_topics(timeout=METADATA_TIMEOUT_S)  # a broker that does not answer is named, not waited on
-    except KafkaException as exc:
-        reason = exc.args[0].str() if exc.args and hasattr(exc.args[0], "str") else str(exc)
-        raise KafkaSourceError(
-            f"Kafka at {bootstrap} did not answer within {METADATA_TIMEOUT_S:g}s ({reason}): start the local "
-            "broker with `riverhouse kafka start`, or give the address (--bootstrap, RIVERHOUSE_KAFKA_BOOTSTRAP)"
-        ) from None
     future = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=-1)])[topic]
     try:
-        future.result(timeout=30)
+        future.result(timeout=CREATE_TOPIC_TIMEOUT_S)
     except KafkaException as exc:
         if exc.args and exc.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:
             return False
         raise
+    except concurrent.futures.TimeoutError:  # its message is empty
+        raise LocalKafkaError(
+            f"Kafka at {bootstrap} did not create topic {topic!r} within {CREATE_TOPIC_TIMEOUT_S:.0f}s"
+        ) from None
     return True

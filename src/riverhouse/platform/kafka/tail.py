@@ -9,12 +9,11 @@ partition's last stable offset unless asked to follow. Nothing is committed to a
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from riverhouse.platform.kafka.client import METADATA_TIMEOUT_S, KafkaSourceError
+from riverhouse.platform.kafka.client import KafkaSourceError, collecting_consumer, topic_metadata
 
 # Where reading starts: every partition's first offset, or its end (then only --follow reads anything).
 BEGINNING = "beginning"
@@ -43,27 +42,15 @@ def read_committed(
     Without `follow`, stops once every partition reached its end; raises KafkaSourceError when no
     progress is made for `idle_timeout_s` (an unreachable broker).
     """
-    from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, KafkaException, TopicPartition
+    from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaError, TopicPartition
 
     reasons: list[str] = []
-    consumer = Consumer(
-        {
-            **config,
-            "group.id": f"riverhouse-tail-{uuid.uuid4().hex[:8]}",  # assigned, never committed
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-            "enable.partition.eof": True,
-            "error_cb": lambda err: reasons.append(err.str()),
-        }
+    # Partitions are assigned, never committed.
+    consumer = collecting_consumer(
+        config, "riverhouse-tail", reasons, **{"isolation.level": "read_committed", "enable.partition.eof": True}
     )
     try:
-        try:
-            metadata = consumer.list_topics(topic, timeout=METADATA_TIMEOUT_S)
-        except KafkaException as exc:
-            raise KafkaSourceError(
-                f"cannot reach Kafka at {config['bootstrap.servers']} to read topic {topic!r}: "
-                f"{reasons[-1] if reasons else exc.args[0].str()}"
-            ) from None
+        metadata = topic_metadata(consumer, reasons, config, topic, f"to read topic {topic!r}")
         info = metadata.topics.get(topic)
         if info is None or info.error is not None or not info.partitions:
             raise KafkaSourceError(f"topic {topic!r} does not exist at {config['bootstrap.servers']}")

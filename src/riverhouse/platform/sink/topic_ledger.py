@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from riverhouse.platform.kafka.client import METADATA_TIMEOUT_S, KafkaSourceError
+from riverhouse.platform.kafka.client import METADATA_TIMEOUT_S, KafkaSourceError, collecting_consumer, topic_metadata
 from riverhouse.platform.spec_sinks import KafkaSinkSpec
 
 LEDGER_FORMAT = 1
@@ -92,28 +91,19 @@ def read_progress(config: dict[str, Any], ledger: str, pipeline: str) -> Progres
     Read after the producer's `init_transactions`, which completes or aborts whatever transaction
     a previous instance left open: the ledger's last stable offset is then its end.
     """
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+    from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
     reasons: list[str] = []
-    consumer = Consumer(
-        {
-            **config,
-            "group.id": f"riverhouse-ledger-{uuid.uuid4().hex[:8]}",  # assigned, never committed
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-            "enable.partition.eof": True,
-            "error_cb": lambda err: reasons.append(err.str()),
-        }
+    # Partitions are assigned, never committed.
+    consumer = collecting_consumer(
+        config, "riverhouse-ledger", reasons, **{"isolation.level": "read_committed", "enable.partition.eof": True}
     )
     key = ledger_key(pipeline)
     try:
         try:
-            metadata = consumer.list_topics(ledger, timeout=METADATA_TIMEOUT_S)
-        except KafkaException as exc:
-            raise TopicSinkError(
-                f"cannot reach Kafka at {config['bootstrap.servers']} to read the ledger {ledger!r}: "
-                f"{reasons[-1] if reasons else exc.args[0].str()}"
-            ) from None
+            metadata = topic_metadata(consumer, reasons, config, ledger, f"to read the ledger {ledger!r}")
+        except KafkaSourceError as exc:
+            raise TopicSinkError(str(exc)) from None
         info = metadata.topics.get(ledger)
         if info is None or info.error is not None or not info.partitions:
             return None
