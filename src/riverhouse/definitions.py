@@ -65,7 +65,7 @@ def build_definitions(specs: list[PipelineSpec] | None = None, settings: Setting
     schedules: list = []
     for spec in specs:
         try:
-            spec_assets, spec_checks = build_pipeline_assets(spec)
+            spec_assets, spec_checks = build_pipeline_assets(spec, settings)
             spec_jobs, spec_sensors, spec_schedules = build_orchestration(spec)
         except Exception as exc:  # one pipeline's failure must not hide the others
             errors.append(SpecError(f"pipeline {spec.name}", [("", f"{type(exc).__name__}: {exc}", "")]))

@@ -117,6 +117,9 @@ def dagster_config(options: DeployOptions) -> dict[str, Any]:
             "poll_interval_seconds": 10,
         },
         "telemetry": {"enabled": False},
+        # The ClickHouse and topic assets' freshness policies (from the sensor's max_delay) are
+        # evaluated only when this is on.
+        "freshness": {"enabled": True},
     }
 
 
@@ -168,6 +171,11 @@ def local_dagster_home(path: Path) -> Path:
     config = path / "dagster.yaml"
     generated = "# written by riverhouse; delete this line to keep your own edits\n"
     if not config.exists() or config.read_text().startswith(("# written by riverhouse", generated)):
-        local = {"telemetry": {"enabled": False}, "concurrency": dagster_config(DeployOptions())["concurrency"]}
+        production = dagster_config(DeployOptions())
+        local = {
+            "telemetry": {"enabled": False},
+            "concurrency": production["concurrency"],
+            "freshness": production["freshness"],
+        }
         config.write_text(generated + yaml.safe_dump(local, sort_keys=False))
     return path

@@ -11,11 +11,11 @@ import pytest
 from deltalake import write_deltalake
 
 from riverhouse.assets import build_pipeline_assets
-from riverhouse.assets.pipelines import MODE_TAG, live_partition_key
+from riverhouse.assets.pipelines import MODE_TAG, RUN_BUDGET, live_partition_key
 from riverhouse.definitions import build_definitions
 from riverhouse.demo import check_results, materialization_metadata
 from riverhouse.platform.sink.clickhouse import table_stats
-from riverhouse.platform.spec import QualitySpec, load_specs
+from riverhouse.platform.spec import QualitySpec, load_spec, load_specs
 from riverhouse.platform.state.settings import Settings
 from riverhouse.platform.state.tables import TableLayout, open_table
 from riverhouse.resources import resources_from_settings
@@ -66,11 +66,40 @@ def test_definitions_load_with_lineage_kinds_and_checks(monkeypatch: pytest.Monk
         assert graph.get(key).description, f"{key} has no description"
 
 
+def test_table_assets_carry_dagsters_table_conventions(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """dagster/table_name (Delta by path as Spark names it, ClickHouse as database.table), a code
+    reference to the line of the spec that declares the table, and freshness from the sensor."""
+    monkeypatch.setenv("RIVERHOUSE_PIPELINES", str(REPO / "pipelines"))
+    settings = Settings.from_env(tmp_path / "home").with_(clickhouse_dsn="http://127.0.0.1:8123/analytics")
+    graph = build_definitions(settings=settings).resolve_asset_graph()
+    for path in sorted((REPO / "pipelines").glob("*.yaml")):
+        spec = load_spec(path)
+        lines = path.read_text().splitlines()
+        layout = TableLayout(settings.warehouse, spec.name)
+        silver = graph.get(dg.AssetKey(["silver", spec.name, next(iter(spec.sources))]))
+        assert silver.metadata["dagster/table_name"] == f"delta.`{layout.silver(next(iter(spec.sources)))}`"
+        [ref] = silver.metadata["dagster/code_references"].code_references
+        assert ref.file_path == str(path.resolve()) and lines[ref.line_number - 1].startswith("sources:")
+        sink = graph.get(dg.AssetKey(["clickhouse", spec.name, spec.sink.table]))
+        database = spec.sink.database or "analytics"  # a sink without one lands in the DSN's database
+        assert sink.metadata["dagster/table_name"] == f"{database}.{spec.sink.table}"
+        [ref] = sink.metadata["dagster/code_references"].code_references
+        assert lines[ref.line_number - 1].startswith(("sink:", "sinks:")), lines[ref.line_number - 1]
+        sensor = spec.orchestration.sensor
+        assert sink.freshness_policy.fail_window.to_timedelta() == sensor.max_delay + sensor.interval + RUN_BUDGET
+        # Freshness is what the sink promises; the layers before it carry none.
+        assert silver.freshness_policy is None
+
+
 def materialize(
-    spec: Any, settings: Settings, selection: Any = None, partition_key: str | None = None
+    spec: Any,
+    settings: Settings,
+    selection: Any = None,
+    partition_key: str | None = None,
+    instance: dg.DagsterInstance | None = None,
 ) -> dg.ExecuteInProcessResult:
     """A stream run (or, with `partition_key`, a rebuild run of that partition)."""
-    assets, checks = build_pipeline_assets(spec)
+    assets, checks = build_pipeline_assets(spec, settings)
     return dg.materialize(
         [*assets, *checks],
         resources=resources_from_settings(settings),
@@ -78,6 +107,7 @@ def materialize(
         partition_key=partition_key or live_partition_key(spec),
         tags={MODE_TAG: "rebuild" if partition_key else "stream"},
         raise_on_error=False,
+        instance=instance,
     )
 
 
@@ -97,7 +127,8 @@ def test_materialize_runs_the_pipeline_with_metadata(spark: Any, kafka: str, top
             (b"x", b"garbage"),
         ],
     )
-    result = materialize(spec, settings)
+    instance = dg.DagsterInstance.ephemeral()
+    result = materialize(spec, settings, instance=instance)
     assert result.success
     meta = materialization_metadata(result)
     bronze = meta["bronze/dg_orders/orders"]
@@ -111,6 +142,12 @@ def test_materialize_runs_the_pipeline_with_metadata(spark: Any, kafka: str, top
     assert meta["silver/dg_orders/orders"]["inserted"] == 2
     assert meta["silver/dg_orders/orders"]["mode"] == "stream"
     assert meta["clickhouse/dg_orders/dg_orders_orders"]["rows_loaded"] == 2
+    assert meta["silver/dg_orders/orders"]["dagster/row_count"] == 2
+    assert meta["clickhouse/dg_orders/dg_orders_orders"]["dagster/row_count"] == 2
+    # Launched for today's partition, the run wrote 2026-01-01's: both are materialized, no other day.
+    for key in (["silver", "dg_orders", "orders"], ["clickhouse", "dg_orders", "dg_orders_orders"]):
+        materialized = instance.get_materialized_partitions(dg.AssetKey(key))
+        assert materialized == {"2026-01-01", live_partition_key(spec)}, (key, materialized)
     assert bronze["end_offsets"]  # Kafka offsets reached
     assert check_results(result) == {
         "orders_has_unique_keys_within_window": True,
@@ -124,6 +161,7 @@ def test_materialize_runs_the_pipeline_with_metadata(spark: Any, kafka: str, top
     meta = materialization_metadata(again)
     assert meta["bronze/dg_orders/orders"]["records_in"] == 0
     assert meta["clickhouse/dg_orders/dg_orders_orders"]["rows_loaded"] == 0
+    assert meta["clickhouse/dg_orders/dg_orders_orders"]["dagster/row_count"] == 2
     assert table_stats(settings.clickhouse_dsn, spec)["rows"] == 2
 
 
@@ -171,5 +209,6 @@ def test_materialize_join_pipeline_with_drain(spark: Any, kafka: str, topic: str
     gold = materialization_metadata(result)["gold/dg_join/dg_join_out"]
     assert (gold["processed"], gold["emitted"], gold["unmatched_left"]) == (2, 2, 1)
     assert gold["join_hit_rate"] == 0.5
+    assert gold["dagster/row_count"] == 2  # the gold table after the step: both driving orders, emitted once
     assert materialization_metadata(result)["clickhouse/dg_join/dg_join_out"]["rows_loaded"] == 2
     assert check_results(result)["dg_join_out_has_one_row_per_left_event"] is True

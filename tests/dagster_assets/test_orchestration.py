@@ -175,9 +175,13 @@ def test_backfill_rebuilds_exactly_its_window_and_is_idempotent(
         if i % 4 == 0:
             events.append(order(f"o{i}", (ts + timedelta(minutes=3)).isoformat().replace("+00:00", "Z")))
     produce(kafka, topic, events)
-    assert materialize(spec, settings).success
+    instance = dg.DagsterInstance.ephemeral()
+    assert materialize(spec, settings, instance=instance).success
     want = sorted(expected.items())
     assert _ch_rows(settings, spec) == want
+    # The stream run wrote both days: neither looks missing (nor would "Materialize missing" rebuild it).
+    written = instance.get_materialized_partitions(dg.AssetKey(["clickhouse", spec.name, spec.sink.table]))
+    assert {"2026-01-01", "2026-01-02"} <= written and "2026-01-03" not in written, written
 
     # Damage day 2 in both stores: its silver rows deleted, ClickHouse holding half of them.
     layout = TableLayout(settings.warehouse, spec.name)
@@ -201,6 +205,7 @@ def test_backfill_rebuilds_exactly_its_window_and_is_idempotent(
     meta = materialization_metadata(result)
     assert meta["silver/backfilled/orders"]["mode"] == "rebuild"
     assert meta["silver/backfilled/orders"]["rows"] == day2.num_rows
+    assert meta["silver/backfilled/orders"]["dagster/partition_row_count"] == day2.num_rows
     assert meta["silver/backfilled/orders"]["changed"] is True
     rebuilt = (
         open_table(layout.silver("orders"))
@@ -214,6 +219,7 @@ def test_backfill_rebuilds_exactly_its_window_and_is_idempotent(
         .equals(day2.select(key).sort_by([(k, "ascending") for k in key]))
     )
     assert _ch_rows(settings, spec) == want
+    assert meta[f"clickhouse/backfilled/{spec.sink.table}"]["dagster/row_count"] == len(want)
     assert check_results(result)["backfilled_orders_matches_delta"] is True
     version = open_table(layout.silver("orders")).version()
 

@@ -16,20 +16,29 @@ the windowed unique-key scan); the reconciliation check runs after the load.
 """
 
 import re
-from datetime import UTC, datetime
+import warnings
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
 
+from riverhouse.platform.gold.joins import gold_path
 from riverhouse.platform.pipeline import Window
-from riverhouse.platform.publish import CheckOutcome
+from riverhouse.platform.publish import CheckOutcome, Published
 from riverhouse.platform.sink.clickhouse import expected_columns
 from riverhouse.platform.spec import KafkaSinkSpec, PipelineSpec
-from riverhouse.platform.state.tables import bronze_schema, silver_schema
+from riverhouse.platform.state.settings import Settings, dsn_database
+from riverhouse.platform.state.tables import TableLayout, bronze_schema, silver_schema
 from riverhouse.resources import Riverhouse
 
 CLICKHOUSE_POOL = "clickhouse"
 MODE_TAG = "riverhouse/mode"
+# How long a triggered run may take once the sensor asked for it (the freshness policy's slack).
+RUN_BUDGET = timedelta(minutes=10)
+# At most this many other partitions are recorded per stream run (a first run over a long history).
+MAX_PARTITIONS_RECORDED = 1000
 
 
 def asset_key(layer: str, spec: PipelineSpec, table: str) -> dg.AssetKey:
@@ -52,6 +61,83 @@ def live_partition_key(spec: PipelineSpec, now: datetime | None = None) -> str:
     if spec.orchestration.partitions == "daily":
         start = start.replace(hour=0)
     return start.strftime(parts.fmt)
+
+
+def partition_keys_written(
+    parts: dg.TimeWindowPartitionsDefinition, spans: Iterable[tuple[datetime, datetime]]
+) -> set[str]:
+    """The keys of the partitions (days or hours) that event-time spans [earliest, latest] fall in."""
+    step = timedelta(hours=1) if "%H" in parts.fmt else timedelta(days=1)
+    keys: set[str] = set()
+    for lo, hi in spans:
+        start = lo.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+        if step == timedelta(days=1):
+            start = start.replace(hour=0)
+        while start <= hi and len(keys) <= MAX_PARTITIONS_RECORDED:
+            keys.add(start.strftime(parts.fmt))
+            start += step
+    return {key for key in keys if parts.has_partition_key(key)}
+
+
+def record_partitions_written(
+    context: dg.AssetExecutionContext, parts: dg.TimeWindowPartitionsDefinition, published: Published
+) -> None:
+    """A stream run is launched for the current partition but writes every partition its events fall in.
+
+    Each of those gets a materialization too, so days the stream filled do not look missing in
+    the UI (nor does "Materialize missing" rebuild them); days without any event stay missing.
+    """
+    keys = sorted(partition_keys_written(parts, published.touched) - {context.partition_key})
+    for key in keys[:MAX_PARTITIONS_RECORDED]:
+        context.log_event(
+            dg.AssetMaterialization(
+                asset_key=context.asset_key,
+                partition=key,
+                metadata={"mode": "stream", "run_partition": context.partition_key},
+            )
+        )
+
+
+def freshness_policy(spec: PipelineSpec) -> dg.FreshnessPolicy | None:
+    """From the sensor: a record waits at most `max_delay` (seen within `interval`), then a run loads it.
+
+    Dagster measures the time since the last materialization: a topic that receives nothing for
+    longer shows the table as stale, which is true of the stream, not of the data.
+    """
+    sensor = spec.orchestration.sensor
+    if not sensor.enabled:
+        return None
+    return dg.FreshnessPolicy.time_window(fail_window=sensor.max_delay + sensor.interval + RUN_BUDGET)
+
+
+def _spec_line(spec: PipelineSpec, keys: tuple[str, ...]) -> int:
+    """The line of the first top-level key of `keys` in the spec's file (1 when none is found)."""
+    try:
+        lines = Path(spec.source_file or "").read_text().splitlines()
+    except OSError:
+        return 1
+    for number, line in enumerate(lines, 1):
+        if line.split(":", 1)[0] in keys and not line.startswith((" ", "\t")):
+            return number
+    return 1
+
+
+def table_metadata(spec: PipelineSpec, table_name: str, *spec_keys: str) -> dict[str, Any]:
+    """Definition metadata of a table asset: its fully qualified name and where the spec declares it."""
+    out: dict[str, Any] = {"dagster/table_name": table_name}
+    if spec.source_file:
+        with warnings.catch_warnings():  # Dagster's code references are beta: known, not worth a warning per asset
+            warnings.simplefilter("ignore", dg.BetaWarning)
+            reference = dg.LocalFileCodeReference(
+                file_path=spec.source_file, line_number=_spec_line(spec, spec_keys), label=f"pipeline spec {spec.name}"
+            )
+            out["dagster/code_references"] = dg.CodeReferencesMetadataValue(code_references=[reference])
+    return out
+
+
+def delta_name(path: str) -> str:
+    """How Spark SQL names a Delta table by its path."""
+    return f"delta.`{path}`"
 
 
 def _column_schema(columns: list[tuple[str, str]]) -> dg.TableSchema:
@@ -114,7 +200,12 @@ def _check_result(name: str, outcome: CheckOutcome) -> dg.AssetCheckResult:
     )
 
 
-def build_pipeline_assets(spec: PipelineSpec) -> tuple[list[Any], list[dg.AssetChecksDefinition]]:
+def build_pipeline_assets(
+    spec: PipelineSpec, settings: Settings | None = None
+) -> tuple[list[Any], list[dg.AssetChecksDefinition]]:
+    """The spec's assets; `settings` (default: from the environment) name the tables' locations."""
+    settings = settings or Settings.from_env()
+    layout = TableLayout(settings.warehouse, spec.name)
     assets: list[Any] = []
     checks: list[dg.AssetChecksDefinition] = []
     owners = list(spec.owners)
@@ -128,25 +219,26 @@ def build_pipeline_assets(spec: PipelineSpec) -> tuple[list[Any], list[dg.AssetC
                 group_name=spec.name,
                 kinds={"kafka"},
                 owners=owners,
-                metadata={"topic": src.topic},
+                metadata={"topic": src.topic, **table_metadata(spec, f"kafka.{src.topic}", "sources")},
             )
         )
-        assets.append(_ingest_asset(spec, source_name))
-        assets.append(_silver_asset(spec, source_name, parts))
+        assets.append(_ingest_asset(spec, source_name, layout))
+        assets.append(_silver_asset(spec, source_name, parts, layout))
 
     upstream = asset_key("silver", spec, spec.sink_source_name)
     if spec.is_join:
         upstream = asset_key("gold", spec, spec.output_name)
-        assets.append(_gold_asset(spec, upstream, parts))
+        assets.append(_gold_asset(spec, upstream, parts, delta_name(gold_path(layout, spec))))
     if spec.clickhouse_sink is not None:
         sink_key = asset_key("clickhouse", spec, spec.sink.table)
-        assets.append(_clickhouse_asset(spec, sink_key, upstream, parts))
+        database = spec.sink.database or dsn_database(settings.clickhouse_dsn)
+        assets.append(_clickhouse_asset(spec, sink_key, upstream, parts, f"{database}.{spec.sink.table}"))
     for sink in spec.topic_sinks:
         assets.append(_topic_asset(spec, sink, upstream, parts))
     return assets, checks
 
 
-def _ingest_asset(spec: PipelineSpec, source_name: str) -> dg.AssetsDefinition:
+def _ingest_asset(spec: PipelineSpec, source_name: str, layout: TableLayout) -> dg.AssetsDefinition:
     src = spec.sources[source_name]
     bronze_key = asset_key("bronze", spec, source_name)
     quarantine_key = asset_key("quarantine", spec, source_name)
@@ -163,7 +255,10 @@ def _ingest_asset(spec: PipelineSpec, source_name: str) -> dg.AssetsDefinition:
                 f"Every record of `{src.topic}` as received, with Kafka coordinates, parse status "
                 "and the Spark batch it came in. The ingest run also writes silver."
             ),
-            metadata={"dagster/column_schema": _column_schema([(f.name, str(f.type)) for f in bronze_schema(src)])},
+            metadata={
+                "dagster/column_schema": _column_schema([(f.name, str(f.type)) for f in bronze_schema(src)]),
+                **table_metadata(spec, delta_name(layout.bronze(source_name)), "sources"),
+            },
         ),
         dg.AssetSpec(
             key=quarantine_key,
@@ -172,6 +267,7 @@ def _ingest_asset(spec: PipelineSpec, source_name: str) -> dg.AssetsDefinition:
             kinds={"spark", "delta"},
             owners=owners,
             description="Records that failed parsing or validation, with the raw value and the reason.",
+            metadata=table_metadata(spec, delta_name(layout.quarantine(source_name)), "sources"),
         ),
     ]
 
@@ -209,7 +305,9 @@ def _ingest_asset(spec: PipelineSpec, source_name: str) -> dg.AssetsDefinition:
     return ingest_source
 
 
-def _silver_asset(spec: PipelineSpec, source_name: str, parts: dg.PartitionsDefinition) -> dg.AssetsDefinition:
+def _silver_asset(
+    spec: PipelineSpec, source_name: str, parts: dg.TimeWindowPartitionsDefinition, layout: TableLayout
+) -> dg.AssetsDefinition:
     src = spec.sources[source_name]
     key = asset_key("silver", spec, source_name)
     window = str(src.dedup.window) if src.dedup else "none"
@@ -249,12 +347,16 @@ def _silver_asset(spec: PipelineSpec, source_name: str, parts: dg.PartitionsDefi
             "event per key, anti-joined with silver's window, one Delta append per Spark batch). Partitioned by event time: materializing a "
             "partition without the ingest asset (or a backfill) rebuilds that window from bronze."
         ),
-        metadata={"dagster/column_schema": _column_schema([(f.name, str(f.type)) for f in silver_schema(src)])},
+        metadata={
+            "dagster/column_schema": _column_schema([(f.name, str(f.type)) for f in silver_schema(src)]),
+            **table_metadata(spec, delta_name(layout.silver(source_name)), "sources"),
+        },
     )
     def silver_table(context: dg.AssetExecutionContext, riverhouse: Riverhouse):
         pipeline = riverhouse.pipeline(spec, context.log.info)
         ingested = _ingested_in_this_run(context, spec, source_name)
         published = pipeline.publish_silver(source_name, rebuild_window(context, spec), ingested)
+        record_partitions_written(context, parts, published)
         yield dg.MaterializeResult(metadata=published.metadata)
         yield _check_result(gx_check, pipeline.check_silver(source_name, published.rows))
         if src.dedup:
@@ -267,7 +369,9 @@ class GoldConfig(dg.Config):
     drain: bool = False  # close every pending join window now (bounded replays, backfills, demos)
 
 
-def _gold_asset(spec: PipelineSpec, gold_key: dg.AssetKey, parts: dg.PartitionsDefinition) -> dg.AssetsDefinition:
+def _gold_asset(
+    spec: PipelineSpec, gold_key: dg.AssetKey, parts: dg.TimeWindowPartitionsDefinition, table_name: str
+) -> dg.AssetsDefinition:
     plan = spec.plan
     kind = "SQL query" if spec.query else f"{spec.join.type} temporal join" if spec.join else ""
     driving = spec.sources[plan.driving_source]
@@ -296,10 +400,12 @@ def _gold_asset(spec: PipelineSpec, gold_key: dg.AssetKey, parts: dg.PartitionsD
             f"{kind} of {', '.join(spec.sources)} (driving stream `{plan.driving_source}`): each driving event "
             "emitted exactly once, when its window closes. A rebuild joins the partition's driving events again."
         ),
+        metadata=table_metadata(spec, table_name, "join", "query"),
     )
     def gold_table(context: dg.AssetExecutionContext, config: GoldConfig, riverhouse: Riverhouse):
         pipeline = riverhouse.pipeline(spec, context.log.info)
         published = pipeline.publish_gold(rebuild_window(context, spec), drain=config.drain)
+        record_partitions_written(context, parts, published)
         yield dg.MaterializeResult(metadata=published.metadata)
         yield _check_result(check, pipeline.check_one_row_per_left_event())
 
@@ -307,7 +413,11 @@ def _gold_asset(spec: PipelineSpec, gold_key: dg.AssetKey, parts: dg.PartitionsD
 
 
 def _clickhouse_asset(
-    spec: PipelineSpec, sink_key: dg.AssetKey, upstream: dg.AssetKey, parts: dg.PartitionsDefinition
+    spec: PipelineSpec,
+    sink_key: dg.AssetKey,
+    upstream: dg.AssetKey,
+    parts: dg.TimeWindowPartitionsDefinition,
+    table_name: str,
 ) -> dg.AssetsDefinition:
     check = f"{spec.sink.table}_matches_delta"
 
@@ -319,6 +429,7 @@ def _clickhouse_asset(
         kinds={"clickhouse"},
         owners=list(spec.owners),
         pool=CLICKHOUSE_POOL,
+        freshness_policy=freshness_policy(spec),
         check_specs=[
             dg.AssetCheckSpec(
                 check,
@@ -337,12 +448,14 @@ def _clickhouse_asset(
         metadata={
             **({} if spec.is_join else {"dagster/column_schema": _column_schema(expected_columns(spec))}),
             "dagster/column_lineage": _column_lineage(spec),
+            **table_metadata(spec, table_name, "sink", "sinks"),
         },
     )
     def clickhouse_table(context: dg.AssetExecutionContext, riverhouse: Riverhouse):
         # The loader's own lines are retries after transient errors: warnings.
         pipeline = riverhouse.pipeline(spec, context.log.info, warn=context.log.warning)
         published = pipeline.publish_clickhouse(rebuild_window(context, spec))
+        record_partitions_written(context, parts, published)
         yield dg.MaterializeResult(metadata=published.metadata)
         yield _check_result(check, pipeline.check_clickhouse())
 
@@ -355,7 +468,7 @@ def topic_asset_name(topic: str) -> str:
 
 
 def _topic_asset(
-    spec: PipelineSpec, sink: KafkaSinkSpec, upstream: dg.AssetKey, parts: dg.PartitionsDefinition
+    spec: PipelineSpec, sink: KafkaSinkSpec, upstream: dg.AssetKey, parts: dg.TimeWindowPartitionsDefinition
 ) -> dg.AssetsDefinition:
     name = topic_asset_name(sink.topic)
     key = asset_key("topic", spec, name)
@@ -370,6 +483,7 @@ def _topic_asset(
         group_name=spec.name,
         kinds={"kafka"},
         owners=list(spec.owners),
+        freshness_policy=freshness_policy(spec),
         check_specs=[
             dg.AssetCheckSpec(
                 check,
@@ -391,12 +505,14 @@ def _topic_asset(
             "dagster/column_lineage": _column_lineage(spec),
             "topic": sink.topic,
             "ledger_topic": sink.ledger,
+            **table_metadata(spec, f"kafka.{sink.topic}", "sink", "sinks"),
         },
     )
     def topic_sink(context: dg.AssetExecutionContext, riverhouse: Riverhouse):
         pipeline = riverhouse.pipeline(spec, context.log.info, warn=context.log.warning)
         window = rebuild_window(context, spec)
         published = pipeline.publish_topic(sink.topic)
+        record_partitions_written(context, parts, published)
         # Stream or backfill, the step is the same: whatever Delta versions are new (a backfill's too).
         mode = (
             {"mode": "stream"}

@@ -9,6 +9,7 @@ ClickHouse DSN is never part of it. Engine code: no Dagster imports.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -17,12 +18,21 @@ from riverhouse.platform.gold.joins import gold_path
 from riverhouse.platform.ingest.writer import BatchMetrics
 from riverhouse.platform.quality.checks import duplicate_keys_within_window, reconcile_per_day
 from riverhouse.platform.quality.expectations import validate_rejected_rate, validate_silver
+from riverhouse.platform.sink import clickhouse as ch
 from riverhouse.platform.sink.topic import ProduceResult
 from riverhouse.platform.sink.topic_check import topic_matches_delta as check_topic
 from riverhouse.platform.spec import PipelineSpec
 from riverhouse.platform.spec_sinks import transactional_id
+from riverhouse.platform.state.delta_log import DeltaLog
 from riverhouse.platform.state.settings import Settings
-from riverhouse.platform.state.tables import TableLayout, open_table, plain_strings, read_inserts, silver_schema
+from riverhouse.platform.state.tables import (
+    TableLayout,
+    open_table,
+    plain_strings,
+    read_inserts,
+    row_count,
+    silver_schema,
+)
 
 if TYPE_CHECKING:
     from riverhouse.platform.pipeline import Pipeline, Window
@@ -40,6 +50,30 @@ class Published:
     related: dict[str, dict[str, Any]] = field(default_factory=dict)
     # The step's own result, for its checks (a Kafka sink's pass: where it began).
     result: Any = field(default=None, repr=False)
+    # Stream runs: [earliest, latest] event time of each file written, so the orchestrator can
+    # name every time partition the run changed (not only the one it was launched for).
+    touched: list[tuple[datetime, datetime]] = field(default_factory=list, repr=False)
+
+
+# Dagster's conventions for tables (TableMetadataSet): rows after the step, and rows of the
+# rebuilt window.
+ROW_COUNT = "dagster/row_count"
+PARTITION_ROW_COUNT = "dagster/partition_row_count"
+
+
+def _written(path: str, versions: list[int], time_column: str, date_column: str) -> list[tuple[datetime, datetime]]:
+    """Event-time ranges of the files `versions` of the Delta table at `path` added."""
+    log = DeltaLog(path)
+    return [span for v in versions for span in log.event_times_added(v, v, time_column, date_column)]
+
+
+def _published_table(pipeline: Pipeline) -> tuple[str, str, str]:
+    """The Delta table the sinks read (gold of a join, else the sink source's silver), its time and date columns."""
+    spec = pipeline.spec
+    layout = TableLayout(pipeline.settings.warehouse, spec.name)
+    if spec.is_join:
+        return gold_path(layout, spec), "_left_event_time", "_left_event_date"
+    return layout.silver(spec.sink_source_name), "_event_time", "_event_date"
 
 
 @dataclass
@@ -116,12 +150,14 @@ def silver(pipeline: Pipeline, source: str, window: Window | None, ingested: dic
                 "inserted": rows.num_rows,
                 "duplicates_dropped": int(ingested.get("duplicates_dropped", 0)),
                 "delta_version": after,
+                ROW_COUNT: row_count(path),
             },
             rows,
+            touched=_written(path, list(range(before + 1, after + 1)), "_event_time", "_event_date"),
         )
     rebuilt = pipeline.rebuild_silver(source, window)
     rows = rebuilt.published if rebuilt.published is not None else schema.empty_table()
-    return Published("rebuild", {"path": path, **_rebuild_metadata(rebuilt)}, rows)
+    return Published("rebuild", {"path": path, **_rebuild_metadata(rebuilt), ROW_COUNT: row_count(path)}, rows)
 
 
 def _rebuild_metadata(rebuilt: Any) -> dict[str, Any]:
@@ -130,6 +166,7 @@ def _rebuild_metadata(rebuilt: Any) -> dict[str, Any]:
         "window": rebuilt.window,
         "rows": rebuilt.rows,
         "rows_before": rebuilt.rows_before,
+        PARTITION_ROW_COUNT: rebuilt.rows,
         "changed": rebuilt.changed,
         "delta_version": _version(rebuilt.delta_version),
     }
@@ -138,9 +175,10 @@ def _rebuild_metadata(rebuilt: Any) -> dict[str, Any]:
 def gold(pipeline: Pipeline, window: Window | None, drain: bool) -> Published:
     """Stream run: join what arrived (`drain`: close every window). Backfill: join `window` again."""
     path = gold_path(TableLayout(pipeline.settings.warehouse, pipeline.spec.name), pipeline.spec)
+    before = _version(DeltaLog(path).latest_version())
     result = pipeline.gold(window, drain=drain)
     if window is not None:
-        return Published("rebuild", {**_rebuild_metadata(result), "path": path})
+        return Published("rebuild", {**_rebuild_metadata(result), "path": path, ROW_COUNT: row_count(path)})
     summary = result.summary()
     pipeline.log(f"join: {summary}")
     metadata = {
@@ -156,15 +194,21 @@ def gold(pipeline: Pipeline, window: Window | None, drain: bool) -> Published:
         "pending": summary["pending"],
         "watermark": summary["watermark"] or "",
         "delta_version": _version(summary["gold_version"]),
+        ROW_COUNT: row_count(path),
     }
-    return Published("stream", {**metadata, "path": path})
+    after = _version(summary["gold_version"])
+    written = _written(path, list(range(before + 1, after + 1)), "_left_event_time", "_left_event_date")
+    return Published("stream", {**metadata, "path": path}, touched=written)
 
 
 def clickhouse(pipeline: Pipeline, window: Window | None) -> Published:
     """Stream run: load new Delta versions exactly once. Backfill: swap `window`'s days in."""
     result = pipeline.load(window)
     summary = result.summary()
+    with ch.open_client(pipeline.settings.clickhouse_dsn) as client:
+        rows = ch.row_count(client, pipeline.spec)
     if window is None:
+        path, time_column, date_column = _published_table(pipeline)
         return Published(
             "stream",
             {
@@ -175,7 +219,9 @@ def clickhouse(pipeline: Pipeline, window: Window | None) -> Published:
                 "seconds": summary["seconds"],
                 "delta_version": _version(summary["delta_version"]),
                 "last_loaded_version": _version(summary["last_loaded_version"]),
+                ROW_COUNT: rows,
             },
+            touched=_written(path, list(result.versions_loaded), time_column, date_column),
         )
     return Published(
         "rebuild",
@@ -183,6 +229,8 @@ def clickhouse(pipeline: Pipeline, window: Window | None) -> Published:
             "mode": "rebuild",
             "days": ", ".join(summary["days"]),
             "rows_replaced": summary["rows"],
+            PARTITION_ROW_COUNT: summary["rows"],
+            ROW_COUNT: rows,
             "rows_caught_up": summary["caught_up_rows"],
             "seconds": summary["seconds"],
             "delta_version": _version(summary["delta_version"]),
@@ -196,6 +244,7 @@ def topic(pipeline: Pipeline, topic_name: str) -> Published:
     sink = next(s for s in spec.topic_sinks if s.topic == topic_name)
     produced = next(r for r in pipeline.produce(topic_name) if r.topic == topic_name)
     summary = produced.summary()
+    path, time_column, date_column = _published_table(pipeline)
     return Published(
         "stream",
         {
@@ -210,6 +259,7 @@ def topic(pipeline: Pipeline, topic_name: str) -> Published:
             "transactional_id": transactional_id(spec.name, sink),
         },
         result=produced,
+        touched=_written(path, produced.versions_produced, time_column, date_column),
     )
 
 

@@ -18,6 +18,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PlainSerializer,
+    PrivateAttr,
     ValidationError,
     field_validator,
     model_validator,
@@ -294,6 +295,8 @@ class PipelineSpec(PipelineSinks, StrictModel):
     description: str = ""
     owners: list[str] = Field(default_factory=list)
     kafka: KafkaSpec = KafkaSpec()
+    # The YAML file the spec was loaded from (`load_spec`), for code references; not a field.
+    _file: str | None = PrivateAttr(default=None)
     sources: dict[Identifier, SourceSpec] = Field(min_length=1)
     # A join pipeline has either a temporal `join:` or a SQL `query:`; its output
     # (the gold table, named like the sink table) is what ClickHouse receives.
@@ -421,6 +424,11 @@ class PipelineSpec(PipelineSinks, StrictModel):
         return compile_query(self.query, fields, windows, set(self.dimensions), list(self.require))
 
     @property
+    def source_file(self) -> str | None:
+        """The absolute path of the YAML file the spec was loaded from, if it was loaded from one."""
+        return self._file
+
+    @property
     def sink_source_name(self) -> str:
         """The source whose silver table feeds the sink (join pipelines: the driving source)."""
         if self.is_join:
@@ -505,7 +513,9 @@ def load_spec(path: str | Path) -> PipelineSpec:
         data = load_yaml(text)
     except YamlProblem as exc:
         raise SpecError(str(path), [(exc.where, exc.message, exc.hint)]) from None
-    return parse_spec(data, str(path))
+    spec = parse_spec(data, str(path))
+    spec._file = str(path.resolve())
+    return spec
 
 
 def sink_identity(spec: PipelineSpec, default_database: str = "default") -> tuple[str, str]:

@@ -403,11 +403,15 @@ def duplicate_key_count(client: Any, spec: PipelineSpec) -> int:
     )
 
 
+def row_count(client: Any, spec: PipelineSpec) -> int:
+    """Rows in the pipeline's ClickHouse table (MergeTree answers count() from its parts' metadata)."""
+    return int(client.query(f"SELECT count() FROM {qualified_table(spec)}").result_rows[0][0])
+
+
 def table_stats(dsn: str, spec: PipelineSpec) -> dict[str, int]:
     """Rows and duplicate keys in the ClickHouse table."""
     with open_client(dsn) as client:
-        rows = client.query(f"SELECT count() FROM {qualified_table(spec)}").result_rows[0][0]
-        return {"rows": int(rows), "duplicate_keys": duplicate_key_count(client, spec)}
+        return {"rows": row_count(client, spec), "duplicate_keys": duplicate_key_count(client, spec)}
 
 
 def sample_rows(dsn: str, spec: PipelineSpec, limit: int = 5) -> tuple[list[str], list[tuple[Any, ...]]]:

@@ -107,6 +107,23 @@ def open_table(path: str) -> DeltaTable | None:
         return None
 
 
+def row_count(path: str) -> int:
+    """Rows of a Delta table's latest version, from its log (each file's numRecords statistic);
+    files without the statistic are counted from their Parquet footers."""
+    import pyarrow.compute as pc
+
+    table = open_table(path)
+    if table is None:
+        return 0
+    adds = pa.table(table.get_add_actions(flatten=True))  # delta-rs hands out arro3 tables
+    if adds.num_rows == 0:
+        return 0
+    counted = adds.column("num_records")
+    if counted.null_count == 0:
+        return int(pc.sum(counted).as_py() or 0)
+    return table.to_pyarrow_dataset().count_rows()
+
+
 def spark_schema(schema: pa.Schema) -> Any:
     """The Spark StructType of an Arrow schema (the table schemas above are declared once, in Arrow)."""
     from pyspark.sql.pandas.types import from_arrow_schema
