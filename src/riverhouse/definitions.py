@@ -59,19 +59,17 @@ def build_definitions(specs: list[PipelineSpec] | None = None, settings: Setting
     if specs is None:
         specs, errors = load_spec_folder(pipelines_dir(), dsn_database(settings.clickhouse_dsn))
     assets: list = []
-    checks: list = []
     jobs: list = []
     sensors: list = []
     schedules: list = []
     for spec in specs:
         try:
-            spec_assets, spec_checks = build_pipeline_assets(spec, settings)
+            spec_assets = build_pipeline_assets(spec, settings)
             spec_jobs, spec_sensors, spec_schedules = build_orchestration(spec)
         except Exception as exc:  # one pipeline's failure must not hide the others
             errors.append(SpecError(f"pipeline {spec.name}", [("", f"{type(exc).__name__}: {exc}", "")]))
             continue
         assets.extend(spec_assets)
-        checks.extend(spec_checks)
         jobs.extend(spec_jobs)
         sensors.extend(spec_sensors)
         schedules.extend(spec_schedules)
@@ -81,7 +79,6 @@ def build_definitions(specs: list[PipelineSpec] | None = None, settings: Setting
         assets.append(spec_error_asset(error, taken))
     return dg.Definitions(
         assets=assets,
-        asset_checks=checks,
         jobs=jobs,
         sensors=sensors,
         schedules=schedules,

@@ -56,13 +56,13 @@ def materialize_pipeline(
     `instance`: where the run, its materializations and check results are recorded (an
     ephemeral instance when None).
     """
-    assets, checks = build_pipeline_assets(spec)
+    assets = build_pipeline_assets(spec, settings)
     run_config: dict[str, Any] = {"loggers": {"console": {"config": {"log_level": log_level}}}}
     if spec.is_join and drain:
         gold_op = "__".join(["gold", spec.name, spec.sink.table])
         run_config["ops"] = {gold_op: {"config": {"drain": True}}}
     return dg.materialize(
-        [*assets, *checks],
+        assets,
         resources=resources_from_settings(settings),
         run_config=run_config,
         partition_key=partition_key or live_partition_key(spec),

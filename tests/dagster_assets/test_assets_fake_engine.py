@@ -36,9 +36,8 @@ def run(
     selection: Any = None,
     run_config: dict[str, Any] | None = None,
 ) -> dg.ExecuteInProcessResult:
-    assets, checks = build_pipeline_assets(spec)
     return dg.materialize(
-        [*assets, *checks],
+        build_pipeline_assets(spec),
         resources={"riverhouse": engine},
         selection=selection,
         partition_key=partition_key or live_partition_key(spec),

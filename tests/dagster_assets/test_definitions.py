@@ -99,9 +99,8 @@ def materialize(
     instance: dg.DagsterInstance | None = None,
 ) -> dg.ExecuteInProcessResult:
     """A stream run (or, with `partition_key`, a rebuild run of that partition)."""
-    assets, checks = build_pipeline_assets(spec, settings)
     return dg.materialize(
-        [*assets, *checks],
+        build_pipeline_assets(spec, settings),
         resources=resources_from_settings(settings),
         selection=selection,
         partition_key=partition_key or live_partition_key(spec),

@@ -32,7 +32,7 @@ def both_sinks(topic: str, name: str) -> Any:
 
 def test_topic_asset_lineage_and_check() -> None:
     spec = both_sinks("t_orders", "dg_topic_graph")
-    assets, _ = build_pipeline_assets(spec)
+    assets = build_pipeline_assets(spec)
     graph = dg.Definitions(assets=assets, resources={"riverhouse": FakeRiverhouse()}).resolve_asset_graph()
     key = dg.AssetKey(["topic", spec.name, "t_orders_clean"])
     node = graph.get(key)
@@ -47,7 +47,7 @@ def test_topic_asset_lineage_and_check() -> None:
     data = orders_spec_data("t_only", name="dg_topic_only")
     data["sink"] = {"kind": "kafka", "topic": "t_only_out"}
     only = parse_spec(data)
-    only_assets = build_pipeline_assets(only)[0]
+    only_assets = build_pipeline_assets(only)
     keys = dg.Definitions(assets=only_assets, resources={"riverhouse": FakeRiverhouse()}).resolve_all_asset_keys()
     assert dg.AssetKey(["topic", only.name, "t_only_out"]) in keys
     assert not any(k.path[0] == "clickhouse" for k in keys)

@@ -200,14 +200,11 @@ def _check_result(name: str, outcome: CheckOutcome) -> dg.AssetCheckResult:
     )
 
 
-def build_pipeline_assets(
-    spec: PipelineSpec, settings: Settings | None = None
-) -> tuple[list[Any], list[dg.AssetChecksDefinition]]:
-    """The spec's assets; `settings` (default: from the environment) name the tables' locations."""
+def build_pipeline_assets(spec: PipelineSpec, settings: Settings | None = None) -> list[Any]:
+    """The spec's assets, their checks with them; `settings` (default: from the environment) name the tables' locations."""
     settings = settings or Settings.from_env()
     layout = TableLayout(settings.warehouse, spec.name)
     assets: list[Any] = []
-    checks: list[dg.AssetChecksDefinition] = []
     owners = list(spec.owners)
     parts = partitions_def(spec)
     for source_name, src in spec.sources.items():
@@ -235,7 +232,7 @@ def build_pipeline_assets(
         assets.append(_clickhouse_asset(spec, sink_key, upstream, parts, f"{database}.{spec.sink.table}"))
     for sink in spec.topic_sinks:
         assets.append(_topic_asset(spec, sink, upstream, parts))
-    return assets, checks
+    return assets
 
 
 def _ingest_asset(spec: PipelineSpec, source_name: str, layout: TableLayout) -> dg.AssetsDefinition:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from riverhouse.platform import publish
@@ -331,7 +332,8 @@ class Pipeline:
         spec, log = self.spec, self.log
         started = time.monotonic()
         resolve_bootstrap(spec, self.settings)
-        endpoint = metrics.ContinuousMetrics.from_env(spec, self.settings)  # a bad setting fails before Spark starts
+        # A bad setting fails before Spark starts.
+        endpoint = metrics.ContinuousMetrics.from_env(spec, partial(pipeline_lag, spec, self.settings))
         loader = self._start(load)  # one connection for the session
         # One transactional producer per Kafka sink for the session (init_transactions once).
         topic_sinks = {s.topic: TopicSink(spec, s, self.settings, self.warn) for s in spec.topic_sinks} if load else {}

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from riverhouse.platform.kafka.client import (
     connector_options,
     librdkafka_config,
 )
+from riverhouse.platform.kafka.lag import pipeline_lag
 from riverhouse.platform.runtime import metrics
 from riverhouse.platform.runtime.engine import engine_lost
 from riverhouse.platform.runtime.spark import REMOTE_ENV
@@ -283,7 +285,7 @@ def ingest_sources(
                 raise
             return [stream_result(stream, query, started) for stream, query in zip(streams, queries, strict=True)]
         finally:
-            metrics.push(spec, settings)  # a triggered run is too short to scrape (metrics.py)
+            metrics.push(spec, partial(pipeline_lag, spec, settings))  # too short a run to scrape (metrics.py)
 
 
 def start_queries(spark: Any, streams: list[SourceStream], trigger: dict[str, Any]) -> list[Any]:

@@ -28,8 +28,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, push
 
 if TYPE_CHECKING:
     from riverhouse.platform.ingest.writer import BatchMetrics
+    from riverhouse.platform.kafka.lag import PipelineLag
     from riverhouse.platform.spec import PipelineSpec
-    from riverhouse.platform.state.settings import Settings
 
 PORT_ENV = "RIVERHOUSE_METRICS_PORT"
 HOST_ENV = "RIVERHOUSE_METRICS_HOST"
@@ -176,12 +176,11 @@ def observe_load_error(pipeline: str) -> None:
     FAMILIES.insert_errors.labels(pipeline).inc()
 
 
-def refresh_lag(spec: PipelineSpec, settings: Settings) -> None:
-    """Per-partition lag of every source (a Kafka watermark lookup); logged, not raised, on failure."""
-    from riverhouse.platform.kafka.lag import pipeline_lag
-
+def refresh_lag(spec: PipelineSpec, lag_of: Callable[[], PipelineLag]) -> None:
+    """Per-partition lag of every source, from `lag_of` (the caller's Kafka watermark lookup);
+    logged, not raised, on failure."""
     try:
-        lag = pipeline_lag(spec, settings)
+        lag = lag_of()
     except Exception as exc:
         log.warning("metrics: Kafka lag of pipeline %s not refreshed: %s", spec.name, exc)
         return
@@ -194,12 +193,15 @@ def refresh_lag(spec: PipelineSpec, settings: Settings) -> None:
             FAMILIES.kafka_lag.labels(spec.name, source.source, source.topic, partition).set(max(0, behind))
 
 
-def push(spec: PipelineSpec, settings: Settings) -> bool:
-    """Push this process's figures for the pipeline to $RIVERHOUSE_METRICS_PUSHGATEWAY, if set and not serving."""
+def push(spec: PipelineSpec, lag_of: Callable[[], PipelineLag]) -> bool:
+    """Push this process's figures for the pipeline to $RIVERHOUSE_METRICS_PUSHGATEWAY, if set and not serving.
+
+    `lag_of` gives the pipeline's Kafka lag (asked only when there is a gateway to push to).
+    """
     gateway = os.environ.get(PUSHGATEWAY_ENV, "").strip()
     if not gateway or _serving:
         return False
-    refresh_lag(spec, settings)
+    refresh_lag(spec, lag_of)
     FAMILIES.pushed_at.labels(spec.name).set(time.time())
     try:
         push_to_gateway(gateway, job=PUSH_JOB, registry=REGISTRY, grouping_key={"pipeline": spec.name}, timeout=10)
@@ -225,9 +227,11 @@ def serve_port() -> int | None:
 class ContinuousMetrics:
     """Continuous mode's endpoint (when RIVERHOUSE_METRICS_PORT is set) and its lag poller."""
 
-    def __init__(self, spec: PipelineSpec, settings: Settings, port: int | None, host: str, lag_interval_s: float):
+    def __init__(
+        self, spec: PipelineSpec, lag_of: Callable[[], PipelineLag], port: int | None, host: str, lag_interval_s: float
+    ):
         self.spec = spec
-        self.settings = settings
+        self.lag_of = lag_of
         self.port = port
         self.host = host
         self.lag_interval_s = lag_interval_s
@@ -235,7 +239,7 @@ class ContinuousMetrics:
         self._poller: threading.Thread | None = None
 
     @classmethod
-    def from_env(cls, spec: PipelineSpec, settings: Settings) -> ContinuousMetrics:
+    def from_env(cls, spec: PipelineSpec, lag_of: Callable[[], PipelineLag]) -> ContinuousMetrics:
         raw = os.environ.get(LAG_INTERVAL_ENV, "").strip() or "15"
         try:
             interval = float(raw)
@@ -243,7 +247,7 @@ class ContinuousMetrics:
             interval = -1.0
         if interval <= 0:
             raise MetricsError(f"{LAG_INTERVAL_ENV} must be a number of seconds above 0, got {raw!r}")
-        return cls(spec, settings, serve_port(), os.environ.get(HOST_ENV, "") or "127.0.0.1", interval)
+        return cls(spec, lag_of, serve_port(), os.environ.get(HOST_ENV, "") or "127.0.0.1", interval)
 
     def start(self, log_line: Callable[[str], None]) -> None:
         if self.port is None:
@@ -264,7 +268,7 @@ class ContinuousMetrics:
 
     def _poll_lag(self) -> None:
         while True:
-            refresh_lag(self.spec, self.settings)
+            refresh_lag(self.spec, self.lag_of)
             if self._stop.wait(self.lag_interval_s):
                 return
 

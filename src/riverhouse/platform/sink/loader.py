@@ -7,8 +7,10 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
+from functools import partial
 from typing import Any
 
+from riverhouse.platform.kafka.lag import pipeline_lag
 from riverhouse.platform.runtime import metrics
 from riverhouse.platform.sink.clickhouse import ClickHouseLoadError, open_client, sink_table_path
 from riverhouse.platform.sink.versions import LoadResult, load_new_versions
@@ -36,10 +38,10 @@ def load_sink(
             )
     except ClickHouseLoadError:
         metrics.observe_load_error(spec.name)
-        metrics.push(spec, settings)
+        metrics.push(spec, partial(pipeline_lag, spec, settings))
         raise
     metrics.observe_load(spec.name, result.rows_loaded, time.monotonic() - began, result.last_loaded_version)
-    metrics.push(spec, settings)
+    metrics.push(spec, partial(pipeline_lag, spec, settings))
     return result
 
 
