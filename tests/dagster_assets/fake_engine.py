@@ -59,10 +59,10 @@ class FakePipeline:
     def check_silver(self, source: str, rows: Any) -> CheckOutcome:
         return self._check("silver")
 
-    def check_unique_keys(self, source: str) -> CheckOutcome:
+    def check_unique_keys(self, source: str, spans: Any) -> CheckOutcome:
         return self._check("unique_keys")
 
-    def check_one_row_per_left_event(self) -> CheckOutcome:
+    def check_one_row_per_left_event(self, spans: Any) -> CheckOutcome:
         return self._check("gold")
 
     def check_clickhouse(self) -> CheckOutcome:

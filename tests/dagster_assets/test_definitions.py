@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import dagster as dg
@@ -172,25 +172,38 @@ def test_failing_blocking_check_stops_the_clickhouse_load(
     sink_key = dg.AssetKey(["clickhouse", spec.name, spec.sink.table])
     first = materialize(spec, settings, selection=dg.AssetSelection.all() - dg.AssetSelection.keys(sink_key))
     assert first.success
-    # Crafted bad data: a second "a" ten minutes later, written straight into silver.
+    # Crafted bad data, written straight into silver: a second "a" ten minutes later; and a "b"
+    # twice on 2026-01-03, where nothing the next run writes is within the window (1 h) of it.
     path = TableLayout(settings.warehouse, spec.name).silver("orders")
     table = open_table(path)
     rows = table.to_pyarrow_dataset().to_table()
-    bad = rows.filter(pa.compute.equal(rows.column("order_id"), "a"))
-    later = datetime(2026, 1, 1, 0, 10, tzinfo=UTC)
-    bad = bad.set_column(
-        bad.schema.get_field_index("_event_time"),
-        "_event_time",
-        pa.array([later], bad.schema.field("_event_time").type),
+
+    def copy_of(order_id: str, at: datetime) -> pa.Table:
+        row = rows.filter(pa.compute.equal(rows.column("order_id"), order_id))
+        moved = {"_event_time": pa.array([at], row.schema.field("_event_time").type)}
+        moved["_event_date"] = pa.array([at.date()], row.schema.field("_event_date").type)
+        for name, value in moved.items():
+            row = row.set_column(row.schema.get_field_index(name), name, value)
+        return row
+
+    far = datetime(2026, 1, 3, 0, 0, tzinfo=UTC)
+    bad = pa.concat_tables(
+        [
+            copy_of("a", datetime(2026, 1, 1, 0, 10, tzinfo=UTC)),
+            copy_of("b", far),
+            copy_of("b", far + timedelta(minutes=5)),
+        ]
     )
     write_deltalake(table, bad, mode="append")
+    # The next run writes 2026-01-01 again: the check reads what it wrote +- the window, not all of silver.
+    produce(kafka, topic, [order("c", "2026-01-01T00:30:00Z")])
 
     result = materialize(spec, settings)
     checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
     failed = checks["orders_has_unique_keys_within_window"]
     assert not failed.passed
-    assert failed.metadata["duplicate_rows"].value == 1
-    assert "a" in str(failed.metadata["sample"].value)
+    assert failed.metadata["duplicate_rows"].value == 1  # "a"; the "b" pair is outside what was checked
+    assert "'a'" in str(failed.metadata["sample"].value) and "'b'" not in str(failed.metadata["sample"].value)
     loaded = [k for k in materialization_metadata(result) if k.startswith("clickhouse/")]
     assert loaded == []  # the blocking check stopped the load
 

@@ -357,7 +357,7 @@ def _silver_asset(
         yield dg.MaterializeResult(metadata=published.metadata)
         yield _check_result(gx_check, pipeline.check_silver(source_name, published.rows))
         if src.dedup:
-            yield _check_result(unique_check, pipeline.check_unique_keys(source_name))
+            yield _check_result(unique_check, pipeline.check_unique_keys(source_name, published.touched))
 
     return silver_table
 
@@ -404,7 +404,7 @@ def _gold_asset(
         published = pipeline.publish_gold(rebuild_window(context, spec), drain=config.drain)
         record_partitions_written(context, parts, published)
         yield dg.MaterializeResult(metadata=published.metadata)
-        yield _check_result(check, pipeline.check_one_row_per_left_event())
+        yield _check_result(check, pipeline.check_one_row_per_left_event(published.touched))
 
     return gold_table
 

@@ -236,11 +236,12 @@ class Pipeline:
     def check_silver(self, source: str, rows: Any) -> publish.CheckOutcome:
         return publish.silver_expectations(self.spec, source, rows)
 
-    def check_unique_keys(self, source: str) -> publish.CheckOutcome:
-        return publish.unique_keys(self, source)
+    def check_unique_keys(self, source: str, spans: list[tuple[datetime, datetime]]) -> publish.CheckOutcome:
+        """`spans`: the event times the step wrote (Published.touched); the check reads them +- the window."""
+        return publish.unique_keys(self, source, spans)
 
-    def check_one_row_per_left_event(self) -> publish.CheckOutcome:
-        return publish.one_row_per_left_event(self)
+    def check_one_row_per_left_event(self, spans: list[tuple[datetime, datetime]]) -> publish.CheckOutcome:
+        return publish.one_row_per_left_event(self, spans)
 
     def check_clickhouse(self) -> publish.CheckOutcome:
         return publish.clickhouse_matches_delta(self.spec, self.settings)

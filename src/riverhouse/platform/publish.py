@@ -9,7 +9,7 @@ ClickHouse DSN is never part of it. Engine code: no Dagster imports.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -65,6 +65,11 @@ def _written(path: str, versions: list[int], time_column: str, date_column: str)
     """Event-time ranges of the files `versions` of the Delta table at `path` added."""
     log = DeltaLog(path)
     return [span for v in versions for span in log.event_times_added(v, v, time_column, date_column)]
+
+
+def _window_span(window: Window) -> list[tuple[datetime, datetime]]:
+    """A rebuild wrote its half-open window [start, end)."""
+    return [(window.start, window.end - timedelta(microseconds=1))]
 
 
 def _published_table(pipeline: Pipeline) -> tuple[str, str, str]:
@@ -157,7 +162,8 @@ def silver(pipeline: Pipeline, source: str, window: Window | None, ingested: dic
         )
     rebuilt = pipeline.rebuild_silver(source, window)
     rows = rebuilt.published if rebuilt.published is not None else schema.empty_table()
-    return Published("rebuild", {"path": path, **_rebuild_metadata(rebuilt), ROW_COUNT: row_count(path)}, rows)
+    metadata = {"path": path, **_rebuild_metadata(rebuilt), ROW_COUNT: row_count(path)}
+    return Published("rebuild", metadata, rows, touched=_window_span(window))
 
 
 def _rebuild_metadata(rebuilt: Any) -> dict[str, Any]:
@@ -178,7 +184,8 @@ def gold(pipeline: Pipeline, window: Window | None, drain: bool) -> Published:
     before = _version(DeltaLog(path).latest_version())
     result = pipeline.gold(window, drain=drain)
     if window is not None:
-        return Published("rebuild", {**_rebuild_metadata(result), "path": path, ROW_COUNT: row_count(path)})
+        metadata = {**_rebuild_metadata(result), "path": path, ROW_COUNT: row_count(path)}
+        return Published("rebuild", metadata, touched=_window_span(window))
     summary = result.summary()
     pipeline.log(f"join: {summary}")
     metadata = {
@@ -285,25 +292,40 @@ def silver_expectations(spec: PipelineSpec, source: str, rows: pa.Table) -> Chec
     return CheckOutcome(outcome.success, outcome.metadata(), None if outcome.success else outcome.describe_failures())
 
 
-def unique_keys(pipeline: Pipeline, source: str) -> CheckOutcome:
+def unique_keys(pipeline: Pipeline, source: str, spans: list[tuple[datetime, datetime]]) -> CheckOutcome:
+    """No two silver rows share a dedup key within the window, around what the step wrote (`spans`)."""
     src = pipeline.spec.sources[source]
     if src.dedup is None:
         return CheckOutcome(True, {"duplicate_rows": 0, "sample": []})
     path = TableLayout(pipeline.settings.warehouse, pipeline.spec.name).silver(source)
-    count, sample = duplicate_keys_within_window(path, src.dedup_key, src.dedup.window)
-    return CheckOutcome(count == 0, {"duplicate_rows": count, "sample": sample})
+    count, sample = duplicate_keys_within_window(pipeline.spark, path, src.dedup_key, src.dedup.window, spans)
+    return CheckOutcome(count == 0, {"duplicate_rows": count, "sample": sample, **_checked(spans)})
 
 
-def one_row_per_left_event(pipeline: Pipeline) -> CheckOutcome:
+def one_row_per_left_event(pipeline: Pipeline, spans: list[tuple[datetime, datetime]]) -> CheckOutcome:
     spec = pipeline.spec
     plan = spec.plan
     driving = spec.sources[plan.driving_source]
     window = driving.dedup.window if driving.dedup else plan.close_after
     path = gold_path(TableLayout(pipeline.settings.warehouse, spec.name), spec)
     count, sample = duplicate_keys_within_window(
-        path, ["_left_key"], window, time_column="_left_event_time", emitted_only=True
+        pipeline.spark,
+        path,
+        ["_left_key"],
+        window,
+        spans,
+        time_column="_left_event_time",
+        date_column="_left_event_date",
+        emitted_only=True,
     )
-    return CheckOutcome(count == 0, {"duplicate_rows": count, "sample": sample})
+    return CheckOutcome(count == 0, {"duplicate_rows": count, "sample": sample, **_checked(spans)})
+
+
+def _checked(spans: list[tuple[datetime, datetime]]) -> dict[str, Any]:
+    """What a windowed check looked at: the event times the step wrote (it reads them +- the window)."""
+    if not spans:
+        return {"checked": "nothing written"}
+    return {"checked": f"{min(lo for lo, _ in spans).isoformat()}/{max(hi for _, hi in spans).isoformat()}"}
 
 
 def topic_matches_delta(spec: PipelineSpec, settings: Settings, produced: ProduceResult) -> CheckOutcome:

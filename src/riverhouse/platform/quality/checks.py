@@ -2,52 +2,75 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from riverhouse.platform.spec import PipelineSpec
+from riverhouse.platform.state.delta_log import DeltaLog
 from riverhouse.platform.state.settings import Settings
-from riverhouse.platform.state.tables import open_table, plain_strings
+from riverhouse.platform.state.tables import open_table
+
+
+def checked_ranges(spans: list[tuple[datetime, datetime]], window: timedelta) -> list[tuple[datetime, datetime]]:
+    """The event-time ranges a duplicate of a row in `spans` can be in: each span widened by
+    `window` on both sides, overlapping ranges merged, in time order."""
+    merged: list[tuple[datetime, datetime]] = []
+    for lo, hi in sorted((lo - window, hi + window) for lo, hi in spans):
+        if merged and lo <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+        else:
+            merged.append((lo, hi))
+    return merged
 
 
 def duplicate_keys_within_window(
+    spark: Any,
     path: str,
     key: list[str],
     window: timedelta,
+    spans: list[tuple[datetime, datetime]],
     limit: int = 20,
     time_column: str = "_event_time",
+    date_column: str = "_event_date",
     emitted_only: bool = False,
 ) -> tuple[int, list[dict[str, Any]]]:
-    """Rows whose key equals the previous row's within `window` (by `time_column`).
+    """Rows whose key equals the previous row's (by `time_column`) within `window`, as a Spark job.
 
-    Returns (number of offending rows, a sample of them). Only the key and time
-    columns are read. `emitted_only`: gold tables, rows that reach ClickHouse.
+    Only rows that a duplicate of the checked `spans` (what the step wrote: a stream run's
+    files, a rebuild's window) can be are read: the spans widened by `window`, pruned by the
+    date partitions first. Returns (number of offending rows, a sample of at most `limit`);
+    only the count and the sample reach the driver. `emitted_only`: gold tables, rows that reach
+    ClickHouse.
     """
-    table = open_table(path)
-    if table is None:
+    from pyspark.sql import Window as SparkWindow
+    from pyspark.sql import functions as F
+
+    ranges = checked_ranges(spans, window)
+    if not ranges or not DeltaLog(path).exists():
         return 0, []
-    dataset = table.to_pyarrow_dataset()
-    flt = pc.field("_status") == "emitted" if emitted_only else None
-    rows = plain_strings(dataset.to_table(columns=list(dict.fromkeys([*key, time_column])), filter=flt))
-    if rows.num_rows < 2:
-        return 0, []
-    rows = rows.sort_by([(k, "ascending") for k in key] + [(time_column, "ascending")])
-    n = rows.num_rows
-    same = np.ones(n - 1, dtype=bool)
-    for k in key:
-        col = rows.column(k).combine_chunks()
-        same &= pc.fill_null(pc.equal(col.slice(1), col.slice(0, n - 1)), False).to_numpy(zero_copy_only=False)
-    times = pc.cast(rows.column(time_column), pa.int64()).to_numpy(zero_copy_only=False)
-    close = (times[1:] - times[:-1]) <= int(window / timedelta(microseconds=1))
-    offending = np.flatnonzero(same & close) + 1
-    sample = rows.take(pa.array(offending[:limit])).to_pylist() if offending.size else []
+    t = F.col(time_column)
+    bound = None
+    for lo, hi in ranges:
+        one = F.col(date_column).between(F.lit(lo.date()), F.lit(hi.date())) & t.between(F.lit(lo), F.lit(hi))
+        bound = one if bound is None else bound | one
+    rows = spark.read.format("delta").load(path).where(bound)
+    if emitted_only:
+        rows = rows.where(F.col("_status") == F.lit("emitted"))
+    previous = F.lag(t).over(SparkWindow.partitionBy(*[F.col(k) for k in key]).orderBy(t))
+    gap = F.unix_micros(t) - F.unix_micros(F.col("_previous"))
+    offending = (
+        rows.select(*[F.col(k) for k in key], t, previous.alias("_previous"))
+        .where(F.col("_previous").isNotNull() & (gap <= F.lit(int(window / timedelta(microseconds=1)))))
+        .drop("_previous")
+    )
+    count = offending.count()
+    sample = [row.asDict() for row in offending.limit(limit).collect()] if count else []
     for row in sample:
         row[time_column] = str(row[time_column])
-    return int(offending.size), sample
+    return int(count), sample
 
 
 def delta_row_count(path: str) -> int:
