@@ -97,6 +97,9 @@ class Stub(Pipeline):
     def lag(self, sources: list[str] | None = None) -> PipelineLag:
         return PipelineLag(self.name)
 
+    def clickhouse_rows(self) -> int:
+        return self.results.get("clickhouse_rows", 0)
+
     def ingest(self, source: str | None = None, on_batch: Any = None, lock_wait_s: float = 0.0) -> IngestResult:
         batch = BatchMetrics(batch_id=3, read=4, quarantined=1, inserted=3)
         return IngestResult(self.name, "orders", [batch], 2.0, None, {"t": {"0": 4}})
@@ -113,8 +116,10 @@ def test_a_window_swap_lists_its_days(tmp_path: Path) -> None:
     spec = parse_spec(orders_spec_data("orders"))
     replaced = ReplaceResult(table="t", days=["2026-01-02", "2026-01-03"], rows=5, caught_up_rows=2)
     window = Window(datetime(2026, 1, 2, tzinfo=UTC), datetime(2026, 1, 4, tzinfo=UTC))
-    published = publish.clickhouse(Stub(spec, Settings.from_env(tmp_path), load=replaced), window)
+    published = publish.clickhouse(Stub(spec, Settings.from_env(tmp_path), load=replaced, clickhouse_rows=9), window)
     assert published.mode == "rebuild"
+    # Dagster's conventions: the rows of the swapped window, and the table's rows after it.
+    assert (published.metadata["dagster/partition_row_count"], published.metadata["dagster/row_count"]) == (5, 9)
     assert published.metadata["days"] == "2026-01-02, 2026-01-03"
     assert (published.metadata["rows_replaced"], published.metadata["rows_caught_up"]) == (5, 2)
     assert published.metadata["delta_version"] == -1

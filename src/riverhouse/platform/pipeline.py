@@ -199,6 +199,11 @@ class Pipeline:
         layout = TableLayout(self.settings.warehouse, self.name)
         return delta_row_count(layout.silver(source or self.spec.sink_source_name))
 
+    def clickhouse_rows(self) -> int:
+        """Rows in the ClickHouse table."""
+        with sink.open_client(self.settings.clickhouse_dsn) as client:
+            return sink.row_count(client, self.spec)
+
     def clickhouse_stats(self) -> dict[str, int]:
         """Rows and duplicate keys in the ClickHouse table."""
         return sink.table_stats(self.settings.clickhouse_dsn, self.spec)

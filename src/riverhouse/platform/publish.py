@@ -18,7 +18,6 @@ from riverhouse.platform.gold.joins import gold_path
 from riverhouse.platform.ingest.writer import BatchMetrics
 from riverhouse.platform.quality.checks import duplicate_keys_within_window, reconcile_per_day
 from riverhouse.platform.quality.expectations import validate_rejected_rate, validate_silver
-from riverhouse.platform.sink import clickhouse as ch
 from riverhouse.platform.sink.topic import ProduceResult
 from riverhouse.platform.sink.topic_check import topic_matches_delta as check_topic
 from riverhouse.platform.spec import PipelineSpec
@@ -212,8 +211,7 @@ def clickhouse(pipeline: Pipeline, window: Window | None) -> Published:
     """Stream run: load new Delta versions exactly once. Backfill: swap `window`'s days in."""
     result = pipeline.load(window)
     summary = result.summary()
-    with ch.open_client(pipeline.settings.clickhouse_dsn) as client:
-        rows = ch.row_count(client, pipeline.spec)
+    rows = pipeline.clickhouse_rows()
     if window is None:
         path, time_column, date_column = _published_table(pipeline)
         return Published(

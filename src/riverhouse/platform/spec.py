@@ -423,6 +423,14 @@ class PipelineSpec(PipelineSinks, StrictModel):
         windows = {name: self.state.sources.get(name, self.state.ttl) for name in self.sources}
         return compile_query(self.query, fields, windows, set(self.dimensions), list(self.require))
 
+    def __eq__(self, other: object) -> bool:
+        # Where a spec was loaded from is not part of what it says: two equal texts are equal specs.
+        if type(other) is not type(self):
+            return NotImplemented
+        return self.__dict__ == other.__dict__
+
+    __hash__ = StrictModel.__hash__
+
     @property
     def source_file(self) -> str | None:
         """The absolute path of the YAML file the spec was loaded from, if it was loaded from one."""
