@@ -74,7 +74,7 @@ def test_a_pipeline_without_a_join_has_no_gold_step(tmp_path: Path) -> None:
 def test_a_stream_run_without_an_ingest_publishes_no_silver_rows(tmp_path: Path) -> None:
     # The silver table does not even exist: nothing may be read when the ingest wrote nothing.
     target, _ = pipeline(tmp_path)
-    published = publish.silver(target, "orders", None, None)
+    published = publish.silver(target.spec, target.settings, "orders", None)
     assert published.rows is not None and published.rows.num_rows == 0
     assert "order_id" in published.rows.column_names
     assert published.metadata["inserted"] == 0 and published.metadata["delta_version"] == -1
@@ -82,23 +82,13 @@ def test_a_stream_run_without_an_ingest_publishes_no_silver_rows(tmp_path: Path)
 
 
 class Stub(Pipeline):
-    """The real publishing code over canned engine results."""
+    """The real publishing code over a canned ingest."""
 
-    def __init__(self, spec: Any, settings: Settings, **results: Any):
+    def __init__(self, spec: Any, settings: Settings):
         super().__init__(spec, settings, log=lambda m: None, spark_factory=NoSpark())
-        self.results = results
-
-    def gold(self, window: Window | None = None, drain: bool = False) -> Any:
-        return self.results["gold"]
-
-    def load(self, window: Window | None = None, client: Any = None) -> Any:
-        return self.results["load"]
 
     def lag(self, sources: list[str] | None = None) -> PipelineLag:
         return PipelineLag(self.name)
-
-    def clickhouse_rows(self) -> int:
-        return self.results.get("clickhouse_rows", 0)
 
     def ingest(self, source: str | None = None, on_batch: Any = None, lock_wait_s: float = 0.0) -> IngestResult:
         batch = BatchMetrics(batch_id=3, read=4, quarantined=1, inserted=3)
@@ -108,7 +98,7 @@ class Stub(Pipeline):
 def test_unknown_versions_and_an_idle_join_are_shown_as_minus_one_and_none(tmp_path: Path) -> None:
     spec = load_spec(REPO / "pipelines" / "orders_enriched.yaml")
     settings = Settings.from_env(tmp_path)
-    meta = publish.gold(Stub(spec, settings, gold=GoldResult()), None, drain=False).metadata
+    meta = publish.gold(spec, settings, None, GoldResult(), before=-1).metadata
     assert (meta["delta_version"], meta["watermark"], meta["mode"]) == (-1, "", "stream")
 
 
@@ -116,7 +106,7 @@ def test_a_window_swap_lists_its_days(tmp_path: Path) -> None:
     spec = parse_spec(orders_spec_data("orders"))
     replaced = ReplaceResult(table="t", days=["2026-01-02", "2026-01-03"], rows=5, caught_up_rows=2)
     window = Window(datetime(2026, 1, 2, tzinfo=UTC), datetime(2026, 1, 4, tzinfo=UTC))
-    published = publish.clickhouse(Stub(spec, Settings.from_env(tmp_path), load=replaced, clickhouse_rows=9), window)
+    published = publish.clickhouse(spec, Settings.from_env(tmp_path), window, replaced, rows=9)
     assert published.mode == "rebuild"
     # Dagster's conventions: the rows of the swapped window, and the table's rows after it.
     assert (published.metadata["dagster/partition_row_count"], published.metadata["dagster/row_count"]) == (5, 9)
@@ -133,7 +123,7 @@ def test_ingest_metadata_redacts_the_kafka_secrets(tmp_path: Path, monkeypatch: 
         "ssl.key.password": f"${{env:RIVERHOUSE_SECRET_{data['name'].upper()}__KEY_PASSWORD}}",
     }
     monkeypatch.setenv(f"RIVERHOUSE_SECRET_{data['name'].upper()}__KEY_PASSWORD", "hunter2")
-    published = publish.ingest(Stub(parse_spec(data), Settings.from_env(tmp_path)), "orders", 0.0)
+    published = Stub(parse_spec(data), Settings.from_env(tmp_path)).publish_ingest("orders")
     assert published.metadata["kafka_config"] == {"client.id": "orders-reader", "ssl.key.password": "***"}
     assert "hunter2" not in repr(published.metadata)
     assert (published.metadata["records_in"], published.metadata["quarantined"]) == (4, 1)

@@ -19,13 +19,13 @@ import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from functools import partial
 from typing import Any
 
 from riverhouse.platform import publish
 from riverhouse.platform.errors import PipelineError
-from riverhouse.platform.gold.joins import GoldResult, run_gold
+from riverhouse.platform.gold.joins import GoldResult, gold_path, run_gold
 from riverhouse.platform.gold.rebuild import rebuild_gold
 from riverhouse.platform.ingest.rebuild import rebuild_silver
 from riverhouse.platform.ingest.stream import IngestResult, ingest_sources, prepare_stream, start_queries
@@ -43,29 +43,16 @@ from riverhouse.platform.sink.topic import ProduceResult, TopicSink, produce_top
 from riverhouse.platform.sink.versions import LoadResult
 from riverhouse.platform.spec import PipelineSpec
 from riverhouse.platform.state.checkpoints import pipeline_lock
+from riverhouse.platform.state.delta_log import DeltaLog
 from riverhouse.platform.state.reset import ResetPlan, plan_reset, reset_pipeline
 from riverhouse.platform.state.settings import Settings
 from riverhouse.platform.state.tables import TableLayout
-from riverhouse.platform.state.windows import RebuildResult
+from riverhouse.platform.state.windows import RebuildResult, Window
 
 __all__ = ["Pipeline", "PipelineError", "Window", "WindowRebuild"]
 
 PUBLISH_POLL_S = 0.1  # continuous mode: how soon a landed batch is joined and loaded
 COUNTED = ("read", "quarantined", "duplicates_dropped", "inserted", "replayed")
-
-
-@dataclass(frozen=True)
-class Window:
-    """A half-open time window [start, end) in UTC: what a backfill of one partition recomputes."""
-
-    start: datetime
-    end: datetime
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "start", self.start.astimezone(UTC))
-        object.__setattr__(self, "end", self.end.astimezone(UTC))
-        if self.end <= self.start:
-            raise ValueError(f"a window must end after it starts, got {self.start.isoformat()}/{self.end.isoformat()}")
 
 
 @dataclass
@@ -78,6 +65,10 @@ class WindowRebuild:
     gold: RebuildResult | None = None
     clickhouse: ReplaceResult | None = None
     topics: list[ProduceResult] = field(default_factory=list)
+
+
+def _version(value: int | None) -> int:
+    return -1 if value is None else value
 
 
 def batch_line(spec: PipelineSpec, m: BatchMetrics) -> str:
@@ -219,21 +210,37 @@ class Pipeline:
     # ------------------------------------------------- publishing (orchestrators)
     # What a Dagster asset shows: metadata and check outcomes (riverhouse.platform.publish).
     def publish_ingest(self, source: str, lock_wait_s: float = 0.0) -> publish.Published:
-        return publish.ingest(self, source, lock_wait_s)
+        lag_before = self.lag([source]).total
+        silver_before = DeltaLog(TableLayout(self.settings.warehouse, self.name).silver(source)).latest_version()
+        result = self.ingest(source, on_batch=lambda m: self.log(batch_line(self.spec, m)), lock_wait_s=lock_wait_s)
+        return publish.ingest(self.spec, self.settings, source, result, lag_before, _version(silver_before))
 
     def publish_silver(
         self, source: str, window: Window | None, ingested: dict[str, Any] | None = None
     ) -> publish.Published:
-        return publish.silver(self, source, window, ingested)
+        """Stream run: the rows this run's ingest inserted (`ingested`: its metadata). Backfill: `window` rebuilt."""
+        if window is None:
+            return publish.silver(self.spec, self.settings, source, ingested)
+        rebuilt = self.rebuild_silver(source, window)
+        return publish.silver_rebuilt(self.spec, self.settings, source, window, rebuilt)
 
     def publish_gold(self, window: Window | None, drain: bool = False) -> publish.Published:
-        return publish.gold(self, window, drain)
+        """Stream run: join what arrived (`drain`: close every window). Backfill: join `window` again."""
+        before = DeltaLog(gold_path(TableLayout(self.settings.warehouse, self.name), self.spec)).latest_version()
+        result = self.gold(window, drain=drain)
+        if window is None:
+            self.log(f"join: {result.summary()}")
+        return publish.gold(self.spec, self.settings, window, result, _version(before))
 
     def publish_clickhouse(self, window: Window | None) -> publish.Published:
-        return publish.clickhouse(self, window)
+        """Stream run: load new Delta versions exactly once. Backfill: swap `window`'s days in."""
+        result = self.load(window)
+        return publish.clickhouse(self.spec, self.settings, window, result, self.clickhouse_rows())
 
     def publish_topic(self, topic: str) -> publish.Published:
-        return publish.topic(self, topic)
+        """A Kafka sink's pass: every Delta version not in the topic yet, exactly once."""
+        produced = next(r for r in self.produce(topic) if r.topic == topic)
+        return publish.topic(self.spec, self.settings, produced)
 
     def check_rejected_rate(self, records: int, rejected: int) -> publish.CheckOutcome:
         return publish.rejected_rate(self.spec, records, rejected)
@@ -243,10 +250,10 @@ class Pipeline:
 
     def check_unique_keys(self, source: str, spans: list[tuple[datetime, datetime]]) -> publish.CheckOutcome:
         """`spans`: the event times the step wrote (Published.touched); the check reads them +- the window."""
-        return publish.unique_keys(self, source, spans)
+        return publish.unique_keys(self.spark, self.spec, self.settings, source, spans)
 
     def check_one_row_per_left_event(self, spans: list[tuple[datetime, datetime]]) -> publish.CheckOutcome:
-        return publish.one_row_per_left_event(self, spans)
+        return publish.one_row_per_left_event(self.spark, self.spec, self.settings, spans)
 
     def check_clickhouse(self) -> publish.CheckOutcome:
         return publish.clickhouse_matches_delta(self.spec, self.settings)

@@ -10,31 +10,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 
-from riverhouse.platform.gold.joins import gold_path
-from riverhouse.platform.ingest.writer import BatchMetrics
+from riverhouse.platform.gold.joins import GoldResult, gold_path
+from riverhouse.platform.ingest.stream import IngestResult
 from riverhouse.platform.quality.checks import duplicate_keys_within_window, reconcile_per_day
 from riverhouse.platform.quality.expectations import validate_rejected_rate, validate_silver
+from riverhouse.platform.sink.replace import ReplaceResult
 from riverhouse.platform.sink.topic import ProduceResult
 from riverhouse.platform.sink.topic_check import topic_matches_delta as check_topic
+from riverhouse.platform.sink.versions import LoadResult
 from riverhouse.platform.spec import PipelineSpec
 from riverhouse.platform.spec_sinks import transactional_id
 from riverhouse.platform.state.delta_log import DeltaLog
 from riverhouse.platform.state.settings import Settings
 from riverhouse.platform.state.tables import (
     TableLayout,
-    open_table,
     plain_strings,
     read_inserts,
     row_count,
     silver_schema,
 )
-
-if TYPE_CHECKING:
-    from riverhouse.platform.pipeline import Pipeline, Window
+from riverhouse.platform.state.windows import RebuildResult, Window
 
 
 @dataclass
@@ -71,10 +70,9 @@ def _window_span(window: Window) -> list[tuple[datetime, datetime]]:
     return [(window.start, window.end - timedelta(microseconds=1))]
 
 
-def _published_table(pipeline: Pipeline) -> tuple[str, str, str]:
+def _published_table(spec: PipelineSpec, settings: Settings) -> tuple[str, str, str]:
     """The Delta table the sinks read (gold of a join, else the sink source's silver), its time and date columns."""
-    spec = pipeline.spec
-    layout = TableLayout(pipeline.settings.warehouse, spec.name)
+    layout = TableLayout(settings.warehouse, spec.name)
     if spec.is_join:
         return gold_path(layout, spec), "_left_event_time", "_left_event_date"
     return layout.silver(spec.sink_source_name), "_event_time", "_event_date"
@@ -91,21 +89,11 @@ def _version(value: int | None) -> int:
     return -1 if value is None else value
 
 
-def ingest(pipeline: Pipeline, source: str, lock_wait_s: float) -> Published:
-    """A triggered run of one source into bronze, quarantine and silver."""
-    spec, settings = pipeline.spec, pipeline.settings
+def ingest(
+    spec: PipelineSpec, settings: Settings, source: str, result: IngestResult, lag_before: int, silver_before: int
+) -> Published:
+    """A triggered run of one source into bronze, quarantine and silver (`silver_before`: its version before)."""
     layout = TableLayout(settings.warehouse, spec.name)
-
-    def log_batch(m: BatchMetrics) -> None:
-        pipeline.log(
-            f"batch {m.batch_id}: read {m.read}, quarantined {m.quarantined}, "
-            f"duplicates dropped {m.duplicates_dropped}, inserted {m.inserted} ({m.seconds:.1f}s)"
-        )
-
-    lag_before = pipeline.lag([source]).total
-    silver = open_table(layout.silver(source))
-    silver_before = silver.version() if silver is not None else -1
-    result = pipeline.ingest(source, on_batch=log_batch, lock_wait_s=lock_wait_s)
     summary = result.summary()
     seconds = max(result.seconds, 1e-6)
     batch_ids = [b.batch_id for b in result.batches]
@@ -133,39 +121,44 @@ def ingest(pipeline: Pipeline, source: str, lock_wait_s: float) -> Published:
     )
 
 
-def silver(pipeline: Pipeline, source: str, window: Window | None, ingested: dict[str, Any] | None) -> Published:
-    """Stream run: the rows this run's ingest inserted. Backfill: `window` rebuilt from bronze.
+def silver(spec: PipelineSpec, settings: Settings, source: str, ingested: dict[str, Any] | None) -> Published:
+    """A stream run's silver: the rows this run's ingest inserted.
 
     `ingested`: the metadata of the source's ingest step in this run (`ingest` above), if it ran.
     """
-    spec, settings = pipeline.spec, pipeline.settings
     path = TableLayout(settings.warehouse, spec.name).silver(source)
     schema = silver_schema(spec.sources[source])
-    if window is None:
-        ingested = ingested or {}
-        before = int(ingested.get("silver_version_before", -1))
-        after = int(ingested.get("silver_version_after", -1))
-        rows = read_inserts(path, before + 1, after, schema.names) if after > before else schema.empty_table()
-        return Published(
-            "stream",
-            {
-                "path": path,
-                "mode": "stream",
-                "inserted": rows.num_rows,
-                "duplicates_dropped": int(ingested.get("duplicates_dropped", 0)),
-                "delta_version": after,
-                ROW_COUNT: row_count(path),
-            },
-            rows,
-            touched=_written(path, list(range(before + 1, after + 1)), "_event_time", "_event_date"),
-        )
-    rebuilt = pipeline.rebuild_silver(source, window)
+    ingested = ingested or {}
+    before = int(ingested.get("silver_version_before", -1))
+    after = int(ingested.get("silver_version_after", -1))
+    rows = read_inserts(path, before + 1, after, schema.names) if after > before else schema.empty_table()
+    return Published(
+        "stream",
+        {
+            "path": path,
+            "mode": "stream",
+            "inserted": rows.num_rows,
+            "duplicates_dropped": int(ingested.get("duplicates_dropped", 0)),
+            "delta_version": after,
+            ROW_COUNT: row_count(path),
+        },
+        rows,
+        touched=_written(path, list(range(before + 1, after + 1)), "_event_time", "_event_date"),
+    )
+
+
+def silver_rebuilt(
+    spec: PipelineSpec, settings: Settings, source: str, window: Window, rebuilt: RebuildResult
+) -> Published:
+    """A backfill's silver: `window` recomputed from bronze."""
+    path = TableLayout(settings.warehouse, spec.name).silver(source)
+    schema = silver_schema(spec.sources[source])
     rows = rebuilt.published if rebuilt.published is not None else schema.empty_table()
     metadata = {"path": path, **_rebuild_metadata(rebuilt), ROW_COUNT: row_count(path)}
     return Published("rebuild", metadata, rows, touched=_window_span(window))
 
 
-def _rebuild_metadata(rebuilt: Any) -> dict[str, Any]:
+def _rebuild_metadata(rebuilt: RebuildResult) -> dict[str, Any]:
     return {
         "mode": "rebuild",
         "window": rebuilt.window,
@@ -177,16 +170,17 @@ def _rebuild_metadata(rebuilt: Any) -> dict[str, Any]:
     }
 
 
-def gold(pipeline: Pipeline, window: Window | None, drain: bool) -> Published:
-    """Stream run: join what arrived (`drain`: close every window). Backfill: join `window` again."""
-    path = gold_path(TableLayout(pipeline.settings.warehouse, pipeline.spec.name), pipeline.spec)
-    before = _version(DeltaLog(path).latest_version())
-    result = pipeline.gold(window, drain=drain)
+def gold(
+    spec: PipelineSpec, settings: Settings, window: Window | None, result: GoldResult | RebuildResult, before: int
+) -> Published:
+    """A join's gold step: what a stream run joined (`before`: gold's version before it), or `window` rebuilt."""
+    path = gold_path(TableLayout(settings.warehouse, spec.name), spec)
     if window is not None:
+        assert isinstance(result, RebuildResult)
         metadata = {**_rebuild_metadata(result), "path": path, ROW_COUNT: row_count(path)}
         return Published("rebuild", metadata, touched=_window_span(window))
     summary = result.summary()
-    pipeline.log(f"join: {summary}")
+    after = _version(summary["gold_version"])
     metadata = {
         "mode": "stream",
         "processed": summary["processed"],
@@ -199,21 +193,22 @@ def gold(pipeline: Pipeline, window: Window | None, drain: bool) -> Published:
         "filtered": summary["filtered"],
         "pending": summary["pending"],
         "watermark": summary["watermark"] or "",
-        "delta_version": _version(summary["gold_version"]),
+        "delta_version": after,
         ROW_COUNT: row_count(path),
+        "path": path,
     }
-    after = _version(summary["gold_version"])
     written = _written(path, list(range(before + 1, after + 1)), "_left_event_time", "_left_event_date")
-    return Published("stream", {**metadata, "path": path}, touched=written)
+    return Published("stream", metadata, touched=written)
 
 
-def clickhouse(pipeline: Pipeline, window: Window | None) -> Published:
-    """Stream run: load new Delta versions exactly once. Backfill: swap `window`'s days in."""
-    result = pipeline.load(window)
+def clickhouse(
+    spec: PipelineSpec, settings: Settings, window: Window | None, result: LoadResult | ReplaceResult, rows: int
+) -> Published:
+    """A stream run's load of new Delta versions, or a backfill's swap of `window`'s days; `rows`: the table's after."""
     summary = result.summary()
-    rows = pipeline.clickhouse_rows()
     if window is None:
-        path, time_column, date_column = _published_table(pipeline)
+        assert isinstance(result, LoadResult)
+        path, time_column, date_column = _published_table(spec, settings)
         return Published(
             "stream",
             {
@@ -243,13 +238,11 @@ def clickhouse(pipeline: Pipeline, window: Window | None) -> Published:
     )
 
 
-def topic(pipeline: Pipeline, topic_name: str) -> Published:
+def topic(spec: PipelineSpec, settings: Settings, produced: ProduceResult) -> Published:
     """A Kafka sink's pass: every Delta version not in the topic yet (a backfill's included), exactly once."""
-    spec = pipeline.spec
-    sink = next(s for s in spec.topic_sinks if s.topic == topic_name)
-    produced = next(r for r in pipeline.produce(topic_name) if r.topic == topic_name)
+    sink = next(s for s in spec.topic_sinks if s.topic == produced.topic)
     summary = produced.summary()
-    path, time_column, date_column = _published_table(pipeline)
+    path, time_column, date_column = _published_table(spec, settings)
     return Published(
         "stream",
         {
@@ -290,24 +283,27 @@ def silver_expectations(spec: PipelineSpec, source: str, rows: pa.Table) -> Chec
     return CheckOutcome(outcome.success, outcome.metadata(), None if outcome.success else outcome.describe_failures())
 
 
-def unique_keys(pipeline: Pipeline, source: str, spans: list[tuple[datetime, datetime]]) -> CheckOutcome:
+def unique_keys(
+    spark: Any, spec: PipelineSpec, settings: Settings, source: str, spans: list[tuple[datetime, datetime]]
+) -> CheckOutcome:
     """No two silver rows share a dedup key within the window, around what the step wrote (`spans`)."""
-    src = pipeline.spec.sources[source]
+    src = spec.sources[source]
     if src.dedup is None:
         return CheckOutcome(True, {"duplicate_rows": 0, "sample": []})
-    path = TableLayout(pipeline.settings.warehouse, pipeline.spec.name).silver(source)
-    count, sample = duplicate_keys_within_window(pipeline.spark, path, src.dedup_key, src.dedup.window, spans)
+    path = TableLayout(settings.warehouse, spec.name).silver(source)
+    count, sample = duplicate_keys_within_window(spark, path, src.dedup_key, src.dedup.window, spans)
     return CheckOutcome(count == 0, {"duplicate_rows": count, "sample": sample, **_checked(spans)})
 
 
-def one_row_per_left_event(pipeline: Pipeline, spans: list[tuple[datetime, datetime]]) -> CheckOutcome:
-    spec = pipeline.spec
+def one_row_per_left_event(
+    spark: Any, spec: PipelineSpec, settings: Settings, spans: list[tuple[datetime, datetime]]
+) -> CheckOutcome:
     plan = spec.plan
     driving = spec.sources[plan.driving_source]
     window = driving.dedup.window if driving.dedup else plan.close_after
-    path = gold_path(TableLayout(pipeline.settings.warehouse, spec.name), spec)
+    path = gold_path(TableLayout(settings.warehouse, spec.name), spec)
     count, sample = duplicate_keys_within_window(
-        pipeline.spark,
+        spark,
         path,
         ["_left_key"],
         window,

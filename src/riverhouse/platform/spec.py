@@ -17,7 +17,6 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
-    PlainSerializer,
     PrivateAttr,
     ValidationError,
     field_validator,
@@ -57,6 +56,7 @@ from riverhouse.platform.spec_sinks import (
     topic_clashes,
     topics_written,
 )
+from riverhouse.platform.spec_window import MAX_WINDOW, Window, format_window, parse_window
 from riverhouse.platform.spec_yaml import MAX_BYTES, YamlProblem, load_yaml
 from riverhouse.platform.types import NUMERIC
 
@@ -64,6 +64,7 @@ from riverhouse.platform.types import NUMERIC
 # spec_kafka.py, the sinks spec_sinks.py).
 __all__ = [
     "IDENTIFIER_RE",
+    "MAX_WINDOW",
     "RESERVED_TABLE_PREFIX",
     "SASL_PROTOCOLS",
     "SYSTEM_COLUMN_PREFIX",
@@ -77,51 +78,16 @@ __all__ = [
     "SinkSpec",
     "check_column_name",
     "check_identifier",
+    "format_window",
+    "parse_window",
 ]
 
-WINDOW_RE = re.compile(r"\s*(\d+)\s*(s|m|h|d|w)\s*")
 OWNER_RE = re.compile(r"(team:[A-Za-z0-9_.-]+|[^@\s]+@[^@\s]+\.[^@\s]+)")
-MAX_WINDOW = timedelta(days=7)
-WINDOW_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
-WINDOW_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 NUMERIC_TYPES = NUMERIC
 
 
-def parse_window(value: Any) -> timedelta:
-    """'90s', '30m', '1h', '7d', '1w' -> timedelta; must be > 0 and <= 7 days."""
-    if isinstance(value, timedelta):
-        window = value
-    else:
-        text = str(value)
-        match = WINDOW_RE.fullmatch(text) if len(text) <= 40 else None
-        if not match:
-            raise ValueError(
-                f"window {text[:40]!r} is not a duration: write a number and a unit, e.g. 30s, 15m, 1h, 7d"
-            )
-        number, unit = match.group(1), match.group(2)
-        # Compared in whole seconds before a timedelta is built: timedelta(days=10**20) raises OverflowError.
-        if int(number) * WINDOW_SECONDS[unit] > MAX_WINDOW.total_seconds():
-            raise ValueError(f"window {value!r} is longer than the maximum of 7 days")
-        window = timedelta(**{WINDOW_UNITS[unit]: int(number)})
-    if window <= timedelta(0):
-        raise ValueError(f"window {value!r} must be longer than 0")
-    if window > MAX_WINDOW:
-        raise ValueError(f"window {value!r} is longer than the maximum of 7 days")
-    return window
-
-
-def format_window(window: timedelta) -> str:
-    """timedelta -> the largest exact unit in spec syntax (3600s -> '1h')."""
-    seconds = int(window.total_seconds())
-    for unit, size in (("w", 604800), ("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds % size == 0:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
-
-
 Identifier = Annotated[str, BeforeValidator(check_identifier)]
-Window = Annotated[timedelta, BeforeValidator(parse_window), PlainSerializer(format_window, return_type=str)]
 
 
 class EventTimeSpec(StrictModel):

@@ -18,9 +18,6 @@ from pydantic import BeforeValidator, Discriminator, Field, Tag, model_validator
 
 from riverhouse.platform.spec_base import StrictModel, check_identifier, check_topic
 
-if TYPE_CHECKING:
-    from riverhouse.platform.spec import PipelineSpec
-
 # Union tags of the sink kinds. pydantic puts the tag in an error's location; parse_spec leaves it
 # out, so a problem is reported at `sink.table`, not `sink.sink:clickhouse.table`.
 CLICKHOUSE_TAG = "sink:clickhouse"
@@ -227,7 +224,7 @@ class PipelineSinks:
                 seen[topic] = where
 
 
-def topic_clashes(topics: dict[str, str], spec: PipelineSpec, source: str) -> list[tuple[str, str, str]]:
+def topic_clashes(topics: dict[str, str], spec: PipelineSinks, source: str) -> list[tuple[str, str, str]]:
     """Problems of `spec` (from file `source`) writing a topic another accepted spec writes.
 
     `topics` maps each topic already written (sink or ledger) to the file that writes it; topics are
@@ -253,6 +250,6 @@ def topic_clashes(topics: dict[str, str], spec: PipelineSpec, source: str) -> li
     return problems
 
 
-def topics_written(spec: PipelineSpec) -> list[str]:
+def topics_written(spec: PipelineSinks) -> list[str]:
     """The topics `spec` produces to: each Kafka sink's topic and ledger."""
     return [t for s in spec.sinks if isinstance(s, KafkaSinkSpec) for t in (s.topic, s.ledger)]

@@ -15,6 +15,20 @@ import pyarrow.compute as pc
 from riverhouse.platform.state.tables import open_table, plain_strings
 
 
+@dataclass(frozen=True)
+class Window:
+    """A half-open time window [start, end) in UTC: what a backfill of one partition recomputes."""
+
+    start: datetime
+    end: datetime
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "start", self.start.astimezone(UTC))
+        object.__setattr__(self, "end", self.end.astimezone(UTC))
+        if self.end <= self.start:
+            raise ValueError(f"a window must end after it starts, got {self.start.isoformat()}/{self.end.isoformat()}")
+
+
 @dataclass
 class RebuildResult:
     table: str
