@@ -56,7 +56,7 @@ class FakePipeline:
     def check_rejected_rate(self, records: int, rejected: int) -> CheckOutcome:
         return self._check("rejected_rate")
 
-    def check_silver(self, source: str, rows: Any) -> CheckOutcome:
+    def check_silver(self, source: str, written: Any) -> CheckOutcome:
         return self._check("silver")
 
     def check_unique_keys(self, source: str, spans: Any) -> CheckOutcome:

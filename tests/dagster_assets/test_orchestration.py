@@ -143,6 +143,13 @@ def test_gx_check_fails_on_out_of_range_values_and_stops_the_load(
     assert failures[0]["expectation"] == "expect_column_values_to_be_between"
     assert failures[0]["column"] == "amount" and failures[0]["sample"] == ["500"]
     assert not [k for k in materialization_metadata(result) if k.startswith("clickhouse/")]
+    assert evaluation.metadata["rows_validated"].value == 2
+
+    # The suite runs on Spark over what the step wrote: a second run's one new row, not silver's three.
+    produce(kafka, topic, [order("c", "2026-01-01T00:01:00Z", amount=7)])
+    again = {e.check_name: e for e in materialize(spec, settings).get_asset_check_evaluations()}
+    assert again["orders_passes_expectations"].passed
+    assert again["orders_passes_expectations"].metadata["rows_validated"].value == 1
 
 
 def test_rejected_rate_check_stops_a_run_full_of_garbage(
@@ -221,6 +228,9 @@ def test_backfill_rebuilds_exactly_its_window_and_is_idempotent(
     assert _ch_rows(settings, spec) == want
     assert meta[f"clickhouse/backfilled/{spec.sink.table}"]["dagster/row_count"] == len(want)
     assert check_results(result)["backfilled_orders_matches_delta"] is True
+    # The expectations read the rebuilt window (day 2's rows as silver now holds them).
+    evaluations = {e.check_name: e for e in result.get_asset_check_evaluations()}
+    assert evaluations["orders_passes_expectations"].metadata["rows_validated"].value == day2.num_rows
     version = open_table(layout.silver("orders")).version()
 
     # The same backfill again changes nothing: no new Delta version, the same ClickHouse rows.

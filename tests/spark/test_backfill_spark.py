@@ -138,7 +138,6 @@ def test_rebuild_replaces_only_its_window_and_a_second_run_commits_nothing(spark
     assert result.delta_version == before + 1  # one commit
     every = spark.read.format("delta").load(layout.silver("orders"))
     assert kept(every) == [("a", 0), ("b", 1), ("c", 3), ("d", 4), ("y", 98)]
-    assert sorted(result.published.column("order_id").to_pylist()) == ["b", "c", "d"]
     # The loader recognises the rebuild commit, so it will not load its rows a second time.
     log = DeltaLog(layout.silver("orders"))
     assert is_rebuild(log.commit(before + 1)) and not is_rebuild(log.commit(before))

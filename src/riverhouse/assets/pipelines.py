@@ -355,7 +355,7 @@ def _silver_asset(
         published = pipeline.publish_silver(source_name, rebuild_window(context, spec), ingested)
         record_partitions_written(context, parts, published)
         yield dg.MaterializeResult(metadata=published.metadata)
-        yield _check_result(gx_check, pipeline.check_silver(source_name, published.rows))
+        yield _check_result(gx_check, pipeline.check_silver(source_name, published.written))
         if src.dedup:
             yield _check_result(unique_check, pipeline.check_unique_keys(source_name, published.touched))
 

@@ -245,8 +245,9 @@ class Pipeline:
     def check_rejected_rate(self, records: int, rejected: int) -> publish.CheckOutcome:
         return publish.rejected_rate(self.spec, records, rejected)
 
-    def check_silver(self, source: str, rows: Any) -> publish.CheckOutcome:
-        return publish.silver_expectations(self.spec, source, rows)
+    def check_silver(self, source: str, written: publish.Written | None) -> publish.CheckOutcome:
+        """The source's GX suite, on Spark, over what the step wrote (Published.written)."""
+        return publish.silver_expectations(self.spark, self.spec, self.settings, source, written)
 
     def check_unique_keys(self, source: str, spans: list[tuple[datetime, datetime]]) -> publish.CheckOutcome:
         """`spans`: the event times the step wrote (Published.touched); the check reads them +- the window."""

@@ -25,15 +25,34 @@ from riverhouse.platform.sink.versions import LoadResult
 from riverhouse.platform.spec import PipelineSpec
 from riverhouse.platform.spec_sinks import transactional_id
 from riverhouse.platform.state.delta_log import DeltaLog
+from riverhouse.platform.state.delta_spark import window_predicate
 from riverhouse.platform.state.settings import Settings
-from riverhouse.platform.state.tables import (
-    TableLayout,
-    plain_strings,
-    read_inserts,
-    row_count,
-    silver_schema,
-)
+from riverhouse.platform.state.tables import TableLayout, row_count, silver_schema, spark_schema
 from riverhouse.platform.state.windows import RebuildResult, Window
+
+
+@dataclass(frozen=True)
+class Written:
+    """What a step wrote to a Delta table, for its checks to read on Spark: the data files a stream
+    run's commits added (only those rows), or a rebuild's window (the window's rows as they now are)."""
+
+    path: str
+    files: tuple[str, ...] = ()
+    window: Window | None = None
+
+    def frame(self, spark: Any, schema: pa.Schema, columns: list[str]) -> Any:
+        """`columns` of the written rows as a Spark DataFrame (`schema`: the table's, in Arrow)."""
+        from pyspark.sql import functions as F
+
+        if self.window is not None:
+            start, end = self.window.start, self.window.end
+            rows = spark.read.format("delta").load(self.path)
+            return rows.where(window_predicate("_event_time", "_event_date", start, end)).select(*columns)
+        wanted = spark_schema(pa.schema([schema.field(c) for c in columns]))
+        if not self.files:
+            return spark.createDataFrame([], wanted)
+        # The files hold the data columns; partition columns live in their folder names.
+        return spark.read.schema(wanted).parquet(*self.files).select(*[F.col(c) for c in columns])
 
 
 @dataclass
@@ -42,8 +61,8 @@ class Published:
 
     mode: str  # stream (what the stream wrote) or rebuild (a window recomputed from bronze)
     metadata: dict[str, Any]
-    # The rows this step published (silver: what its checks validate).
-    rows: pa.Table | None = field(default=None, repr=False)
+    # What this step wrote (silver: what its expectations validate, on Spark).
+    written: Written | None = field(default=None, repr=False)
     # Metadata of tables written alongside (the ingest step's quarantine).
     related: dict[str, dict[str, Any]] = field(default_factory=dict)
     # The step's own result, for its checks (a Kafka sink's pass: where it began).
@@ -122,28 +141,29 @@ def ingest(
 
 
 def silver(spec: PipelineSpec, settings: Settings, source: str, ingested: dict[str, Any] | None) -> Published:
-    """A stream run's silver: the rows this run's ingest inserted.
+    """A stream run's silver: the rows this run's ingest inserted (the files its commits added).
 
     `ingested`: the metadata of the source's ingest step in this run (`ingest` above), if it ran.
     """
     path = TableLayout(settings.warehouse, spec.name).silver(source)
-    schema = silver_schema(spec.sources[source])
     ingested = ingested or {}
     before = int(ingested.get("silver_version_before", -1))
     after = int(ingested.get("silver_version_after", -1))
-    rows = read_inserts(path, before + 1, after, schema.names) if after > before else schema.empty_table()
+    log = DeltaLog(path)
+    versions = list(range(before + 1, after + 1))
+    files = tuple(f.path for v in versions for f in log.added_files(log.commit(v)))
     return Published(
         "stream",
         {
             "path": path,
             "mode": "stream",
-            "inserted": rows.num_rows,
+            "inserted": int(ingested.get("inserted", 0)),
             "duplicates_dropped": int(ingested.get("duplicates_dropped", 0)),
             "delta_version": after,
             ROW_COUNT: row_count(path),
         },
-        rows,
-        touched=_written(path, list(range(before + 1, after + 1)), "_event_time", "_event_date"),
+        Written(path, files=files),
+        touched=_written(path, versions, "_event_time", "_event_date"),
     )
 
 
@@ -152,10 +172,8 @@ def silver_rebuilt(
 ) -> Published:
     """A backfill's silver: `window` recomputed from bronze."""
     path = TableLayout(settings.warehouse, spec.name).silver(source)
-    schema = silver_schema(spec.sources[source])
-    rows = rebuilt.published if rebuilt.published is not None else schema.empty_table()
     metadata = {"path": path, **_rebuild_metadata(rebuilt), ROW_COUNT: row_count(path)}
-    return Published("rebuild", metadata, rows, touched=_window_span(window))
+    return Published("rebuild", metadata, Written(path, window=window), touched=_window_span(window))
 
 
 def _rebuild_metadata(rebuilt: RebuildResult) -> dict[str, Any]:
@@ -277,9 +295,16 @@ def rejected_rate(spec: PipelineSpec, records: int, rejected: int) -> CheckOutco
     )
 
 
-def silver_expectations(spec: PipelineSpec, source: str, rows: pa.Table) -> CheckOutcome:
-    names = silver_schema(spec.sources[source]).names
-    outcome = validate_silver(spec, source, plain_strings(rows).select(names))
+def silver_expectations(
+    spark: Any, spec: PipelineSpec, settings: Settings, source: str, written: Written | None
+) -> CheckOutcome:
+    """The source's GX suite on what the step wrote, evaluated by Spark (no rows on the driver)."""
+    src = spec.sources[source]
+    schema = silver_schema(src)
+    columns = [f.name for f in src.fields] + ["_event_time"]
+    if written is None:  # nothing was written: the suite over no rows
+        written = Written(TableLayout(settings.warehouse, spec.name).silver(source))
+    outcome = validate_silver(spec, source, written.frame(spark, schema, columns))
     return CheckOutcome(outcome.success, outcome.metadata(), None if outcome.success else outcome.describe_failures())
 
 

@@ -1,4 +1,4 @@
-"""Field types: the one map from a spec type to what it is in Spark, Delta (Arrow), ClickHouse and pandas.
+"""Field types: the one map from a spec type to what it is in Spark, Delta (Arrow), ClickHouse and the checks.
 
 A spec type is a scalar (`string`, `int`, `long`, `float`, `double`, `boolean`, `timestamp`,
 `date`) or a container of them: `array<T>` (a JSON array) and `map<string,T>` (a JSON
@@ -46,17 +46,17 @@ ARROW_SCALARS: dict[str, pa.DataType] = {
     "timestamp": pa.timestamp("us", tz="UTC"),
     "date": pa.date32(),
 }
-# What the quality suite accepts for a column of each type once rows are in pandas.
-PANDAS_SCALARS: dict[str, list[str]] = {
-    "string": ["object", "str", "string"],
-    "int": ["int32", "Int32", "int64", "Int64", "float64"],
-    "long": ["int64", "Int64", "float64"],
-    "float": ["float32", "float64"],
-    "double": ["float64"],
-    "boolean": ["bool", "boolean", "object"],
-    # Timestamps are handed over as naive UTC: GX 1.x rejects tz-aware pandas dtypes by name.
-    "timestamp": ["datetime64[us]", "datetime64[ns]", "datetime64[ms]"],
-    "date": ["date", "object", "datetime64[s]", "datetime64[ms]", "datetime64[us]", "datetime64[ns]"],
+# The Spark type (pyspark.sql.types class name) of a Delta column holding each scalar: what the
+# quality suite expects a silver column to be (GX on Spark compares type classes by name).
+SPARK_TYPE_NAMES: dict[str, str] = {
+    "string": "StringType",
+    "int": "IntegerType",
+    "long": "LongType",
+    "float": "FloatType",
+    "double": "DoubleType",
+    "boolean": "BooleanType",
+    "timestamp": "TimestampType",
+    "date": "DateType",
 }
 TYPE_HELP = (
     "string, int, long, float, double, boolean, timestamp, date, array<T> or map<string,T> "
@@ -280,7 +280,9 @@ def _nullable_element(arrow: pa.DataType) -> str:
 
 
 # ---------------------------------------------------------------------------- quality checks
-def pandas_dtypes(typ: str) -> list[str]:
-    """dtype names a column of this type may have in pandas (arrays and maps are Python objects)."""
+def spark_type_names(typ: str) -> list[str]:
+    """The Spark type class a Delta column of this type is read as (containers: ArrayType, MapType)."""
     t = parse_type(typ)
-    return ["object"] if t.is_container else PANDAS_SCALARS[t.name]
+    if t.is_container:
+        return ["ArrayType"] if t.name == "array" else ["MapType"]
+    return [SPARK_TYPE_NAMES[t.name]]

@@ -47,7 +47,7 @@ from riverhouse.platform.state.tables import (
     silver_schema,
     spark_schema,
 )
-from riverhouse.platform.state.windows import RebuildResult, published_rows, window_label
+from riverhouse.platform.state.windows import RebuildResult, window_label
 
 LOCK_WAIT_S = 600
 # Arrival order inside a key: the batch a row came in, then (as inside a batch) event time and coordinates.
@@ -149,7 +149,6 @@ def rebuild_silver(
     start: datetime,
     end: datetime,
     log: Callable[[str], None] = print,
-    publish: bool = True,
 ) -> RebuildResult:
     """Recompute silver rows with event time in [start, end) from bronze; one commit if they differ."""
     started = time.monotonic()
@@ -191,11 +190,6 @@ def rebuild_silver(
             log(
                 f"silver {source} {label}: replaced {result.rows_before:,} rows with {result.rows:,} "
                 f"(Delta version {result.delta_version})"
-            )
-        if publish:
-            names = silver_schema(src).names
-            result.published = published_rows(layout.silver(source), "_event_time", "_event_date", start, end).select(
-                names
             )
     result.seconds = time.monotonic() - started
     return result

@@ -1,10 +1,12 @@
 """Great Expectations (GX Core 1.x) suites derived from a pipeline spec.
 
 Suites are built from the spec, so a field's type, `required` flag and `min`/`max`
-are the single source of truth. Validation runs on the rows a run is about to
-publish (pandas, in process); each failed expectation comes back with a sample
-of the failing values for the Dagster UI. Uniqueness *within the dedup window*
-has no GX expectation, so that check stays a separate windowed scan.
+are the single source of truth. The silver suite runs on Spark (GX's Spark data source, a
+Spark Connect session included) over a DataFrame of what the step wrote: the executors
+evaluate the expectations, the driver gets their results. The small suites over figures the
+run already holds (rejected rate, per-day reconciliation) run on pandas. Each failed
+expectation comes back with a sample of the failing values for the Dagster UI. Uniqueness
+*within the dedup window* has no GX expectation: checks.py runs it as a windowed Spark job.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 import pyarrow as pa
 
 from riverhouse.platform.spec import PipelineSpec, SourceSpec
-from riverhouse.platform.types import pandas_dtypes
+from riverhouse.platform.types import spark_type_names
 
 
 @dataclass
@@ -84,30 +86,39 @@ def source_expectations(src: SourceSpec) -> list[Any]:
     for name in dict.fromkeys([*src.dedup_key, *src.required_fields, "_event_time"]):
         out.append(exp.ExpectColumnValuesToNotBeNull(column=name))
     for f in src.fields:
-        out.append(exp.ExpectColumnValuesToBeInTypeList(column=f.name, type_list=pandas_dtypes(f.type)))
+        out.append(exp.ExpectColumnValuesToBeInTypeList(column=f.name, type_list=spark_type_names(f.type)))
         if f.min is not None or f.max is not None:
             out.append(exp.ExpectColumnValuesToBeBetween(column=f.name, min_value=f.min, max_value=f.max))
     return out
 
 
-def validate(rows: pa.Table, expectations: list[Any], suite_name: str) -> SuiteOutcome:
-    """Run the expectations on the rows with an ephemeral GX context."""
+def validate(rows: Any, expectations: list[Any], suite_name: str) -> SuiteOutcome:
+    """Run the expectations on `rows` with an ephemeral GX context.
+
+    `rows`: a Spark DataFrame (GX's Spark data source: Spark computes the metrics, nothing
+    is cached) or a small Arrow table of figures (pandas).
+    """
     gx = _gx()
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
     context = gx.get_context(mode="ephemeral")
     context.variables.progress_bars = ProgressBarsConfig(globally=False)
     name = f"{suite_name}_{uuid.uuid4().hex[:8]}"
-    data_source = context.data_sources.add_pandas(name)
+    on_spark = not isinstance(rows, pa.Table)
+    if on_spark:
+        data_source = context.data_sources.add_spark(name, persist=False)
+        frame = rows
+    else:
+        data_source = context.data_sources.add_pandas(name)
+        naive = pa.schema(
+            [pa.field(f.name, pa.timestamp(f.type.unit)) if pa.types.is_timestamp(f.type) else f for f in rows.schema]
+        )
+        frame = rows.cast(naive).to_pandas()
     asset = data_source.add_dataframe_asset(name)
     batch_definition = asset.add_batch_definition_whole_dataframe(name)
     suite = context.suites.add(gx.ExpectationSuite(name=suite_name))
     for expectation in expectations:
         suite.add_expectation(expectation)
-    naive = pa.schema(
-        [pa.field(f.name, pa.timestamp(f.type.unit)) if pa.types.is_timestamp(f.type) else f for f in rows.schema]
-    )
-    frame = rows.cast(naive).to_pandas()
     batch = batch_definition.get_batch(batch_parameters={"dataframe": frame})
     result = batch.validate(suite, result_format={"result_format": "SUMMARY", "partial_unexpected_count": 10})
     outcomes = []
@@ -126,10 +137,16 @@ def validate(rows: pa.Table, expectations: list[Any], suite_name: str) -> SuiteO
                 ),
             )
         )
-    return SuiteOutcome(suite_name, rows.num_rows, outcomes)
+    if on_spark:  # the rows each column expectation saw (GX counts them in the same Spark jobs)
+        counted = [int((r.result or {}).get("element_count") or 0) for r in result.results]
+        validated = max(counted, default=0)
+    else:
+        validated = rows.num_rows
+    return SuiteOutcome(suite_name, validated, outcomes)
 
 
-def validate_silver(spec: PipelineSpec, source: str, rows: pa.Table) -> SuiteOutcome:
+def validate_silver(spec: PipelineSpec, source: str, rows: Any) -> SuiteOutcome:
+    """The source's suite on `rows`, a Spark DataFrame of silver rows (what a step wrote)."""
     return validate(rows, source_expectations(spec.sources[source]), f"{spec.name}_{source}_silver")
 
 

@@ -1,18 +1,13 @@
-"""A backfill's window: its label, its days, its result, and its rows as a table holds them.
+"""A backfill's window: its label, its days, and a rebuild's result.
 
 Shared by the rebuilds of each layer (ingest/rebuild.py, gold/rebuild.py, sink/replace.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
-
-import pyarrow as pa
-import pyarrow.compute as pc
-
-from riverhouse.platform.state.tables import open_table, plain_strings
 
 
 @dataclass(frozen=True)
@@ -38,12 +33,9 @@ class RebuildResult:
     changed: bool = False
     delta_version: int | None = None
     seconds: float = 0.0
-    # The window's rows as the table now holds them (what the checks validate), read with
-    # delta-rs after the commit; None when the caller asked for no rows (`publish=False`).
-    published: pa.Table | None = field(default=None, repr=False)
 
     def summary(self) -> dict[str, Any]:
-        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "published"}
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
         return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in values.items()}
 
 
@@ -55,19 +47,3 @@ def window_days(start: datetime, end: datetime) -> list[date]:
     first = start.astimezone(UTC).date()
     last = (end.astimezone(UTC) - timedelta(microseconds=1)).date()
     return [first + timedelta(days=i) for i in range((last - first).days + 1)]
-
-
-def published_rows(path: str, time_col: str, date_col: str, start: datetime, end: datetime) -> pa.Table:
-    """The window's rows as the table holds them, for the checks (a delta-rs read: no JVM needed)."""
-    table = open_table(path)
-    if table is None:
-        raise RuntimeError(f"Delta table {path} does not exist: run the pipeline before backfilling it")
-    lo_date = pa.scalar(start.astimezone(UTC).date(), pa.date32())
-    hi_date = pa.scalar((end.astimezone(UTC) - timedelta(microseconds=1)).date(), pa.date32())
-    flt = (
-        (pc.field(date_col) >= lo_date)
-        & (pc.field(date_col) <= hi_date)
-        & (pc.field(time_col) >= start)
-        & (pc.field(time_col) < end)
-    )
-    return plain_strings(table.to_pyarrow_dataset().to_table(filter=flt))
