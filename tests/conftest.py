@@ -4,9 +4,9 @@ Each test gets its own topic and its own state folder (warehouse, checkpoints,
 chDB path), so tests share the expensive parts without sharing data.
 
 One engine (`riverhouse engine start`, a Spark Connect server under a temporary home) serves
-the whole test session: the `spark` fixture, Settings made in the test process and the
-subprocesses of `subprocess_env` attach to it (RIVERHOUSE_SPARK_REMOTE), so no test process
-pays a JVM start. RIVERHOUSE_TEST_ENGINE=local runs Spark in-process in each process instead
+the whole test run, both xdist workers included: the `spark` fixture, Settings made in the test
+processes and the subprocesses of `subprocess_env` attach to it (RIVERHOUSE_SPARK_REMOTE), so no
+test process pays a JVM start and the JIT warms up once. RIVERHOUSE_TEST_ENGINE=local runs Spark in-process in each process instead
 (the product's fallback when no engine is configured).
 """
 
@@ -17,6 +17,7 @@ import os
 import sys
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -36,17 +37,51 @@ CONNECT_CLIENT_ENV = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL
 ENGINE_DIR: list[Path] = []  # the shared engine's state folder (settings file, logs), once started
 
 
+# The shared engine's heap: it serves both test processes of `make test` at once.
+SHARED_ENGINE_MEMORY = "3g"
+
+
+def _xdist_worker() -> bool:
+    return bool(os.environ.get("PYTEST_XDIST_WORKER"))
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    import fcntl
+
+    with open(path, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def shared_engine_dir(basetemp: Path) -> Path:
+    """The engine's state folder, in the run's temporary root that every xdist worker shares."""
+    return basetemp / "shared-engine"
+
+
 @pytest.fixture(scope="session", autouse=True)
 def test_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str | None]:
-    """The session's shared engine URL, or None with RIVERHOUSE_TEST_ENGINE=local (in-process Spark)."""
+    """The session's shared engine URL, or None with RIVERHOUSE_TEST_ENGINE=local (in-process Spark).
+
+    Under xdist every worker attaches to one engine: the first to get the lock starts it, the
+    others find it running; the controller stops it when the whole run ends
+    (`pytest_sessionfinish`). One JVM warms up (JIT) once and holds one heap, instead of one per
+    worker. Without xdist the fixture stops it itself.
+    """
     if not TEST_ENGINE:
         yield None
         return
     from riverhouse.platform.runtime import engine
     from riverhouse.platform.runtime.spark import REMOTE_ENV
 
-    state_dir = tmp_path_factory.mktemp("engine")
-    url = engine.start(state_dir).url
+    base = tmp_path_factory.getbasetemp()
+    state_dir = shared_engine_dir(base.parent if _xdist_worker() else base)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    with _locked(state_dir.parent / "shared-engine.lock"):
+        url = engine.start(state_dir, memory=SHARED_ENGINE_MEMORY).url
     ENGINE_DIR.append(state_dir)
     previous = os.environ.get(REMOTE_ENV)
     os.environ[REMOTE_ENV] = url
@@ -57,7 +92,20 @@ def test_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str | None
             os.environ.pop(REMOTE_ENV, None)
         else:
             os.environ[REMOTE_ENV] = previous
-        engine.stop(state_dir)
+        if not _xdist_worker():
+            engine.stop(state_dir)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The xdist controller, once every worker is done: stop the engine the workers shared."""
+    if not TEST_ENGINE or hasattr(session.config, "workerinput"):
+        return
+    factory = getattr(session.config, "_tmp_path_factory", None)
+    if factory is None or getattr(session.config.option, "numprocesses", None) in (None, 0):
+        return
+    from riverhouse.platform.runtime import engine
+
+    engine.stop(shared_engine_dir(factory.getbasetemp()))
 
 
 @pytest.fixture(scope="session")
