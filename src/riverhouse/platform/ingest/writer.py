@@ -81,19 +81,16 @@ class BatchWriter:
         self.silver_columns = silver_schema(self.src).names
 
     def __call__(self, batch_df: Any, batch_id: int) -> None:
-        # One batch body per stream at a time, even across runs: a crashed run's body may still be
-        # writing on the engine when the next run replays its batch (BatchChannel.exclusive).
-        with self.channel.exclusive():
-            if self.channel.stop_requested():
-                # Failing (not returning) keeps Spark from committing a batch nobody wrote;
-                # the next run replays it from the offsets already in the checkpoint.
-                raise StreamStopped(f"batch {batch_id} not started: the stream is stopping")
-            self.channel.begin(int(batch_id))
-            try:
-                metrics = self._process(batch_df, int(batch_id))
-            finally:
-                self.channel.end()
-            self.channel.report(metrics.batch_id, asdict(metrics))
+        if self.channel.stop_requested():
+            # Failing (not returning) keeps Spark from committing a batch nobody wrote;
+            # the next run replays it from the offsets already in the checkpoint.
+            raise StreamStopped(f"batch {batch_id} not started: the stream is stopping")
+        self.channel.begin(int(batch_id))
+        try:
+            metrics = self._process(batch_df, int(batch_id))
+        finally:
+            self.channel.end()
+        self.channel.report(metrics.batch_id, asdict(metrics))
 
     def _process(self, batch_df: Any, batch_id: int) -> BatchMetrics:
         from pyspark import StorageLevel

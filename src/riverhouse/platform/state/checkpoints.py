@@ -153,23 +153,6 @@ class BatchChannel:
     def record_table(self, table: str, app_id: str, batch_id: int, version: int) -> None:
         write_json(self.tables / f"{table}.json", {"app_id": app_id, "batch_id": batch_id, "version": version})
 
-    @contextlib.contextmanager
-    def exclusive(self) -> Iterator[None]:
-        """Hold the stream's batch lock while a batch body runs (an OS lock: it dies with its process).
-
-        A run whose client died (SIGKILL, a lost connection) can leave its query's batch body still
-        writing on the engine while a new run of the same stream starts and replays that batch. The
-        second body waits here until the first is done, then finds the first one's commits by their
-        marks and skips them, instead of both appending the same batch at once.
-        """
-        self.root.mkdir(parents=True, exist_ok=True)
-        with open(self.root / "batch.lock", "a+") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
-
     def begin(self, batch_id: int) -> None:
         write_json(self.inflight_marker, {"batch_id": batch_id, "pid": os.getpid(), "since": time.time()})
 
