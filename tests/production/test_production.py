@@ -194,7 +194,12 @@ def wait_for_status(stack: Stack, run_id: str, statuses: set[dg.DagsterRunStatus
         if run is not None and run.status in statuses:
             return run
         time.sleep(1)
-    raise AssertionError(f"run {run_id} never reached {statuses}:\n{run_messages(stack, run_id)[-40:]}")
+    raise AssertionError(f"run {run_id} never reached {statuses}:\n{last_messages(stack, run_id)}")
+
+
+def last_messages(stack: Stack, run_id: str) -> str:
+    """A failed assertion's message: the run's last 40 messages, one per line (pytest cuts a list short)."""
+    return "\n".join(run_messages(stack, run_id)[-40:])
 
 
 def run_messages(stack: Stack, run_id: str) -> list[str]:
@@ -222,7 +227,7 @@ def test_daemon_sensor_run_lands_unique_events_and_survives_a_kill(stack: Stack)
     first_ids = produce_orders(stack, seed=101, count=3000)
     first = wait_for_run(stack, set())
     done = wait_for_status(stack, first.run_id, {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE})
-    assert done.status == dg.DagsterRunStatus.SUCCESS, run_messages(stack, first.run_id)[-40:]
+    assert done.status == dg.DagsterRunStatus.SUCCESS, last_messages(stack, first.run_id)
     events = {entry.dagster_event_type for entry in instance.all_logs(first.run_id) if entry.is_dagster_event}
     assert dg.DagsterEventType.RUN_ENQUEUED in events  # it went through the run queue
     assert done.tags["riverhouse/pipeline"] == PIPELINE
@@ -252,7 +257,7 @@ def test_daemon_sensor_run_lands_unique_events_and_survives_a_kill(stack: Stack)
             "the run finished before a batch was seen: produce more events"
         )
         time.sleep(0.2)
-    assert worker_pid is not None, run_messages(stack, victim.run_id)[-40:]
+    assert worker_pid is not None, last_messages(stack, victim.run_id)
     stack.daemon.kill()
     doomed = [worker_pid, *descendants(worker_pid)]  # the run worker (its Spark work is on the engine)
     for pid in doomed:
@@ -272,7 +277,7 @@ def test_daemon_sensor_run_lands_unique_events_and_survives_a_kill(stack: Stack)
     third_ids = produce_orders(stack, seed=303, count=500)
     recovery = wait_for_run(stack, {first.run_id, victim.run_id})
     done = wait_for_status(stack, recovery.run_id, {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE})
-    assert done.status == dg.DagsterRunStatus.SUCCESS, run_messages(stack, recovery.run_id)[-40:]
+    assert done.status == dg.DagsterRunStatus.SUCCESS, last_messages(stack, recovery.run_id)
     # A sensor run covers everything in Kafka when it starts; wait for the lag to reach zero.
     expected = first_ids | second_ids | third_ids
     deadline = time.monotonic() + 420
