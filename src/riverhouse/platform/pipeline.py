@@ -67,10 +67,6 @@ class WindowRebuild:
     topics: list[ProduceResult] = field(default_factory=list)
 
 
-def _version(value: int | None) -> int:
-    return -1 if value is None else value
-
-
 def batch_line(spec: PipelineSpec, m: BatchMetrics) -> str:
     prefix = f"{m.source} " if len(spec.sources) > 1 else ""
     return (
@@ -213,7 +209,7 @@ class Pipeline:
         lag_before = self.lag([source]).total
         silver_before = DeltaLog(TableLayout(self.settings.warehouse, self.name).silver(source)).latest_version()
         result = self.ingest(source, on_batch=lambda m: self.log(batch_line(self.spec, m)), lock_wait_s=lock_wait_s)
-        return publish.ingest(self.spec, self.settings, source, result, lag_before, _version(silver_before))
+        return publish.ingest(self.spec, self.settings, source, result, lag_before, silver_before)
 
     def publish_silver(
         self, source: str, window: Window | None, ingested: dict[str, Any] | None = None
@@ -230,7 +226,7 @@ class Pipeline:
         result = self.gold(window, drain=drain)
         if window is None:
             self.log(f"join: {result.summary()}")
-        return publish.gold(self.spec, self.settings, window, result, _version(before))
+        return publish.gold(self.spec, self.settings, window, result, before)
 
     def publish_clickhouse(self, window: Window | None) -> publish.Published:
         """Stream run: load new Delta versions exactly once. Backfill: swap `window`'s days in."""

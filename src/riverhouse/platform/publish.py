@@ -42,8 +42,6 @@ class Written:
 
     def frame(self, spark: Any, schema: pa.Schema, columns: list[str]) -> Any:
         """`columns` of the written rows as a Spark DataFrame (`schema`: the table's, in Arrow)."""
-        from pyspark.sql import functions as F
-
         if self.window is not None:
             start, end = self.window.start, self.window.end
             rows = spark.read.format("delta").load(self.path)
@@ -52,7 +50,7 @@ class Written:
         if not self.files:
             return spark.createDataFrame([], wanted)
         # The files hold the data columns; partition columns live in their folder names.
-        return spark.read.schema(wanted).parquet(*self.files).select(*[F.col(c) for c in columns])
+        return spark.read.schema(wanted).parquet(*self.files).select(*columns)
 
 
 @dataclass
@@ -81,7 +79,7 @@ PARTITION_ROW_COUNT = "dagster/partition_row_count"
 def _written(path: str, versions: list[int], time_column: str, date_column: str) -> list[tuple[datetime, datetime]]:
     """Event-time ranges of the files `versions` of the Delta table at `path` added."""
     log = DeltaLog(path)
-    return [span for v in versions for span in log.event_times_added(v, v, time_column, date_column)]
+    return [span for v in versions for span in log.event_times_in(log.commit(v), time_column, date_column)]
 
 
 def _window_span(window: Window) -> list[tuple[datetime, datetime]]:
@@ -109,7 +107,12 @@ def _version(value: int | None) -> int:
 
 
 def ingest(
-    spec: PipelineSpec, settings: Settings, source: str, result: IngestResult, lag_before: int, silver_before: int
+    spec: PipelineSpec,
+    settings: Settings,
+    source: str,
+    result: IngestResult,
+    lag_before: int,
+    silver_before: int | None,
 ) -> Published:
     """A triggered run of one source into bronze, quarantine and silver (`silver_before`: its version before)."""
     layout = TableLayout(settings.warehouse, spec.name)
@@ -130,7 +133,7 @@ def ingest(
             "seconds": round(result.seconds, 2),
             "first_batch_id": min(batch_ids) if batch_ids else -1,
             "last_batch_id": max(batch_ids) if batch_ids else -1,
-            "silver_version_before": silver_before,
+            "silver_version_before": _version(silver_before),
             "silver_version_after": _version(summary["silver_version"]),
             "end_offsets": summary["end_offsets"],
             "path": layout.bronze(source),
@@ -150,8 +153,8 @@ def silver(spec: PipelineSpec, settings: Settings, source: str, ingested: dict[s
     before = int(ingested.get("silver_version_before", -1))
     after = int(ingested.get("silver_version_after", -1))
     log = DeltaLog(path)
-    versions = list(range(before + 1, after + 1))
-    files = tuple(f.path for v in versions for f in log.added_files(log.commit(v)))
+    commits = [log.commit(v) for v in range(before + 1, after + 1)]  # each commit read once
+    files = tuple(f.path for c in commits for f in log.added_files(c))
     return Published(
         "stream",
         {
@@ -163,7 +166,7 @@ def silver(spec: PipelineSpec, settings: Settings, source: str, ingested: dict[s
             ROW_COUNT: row_count(path),
         },
         Written(path, files=files),
-        touched=_written(path, versions, "_event_time", "_event_date"),
+        touched=[span for c in commits for span in log.event_times_in(c, "_event_time", "_event_date")],
     )
 
 
@@ -189,7 +192,11 @@ def _rebuild_metadata(rebuilt: RebuildResult) -> dict[str, Any]:
 
 
 def gold(
-    spec: PipelineSpec, settings: Settings, window: Window | None, result: GoldResult | RebuildResult, before: int
+    spec: PipelineSpec,
+    settings: Settings,
+    window: Window | None,
+    result: GoldResult | RebuildResult,
+    before: int | None,
 ) -> Published:
     """A join's gold step: what a stream run joined (`before`: gold's version before it), or `window` rebuilt."""
     path = gold_path(TableLayout(settings.warehouse, spec.name), spec)
@@ -215,7 +222,8 @@ def gold(
         ROW_COUNT: row_count(path),
         "path": path,
     }
-    written = _written(path, list(range(before + 1, after + 1)), "_left_event_time", "_left_event_date")
+    first = _version(before) + 1
+    written = _written(path, list(range(first, after + 1)), "_left_event_time", "_left_event_date")
     return Published("stream", metadata, touched=written)
 
 

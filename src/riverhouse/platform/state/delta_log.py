@@ -260,29 +260,26 @@ class DeltaLog:
             )
         return sorted((f for f in out if f.data_change), key=lambda f: f.path)
 
-    def event_times_added(
-        self, first: int, last: int, column: str, date_column: str
-    ) -> list[tuple[datetime, datetime]]:
-        """[earliest, latest] `column` value of each data file commits first..last added (its statistics).
+    def event_times_in(self, commit: Commit, column: str, date_column: str) -> list[tuple[datetime, datetime]]:
+        """[earliest, latest] `column` value of each data file `commit` added (its statistics).
 
         What an orchestrator needs to say which time partitions a run wrote to, from the log
         alone. A file without statistics spans its `date_column` day (its partition value).
         """
         out: list[tuple[datetime, datetime]] = []
-        for version in range(max(first, 0), last + 1):
-            for add in self.commit(version).adds:
-                if not add.get("dataChange", True):
+        for add in commit.adds:
+            if not add.get("dataChange", True):
+                continue
+            stats = json.loads(add.get("stats") or "{}")
+            lo = _stat_time(stats.get("minValues", {}).get(column))
+            hi = _stat_time(stats.get("maxValues", {}).get(column))
+            if lo is None or hi is None:
+                day = (add.get("partitionValues") or {}).get(date_column)
+                if not day:
                     continue
-                stats = json.loads(add.get("stats") or "{}")
-                lo = _stat_time(stats.get("minValues", {}).get(column))
-                hi = _stat_time(stats.get("maxValues", {}).get(column))
-                if lo is None or hi is None:
-                    day = (add.get("partitionValues") or {}).get(date_column)
-                    if not day:
-                        continue
-                    lo = datetime.fromisoformat(day).replace(tzinfo=UTC)
-                    hi = lo + timedelta(days=1) - timedelta(microseconds=1)
-                out.append((lo, hi))
+                lo = datetime.fromisoformat(day).replace(tzinfo=UTC)
+                hi = lo + timedelta(days=1) - timedelta(microseconds=1)
+            out.append((lo, hi))
         return out
 
     def _data_path(self, relative: str) -> str:
