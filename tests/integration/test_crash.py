@@ -202,3 +202,58 @@ def test_the_engine_killed_mid_batch_then_restarted_gives_exactly_the_expected_r
     assert clickhouse_ids(settings, spec) == expected
     summary = json.loads(again.stdout)
     assert summary["replayed"] > 0  # the killed batch had reached silver: its replay was recognised
+
+
+def test_a_client_killed_mid_batch_lets_its_batch_finish_before_the_rerun_takes_over(
+    tmp_path: Path, kafka: str, topic: str, settings: Settings, spark: Any, test_engine: str | None
+) -> None:
+    """The run's client is SIGKILLed while its first batch is being written beside the engine
+    (stalled after bronze's commit). The engine keeps that query; the next run must not replace
+    it mid-batch (the body's process would die but not the write it asked the engine for, which
+    could then commit after the rerun looked for it: the batch twice). It waits for that batch,
+    then takes over, and ends with exactly the expected rows."""
+    if test_engine is None:
+        pytest.skip("in-process Spark dies with its client: only an engine keeps a killed client's query")
+    from riverhouse.platform.state.checkpoints import checkpoint_dir, read_json
+    from riverhouse.platform.state.delta_log import DeltaLog
+
+    records, _ = orders(GeneratorConfig(count=400, duplicate_rate=0.25, malformed=6, out_of_order=0.1, seed=13))
+    records = list(records)
+    produce(kafka, topic, records)
+    spec_path, spec = write_spec(tmp_path, topic)
+    checkpoint = checkpoint_dir(settings, spec.name, "orders")
+    bronze = DeltaLog(TableLayout(settings.warehouse, spec.name).bronze("orders"))
+    proc = subprocess.Popen(
+        [*riverhouse_cmd(), "run", str(spec_path), "--json"],
+        env=subprocess_env(settings, RIVERHOUSE_STALL_AT="after_bronze_commit", RIVERHOUSE_STALL_S="8"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        # Batch 0 is in flight (its marker is there) and past bronze's commit: the body stalls.
+        while not (list((checkpoint / "writing").glob("*.json")) and (bronze.latest_version() or 0) >= 1):
+            assert proc.poll() is None, "the run ended before its first batch stalled"
+            assert time.monotonic() < deadline, "the first batch never reached bronze"
+            time.sleep(0.1)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    killed_at = time.time()
+
+    messages: list[str] = []
+    summary = Pipeline(load_spec(spec_path), settings, spark=spark, log=messages.append).run()
+
+    expected = sorted({json.loads(v)["order_id"] for _, v in records if v and v.startswith(b'{"order_id":"o-')})
+    assert silver_ids(settings, spec) == expected
+    assert clickhouse_ids(settings, spec) == expected
+    assert any("an earlier run's query is still active on the engine" in m for m in messages), messages
+    # Batch 0's silver rows were written by the killed client's body, which finished its batch:
+    # its report is the last word on batch 0, or the rerun replayed batch 0 and found it done.
+    first = read_json(checkpoint / "batches" / f"{0:012d}.json")
+    assert first["started_at"] < killed_at or first["replayed"] == first["valid"] > 0, first
+    assert (
+        summary["read"]
+        == summary["inserted"] + summary["duplicates_dropped"] + summary["quarantined"] + (summary["replayed"])
+    )

@@ -10,6 +10,10 @@ the run (beside a Spark Connect server), whose environment is the server's. So a
 captures its plan once (`FaultPlan.from_env`) and hands it to the batch body, which calls
 `plan.hit(point)`. `RIVERHOUSE_CRASH_KILL_PIDS` names more processes to kill with it (the
 engine's JVM: "the engine died mid-batch").
+
+RIVERHOUSE_STALL_AT=<point> with RIVERHOUSE_STALL_S=<seconds> makes the first visit of that
+point sleep instead: a slow batch, so a test can kill the run's client while the batch is
+still being written.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import time
 from dataclasses import dataclass
 
 _visits: dict[str, int] = {}
@@ -27,13 +32,20 @@ class FaultPlan:
     point: str = ""
     visit: int = 1
     kill_pids: tuple[int, ...] = ()
+    stall_point: str = ""
+    stall_s: float = 0.0
 
     @classmethod
     def from_env(cls) -> FaultPlan:
-        pids = tuple(int(p) for p in os.environ.get("RIVERHOUSE_CRASH_KILL_PIDS", "").split(",") if p.strip())
-        return cls(os.environ.get("RIVERHOUSE_CRASH_AT", ""), int(os.environ.get("RIVERHOUSE_CRASH_ON", "1")), pids)
+        env = os.environ
+        pids = tuple(int(p) for p in env.get("RIVERHOUSE_CRASH_KILL_PIDS", "").split(",") if p.strip())
+        crash = (env.get("RIVERHOUSE_CRASH_AT", ""), int(env.get("RIVERHOUSE_CRASH_ON", "1")), pids)
+        return cls(*crash, env.get("RIVERHOUSE_STALL_AT", ""), float(env.get("RIVERHOUSE_STALL_S", "0") or 0))
 
     def hit(self, point: str) -> None:
+        if self.stall_point == point and not _visits.get(f"stall:{point}"):
+            _visits[f"stall:{point}"] = 1
+            time.sleep(self.stall_s)
         if not self.point or self.point != point:
             return
         _visits[point] = _visits.get(point, 0) + 1

@@ -291,7 +291,7 @@ class Pipeline:
         stages: dict[str, float] = {}
         try:
             queries_started = time.time()
-            results = ingest_sources(self.spark, spec, self.settings, list(spec.sources), on_batch=on_batch)
+            results = ingest_sources(self.spark, spec, self.settings, list(spec.sources), on_batch, log=self.log)
             # Starting the streaming queries (checkpoint, the source's planning process, first
             # offsets) up to the first batch: a fixed cost per run, paid once by a continuous pipeline.
             first_batch = min((r.batches[0].started_at for r in results if r.batches), default=time.time())
@@ -391,7 +391,7 @@ class Pipeline:
                         f"{produced.last_version}, {loaded['topic_rows']:,} this session) in {produced.seconds:.2f}s"
                     )
 
-        streams = [prepare_stream(spec, self.settings, source, on_batch) for source in spec.sources]
+        streams = [prepare_stream(spec, self.settings, source, on_batch, log) for source in spec.sources]
         trigger = {"processingTime": f"{max(1, int(interval.total_seconds() * 1000))} milliseconds"}
         with ExitStack() as locks:
             for stream in streams:

@@ -17,6 +17,7 @@ import re
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
@@ -124,9 +125,10 @@ class SourceStream:
     bootstrap: str = ""
     on_batch: Callable[[BatchMetrics], None] | None = None
     remote: str | None = None  # the Spark Connect engine the run uses, if any
+    log: Callable[[str], None] | None = None
 
     def __post_init__(self) -> None:
-        self.channel = BatchChannel(self.checkpoint)
+        self.channel = self.writer.channel  # names this run; the body carries a copy
         self.batches: list[BatchMetrics] = []
         self._seen = self.channel.last_reported()
         self._offsets_published: dict[str, dict[str, int]] | None = None
@@ -142,21 +144,48 @@ class SourceStream:
             kafka_spec.fail_on_data_loss,
         )
         ensure_source_tables(spark, self.spec, self.layout, self.source)
-        # This run holds the source's lock: no batch of it can be in flight, and no stop pending.
-        self.channel.clear_stop()
-        self.channel.end()
+        # This run holds the source's lock, but under Spark Connect an older run's query may still
+        # be running on the engine (its client died; the engine keeps the query). From here on
+        # that query's body starts no new batch.
+        self.channel.take_over()
         kafka = spark.readStream.format("kafka").options(**self.options).load()
         parsed = parse_records(kafka, self.spec.sources[self.source])
-        # The plan above may be built beside another source's (start_queries); the first
-        # foreachBatch of a local session starts py4j's callback server, once, so one at a time here.
-        with _QUERY_START:
-            return (
-                parsed.writeStream.foreachBatch(self.writer)
-                .option("checkpointLocation", str(self.checkpoint / "spark"))
-                .queryName(f"riverhouse_{self.spec.name}_{self.source}")
-                .trigger(**trigger)
-                .start()
+        writer = (
+            parsed.writeStream.foreachBatch(self.writer)
+            .option("checkpointLocation", str(self.checkpoint / "spark"))
+            .queryName(f"riverhouse_{self.spec.name}_{self.source}")
+            .trigger(**trigger)
+        )
+        try:
+            query = _start_query(spark, writer, replace_active=False)
+        except Exception as exc:
+            if not _ALREADY_ACTIVE.search(str(exc)):
+                raise
+            query = self._take_over_from_older_query(spark, writer)
+        self.channel.forget_others()
+        return query
+
+    def _take_over_from_older_query(self, spark: Any, writer: Any) -> Any:
+        """Start this run's query in place of an older run's that is still active on the engine.
+
+        Stopping that query while its body writes a batch would kill the body's Python process
+        but not the write it asked the engine for, which may then commit after this run looked
+        for it (the same batch twice). So wait for its batch in flight to finish (it starts no
+        other: this run owns the checkpoint), then let Spark stop it and start this one.
+        """
+        writing = self.channel.in_flight(mine=False)
+        what = f"writing batch {writing[0].get('batch_id')}" if writing else "between batches"
+        if self.log is not None:
+            self.log(
+                f"source {self.source!r}: an earlier run's query is still active on the engine ({what}; "
+                "its client is gone); waiting for its batch in flight, then taking over"
             )
+        if not self.channel.wait_idle(STOP_WAIT_S, mine=False):
+            raise PipelineError(
+                f"pipeline {self.spec.name!r}, source {self.source!r}: an earlier run's batch is still being "
+                f"written on the engine after {STOP_WAIT_S:.0f} s; check the engine's log (riverhouse engine status)"
+            )
+        return _start_query(spark, writer, replace_active=True)
 
     def collect_reports(self) -> list[BatchMetrics]:
         """Batches reported since the last look (oldest first); each is passed to `on_batch` once."""
@@ -196,11 +225,8 @@ class SourceStream:
     def stop(self, query: Any) -> None:
         """Clean stop: start no new batch, let the one in flight finish, stop the query."""
         self.channel.request_stop()
-        try:
-            self.channel.wait_idle(STOP_WAIT_S)
-            query.stop()
-        finally:
-            self.channel.clear_stop()
+        self.channel.wait_idle(STOP_WAIT_S)
+        query.stop()
         self.collect_reports()
         self.publish_offsets()
 
@@ -225,18 +251,39 @@ class SourceStream:
 
 
 def prepare_stream(
-    spec: PipelineSpec, settings: Settings, source: str, on_batch: Callable[[BatchMetrics], None] | None = None
+    spec: PipelineSpec,
+    settings: Settings,
+    source: str,
+    on_batch: Callable[[BatchMetrics], None] | None = None,
+    log: Callable[[str], None] | None = None,
 ) -> SourceStream:
     src = spec.sources[source]
     bootstrap = resolve_bootstrap(spec, settings)
     layout = TableLayout(settings.warehouse, spec.name)
     ckpt = checkpoint_dir(settings, spec.name, source)
     app_id = stream_app_id(ckpt, spec.name, source)
-    writer = BatchWriter(spec, source, layout, app_id, ckpt, FaultPlan.from_env())
+    channel = BatchChannel(ckpt, run=uuid.uuid4().hex)
+    writer = BatchWriter(spec, source, layout, app_id, channel, FaultPlan.from_env())
     options = connector_options(spec.kafka, bootstrap, [src.topic])
     remote = settings.spark_conf.get("spark.remote") or os.environ.get(REMOTE_ENV) or None
     hook = metrics.observed(spec.name, on_batch)
-    return SourceStream(spec, source, writer, options, ckpt, layout, bootstrap, hook, remote)
+    return SourceStream(spec, source, writer, options, ckpt, layout, bootstrap, hook, remote, log)
+
+
+# Spark refuses to start a query whose checkpoint another active query on the engine uses.
+_ALREADY_ACTIVE = re.compile(r"another query with same id is already active")
+_REPLACE_ACTIVE = "spark.sql.streaming.stopActiveRunOnRestart"
+
+
+def _start_query(spark: Any, writer: Any, replace_active: bool) -> Any:
+    """Start `writer`'s query; `replace_active`: stop an older query of the same checkpoint first
+    (Spark's default, which the caller allows only when that query writes nothing)."""
+    # Queries may be planned beside another source's (start_queries); the first foreachBatch of
+    # a local session starts py4j's callback server, once, and the setting is the session's:
+    # one start at a time.
+    with _QUERY_START:
+        spark.conf.set(_REPLACE_ACTIVE, str(replace_active).lower())
+        return writer.start()
 
 
 def ingest(
@@ -271,7 +318,7 @@ def ingest_sources(
     stream's query start and batches overlap the larger one's. If one query fails, the
     others stop cleanly (their batch in flight finishes) and the failure is raised.
     """
-    streams = [prepare_stream(spec, settings, source, on_batch) for source in sources]
+    streams = [prepare_stream(spec, settings, source, on_batch, log) for source in sources]
     with ExitStack() as locks:
         for stream in streams:
             locks.enter_context(pipeline_lock(stream.checkpoint, spec.name, wait_s=lock_wait_s, log=log))

@@ -22,7 +22,6 @@ import datetime
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from riverhouse.platform.errors import StreamStopped
@@ -65,13 +64,19 @@ class BatchWriter:
     """Called by Spark for each micro-batch (foreachBatch): writes the tables, reports the figures."""
 
     def __init__(
-        self, spec: PipelineSpec, source: str, layout: TableLayout, app_id: str, checkpoint: Path, faults: FaultPlan
+        self,
+        spec: PipelineSpec,
+        source: str,
+        layout: TableLayout,
+        app_id: str,
+        channel: BatchChannel,
+        faults: FaultPlan,
     ):
         self.spec = spec
         self.source_name = source
         self.src: SourceSpec = spec.sources[source]
         self.app_id = app_id
-        self.channel = BatchChannel(checkpoint)
+        self.channel = channel  # names the run this body belongs to
         self.faults = faults
         self.bronze_path = layout.bronze(source)
         self.quarantine_path = layout.quarantine(source)
@@ -81,12 +86,13 @@ class BatchWriter:
         self.silver_columns = silver_schema(self.src).names
 
     def __call__(self, batch_df: Any, batch_id: int) -> None:
-        if self.channel.stop_requested():
-            # Failing (not returning) keeps Spark from committing a batch nobody wrote;
-            # the next run replays it from the offsets already in the checkpoint.
-            raise StreamStopped(f"batch {batch_id} not started: the stream is stopping")
         self.channel.begin(int(batch_id))
         try:
+            if not self.channel.may_write():
+                # A clean stop, or a newer run took over (this query outlived its client on the
+                # engine). Failing (not returning) keeps Spark from committing a batch nobody
+                # wrote; the next run replays it from the offsets already in the checkpoint.
+                raise StreamStopped(f"batch {batch_id} not started: the stream is stopping")
             metrics = self._process(batch_df, int(batch_id))
         finally:
             self.channel.end()

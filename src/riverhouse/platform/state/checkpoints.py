@@ -9,7 +9,10 @@
   that started the query;
 - `tables/<table>.json`: the last batch each Delta table received from this stream (a hint that
   spares reading the Delta log back; the log is the truth);
-- `stop`, `inflight`: a clean stop's request, and the batch being written.
+- `owner`: the run whose batch bodies may write (none after a clean stop); `writing/<run>.json`:
+  the batch a run's body is writing. Under Spark Connect a run's query outlives a client that
+  dies (the engine keeps it), so the next run makes itself the owner, and waits for the older
+  body's batch in flight before its own query replaces the older one (ingest/stream.py).
 
 The folder must be a local or mounted file system shared by the client and the engine
 (locks are `flock`s; see settings.local_folder).
@@ -130,14 +133,19 @@ class BatchChannel:
     Under Spark Connect the batch body runs in a Python process beside the server, so nothing it
     holds in memory reaches the client; both sides see the checkpoint folder. Small JSON files,
     one per batch, written atomically.
+
+    `run` names the run (a fresh token per run): a body starts a batch only while its run owns
+    the checkpoint (`may_write`), and marks the batch it writes under its run's name, so a run
+    can tell its own body's batch in flight from an older run's.
     """
 
-    def __init__(self, checkpoint: Path):
+    def __init__(self, checkpoint: Path, run: str = ""):
         self.root = checkpoint
+        self.run = run
         self.batches = checkpoint / "batches"
         self.tables = checkpoint / "tables"
-        self.stop_marker = checkpoint / "stop"
-        self.inflight_marker = checkpoint / "inflight"
+        self.owner_marker = checkpoint / "owner"
+        self.writing = checkpoint / "writing"
 
     # -- written by the batch body
     def report(self, batch_id: int, metrics: dict[str, Any]) -> None:
@@ -154,16 +162,57 @@ class BatchChannel:
         write_json(self.tables / f"{table}.json", {"app_id": app_id, "batch_id": batch_id, "version": version})
 
     def begin(self, batch_id: int) -> None:
-        write_json(self.inflight_marker, {"batch_id": batch_id, "pid": os.getpid(), "since": time.time()})
+        """Mark this run's batch in flight. Called before `may_write`: a run that takes over and
+        then finds no marker knows that any later batch of an older body will see it is not the owner."""
+        write_json(self._marker(self.run), {"batch_id": batch_id, "pid": os.getpid(), "since": time.time()})
 
     def end(self) -> None:
         with contextlib.suppress(OSError):
-            self.inflight_marker.unlink()
+            self._marker(self.run).unlink()
 
-    def stop_requested(self) -> bool:
-        return self.stop_marker.exists()
+    def may_write(self) -> bool:
+        """Does this body's run own the checkpoint? (No after a clean stop, or once a newer run took over.)"""
+        owner = read_json(self.owner_marker)
+        return owner is None or owner.get("run") == self.run
 
-    # -- read by the run
+    # -- the run's side
+    def take_over(self) -> None:
+        """Make this run the owner: an older run's body (its query still on the engine) starts no new batch."""
+        write_json(self.owner_marker, {"run": self.run, "pid": os.getpid(), "since": time.time()})
+
+    def request_stop(self) -> None:
+        """A clean stop: no body starts a new batch; the one in flight finishes."""
+        write_json(self.owner_marker, {"run": None, "pid": os.getpid(), "since": time.time()})
+
+    def in_flight(self, mine: bool) -> list[dict[str, Any]]:
+        """The batches being written by this run's body (`mine`) or by older runs' bodies."""
+        found = []
+        for path in self.writing.glob("*.json"):
+            if (path.stem == self.run) == mine and (marker := read_json(path)) is not None:
+                found.append(marker)
+        return found
+
+    def wait_idle(self, timeout_s: float, mine: bool = True, poll_s: float = 0.05) -> bool:
+        """Wait until no batch of this run (or, `mine=False`, of older runs) is being written;
+        False if one still is after `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while self.in_flight(mine):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll_s)
+        return True
+
+    def forget_others(self) -> None:
+        """Drop older runs' markers once this run's query runs (theirs have ended: a killed engine or
+        process leaves its marker behind), and the files of earlier releases (`stop`, `inflight`)."""
+        for path in self.writing.glob("*.json"):
+            if path.stem != self.run:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+        for legacy in ("stop", "inflight"):
+            with contextlib.suppress(OSError):
+                (self.root / legacy).unlink()
+
     def last_reported(self) -> int:
         """The newest batch id reported so far (-1 when none)."""
         names = sorted(self.batches.glob("*.json"))
@@ -179,18 +228,5 @@ class BatchChannel:
                     out.append(report)
         return out
 
-    def request_stop(self) -> None:
-        write_json(self.stop_marker, {"pid": os.getpid(), "since": time.time()})
-
-    def clear_stop(self) -> None:
-        with contextlib.suppress(OSError):
-            self.stop_marker.unlink()
-
-    def wait_idle(self, timeout_s: float, poll_s: float = 0.05) -> bool:
-        """Wait until no batch is being written; False if one still is after `timeout_s`."""
-        deadline = time.monotonic() + timeout_s
-        while self.inflight_marker.exists():
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(poll_s)
-        return True
+    def _marker(self, run: str) -> Path:
+        return self.writing / f"{run}.json"
