@@ -147,6 +147,27 @@ def test_in_batch_dedup_in_spark_keeps_what_the_walk_keeps(spark: Any) -> None:
     assert ("tie", 1003) in got and ("tie", 1004) not in got
 
 
+def test_a_batch_within_one_window_skips_the_long_key_count_and_keeps_the_same_rows(spark: Any) -> None:
+    """A batch whose event times span at most the window has no key spanning more: the count that
+    looks for such keys is skipped. One microsecond more, and the count (and the walk) run again."""
+    window_us = int(WINDOW / timedelta(microseconds=1))
+
+    def kept(events: list[tuple[str, timedelta, int]], span_us: int) -> tuple[int, list[tuple[str, int]]]:
+        df = spark.createDataFrame(batch(events).to_pylist(), spark_schema(SCHEMA))
+        in_batch = dedup_batch(df, ["order_id"], WINDOW, span_micros=span_us)
+        try:
+            return in_batch.long_keys, sorted(
+                (r[0], r[1]) for r in in_batch.unique.select("order_id", "_offset").collect()
+            )
+        finally:
+            in_batch.release()
+
+    within = [("a", timedelta(0), 1), ("a", WINDOW, 2), ("b", timedelta(minutes=1), 4), ("b", timedelta(minutes=1), 3)]
+    assert kept(within, window_us) == (0, [("a", 1), ("b", 3)])
+    beyond = [("a", timedelta(0), 1), ("a", WINDOW + timedelta(microseconds=1), 2)]
+    assert kept(beyond, window_us + 1) == (1, [("a", 1), ("a", 2)])
+
+
 def test_many_small_batches_are_compacted_and_replays_still_skipped(spark: Any, silver: str) -> None:
     """Auto compaction rewrites a day's small files (dataChange=false): same rows, nothing new in the
     change feed or for the loader, and a replayed batch is still recognised by its mark."""

@@ -87,7 +87,9 @@ class InBatch:
             frame.unpersist()
 
 
-def dedup_batch(valid: Any, key: list[str], window: timedelta, name: str = "rh_dedup") -> InBatch:
+def dedup_batch(
+    valid: Any, key: list[str], window: timedelta, name: str = "rh_dedup", span_micros: int | None = None
+) -> InBatch:
     """The batch's valid rows minus in-batch duplicates, as a cached Spark plan; and the keys walked.
 
     One hash aggregate per key: its first event (by event time, then Kafka coordinates: `min_by`
@@ -95,8 +97,11 @@ def dedup_batch(valid: Any, key: list[str], window: timedelta, name: str = "rh_d
     window (nearly always: a batch covers seconds to minutes), the first event is the only one
     kept. The rare key spanning more than a window is walked in order by `dedup_in_batch` on its
     own group, on an executor; that branch (a Python stage) is planned only when such keys exist,
-    which the aggregate's observed count says. The result is persisted, since the silver step
-    reads it twice (probe and anti-join); the caller releases it (`InBatch.release`).
+    which the aggregate's observed count says. `span_micros`: the batch's own event-time span
+    (its latest valid event time minus its earliest, which the bronze append observed); when it
+    is within the window no key can span more, so no count job is run to find out. The result
+    is persisted, since the silver step reads it twice (probe and anti-join); the caller
+    releases it (`InBatch.release`).
     """
     from pyspark import StorageLevel
     from pyspark.sql import Observation
@@ -109,10 +114,13 @@ def dedup_batch(valid: Any, key: list[str], window: timedelta, name: str = "rh_d
         F.min_by(F.struct(*columns), F.struct(*ORDER_COLUMNS)).alias("_first"), span.alias("_span")
     )
     per_key = per_key.persist(StorageLevel.MEMORY_AND_DISK)
-    seen = Observation(name)
     is_long = F.col("_span") > F.lit(micros)
-    per_key.observe(seen, F.sum(F.when(is_long, 1).otherwise(0)).alias("long")).count()
-    long_keys = int(seen.get["long"] or 0)
+    if span_micros is not None and span_micros <= micros:
+        long_keys = 0  # no key spans more than the whole batch does
+    else:
+        seen = Observation(name)
+        per_key.observe(seen, F.sum(F.when(is_long, 1).otherwise(0)).alias("long")).count()
+        long_keys = int(seen.get["long"] or 0)
     unique = per_key.where(~is_long).select(*[F.col(f"_first.{c}").alias(c) for c in columns])
     if long_keys:
         schema = valid.schema
@@ -193,7 +201,9 @@ def insert_new(
     hint: ProgressHint | None = None,
 ) -> Appended:
     """Dedup the batch in Spark, leave out what silver already holds, append the rest once per batch id."""
-    in_batch = dedup_batch(valid, key, window, observation_name("rh_dedup", silver_path))
+    lo, hi = bounds  # the batch's own span, widened by the window on both sides
+    span = int((hi - lo - 2 * window) / timedelta(microseconds=1))
+    in_batch = dedup_batch(valid, key, window, observation_name("rh_dedup", silver_path), span)
     try:
         fresh = not_in_silver(valid.sparkSession, silver_path, in_batch.unique, key, window, bounds)
         # One file per day and batch (a batch is bounded by maxOffsetsPerTrigger): fewer files for
