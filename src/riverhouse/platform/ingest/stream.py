@@ -183,7 +183,8 @@ class SourceStream:
         if not self.channel.wait_idle(STOP_WAIT_S, mine=False):
             raise PipelineError(
                 f"pipeline {self.spec.name!r}, source {self.source!r}: an earlier run's batch is still being "
-                f"written on the engine after {STOP_WAIT_S:.0f} s; check the engine's log (riverhouse engine status)"
+                f"written on the engine after {STOP_WAIT_S:.0f} s; read the engine's log (a local engine's is in "
+                "<home>/engine/logs)"
             )
         return _start_query(spark, writer, replace_active=True)
 
