@@ -122,6 +122,20 @@ def spark(test_engine: str | None) -> Any:
     session.stop()
 
 
+@pytest.fixture
+def own_spark(spark: Any) -> Any:
+    """A session no other process uses, for a test that changes a session setting: through the
+    engine, the `spark` session is shared by every process with the same settings (runtime/spark.py)."""
+    from riverhouse.platform.runtime.spark import is_connect, own_session, release_session
+
+    if not is_connect(spark):
+        yield spark  # in-process: this worker's alone
+        return
+    session = own_session(spark)
+    yield session
+    release_session(session)
+
+
 @pytest.fixture(scope="session")
 def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Bootstrap address of the real local broker (Apache Kafka from jvm/lib/broker, one JVM for the session)."""

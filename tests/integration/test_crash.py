@@ -249,6 +249,9 @@ def test_a_client_killed_mid_batch_lets_its_batch_finish_before_the_rerun_takes_
     assert silver_ids(settings, spec) == expected
     assert clickhouse_ids(settings, spec) == expected
     assert any("an earlier run's query is still active on the engine" in m for m in messages), messages
+    # The takeover let Spark stop the old query from a session of its own: the run's session is
+    # shared with other processes, whose starts must never stop a query mid-batch.
+    assert spark.conf.get("spark.sql.streaming.stopActiveRunOnRestart") == "false"
     # Batch 0's silver rows were written by the killed client's body, which finished its batch:
     # its report is the last word on batch 0, or the rerun replayed batch 0 and found it done.
     first = read_json(checkpoint / "batches" / f"{0:012d}.json")

@@ -198,3 +198,49 @@ def test_two_pipelines_at_once_on_one_engine_keep_to_their_own_tables_and_marks(
                 app = commit.user_metadata.get("riverhouse.app", "")
                 assert app.startswith(f"riverhouse:{name}:orders:"), (table, version, app)
                 assert not commit.txns, (table, version)
+
+
+_SESSION_CLIENT = textwrap.dedent(
+    """
+    import json, sys
+    from riverhouse.platform.runtime.spark import get_spark
+    spark = get_spark(conf=json.loads(sys.argv[1]))
+    assert spark.range(3).count() == 3
+    if sys.argv[2] == "close":
+        spark.client.release_session()  # what the engine does to a session that stayed idle too long
+    print(spark.session_id)
+    """
+)
+
+
+def test_processes_with_the_same_settings_share_one_engine_session_and_a_closed_one_is_replaced(
+    tmp_path: Path, kafka: str, test_engine: str | None
+) -> None:
+    """Spark caches generated code per session, so runs share one: the same settings give every
+    process the same session on the engine, other settings another; once the engine closed it,
+    the next process moves on to a new shared one instead of failing."""
+    if not test_engine:
+        pytest.skip("runs through the shared test engine (RIVERHOUSE_TEST_ENGINE=local turns it off)")
+    settings = Settings.from_env(tmp_path / "home").with_(kafka_bootstrap=kafka)
+    # A setting no other test uses: these sessions are this test's alone.
+    mine = {"spark.sql.files.maxRecordsPerFile": str(10_000_000 + os.getpid())}
+    other = {"spark.sql.files.maxRecordsPerFile": str(20_000_000 + os.getpid())}
+
+    def session(conf: dict[str, str], then: str = "") -> str:
+        proc = subprocess.run(
+            [sys.executable, "-c", _SESSION_CLIENT, json.dumps(conf), then],
+            env=subprocess_env(settings),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc.stdout.strip().splitlines()[-1]
+
+    first = session(mine)
+    assert session(mine) == first
+    assert session(other) != first
+    assert session(mine, then="close") == first
+    replaced = session(mine)
+    assert replaced != first
+    assert session(mine) == replaced

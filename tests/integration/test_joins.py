@@ -11,6 +11,7 @@ from riverhouse.platform.gold.joins import gold_path, gold_quarantine_path
 from riverhouse.platform.pipeline import Pipeline
 from riverhouse.platform.sink.clickhouse import open_client, qualified_table
 from riverhouse.platform.spec import PipelineSpec, parse_spec
+from riverhouse.platform.state.checkpoints import checkpoint_dir
 from riverhouse.platform.state.settings import Settings
 from riverhouse.platform.state.tables import TableLayout, open_table
 from tests.conftest import produce
@@ -338,14 +339,11 @@ def test_a_source_that_cannot_start_stops_the_one_that_did(
     topics = topics_for(topic)
     semantics_events(kafka, topics)
     spec = join_spec(topics, "left", name="nostart")
-    # Another query holds the users query's name, so Spark refuses to start that one.
-    holder = (
-        spark.readStream.format("rate").load().writeStream.format("noop").queryName("riverhouse_nostart_users").start()
-    )
-    try:
-        with pytest.raises(PipelineError, match=r"source 'users'.*already active"):
-            Pipeline(spec, settings, spark=spark, log=lambda m: None).run(drain=True)
-        assert [q.name for q in spark.streams.active if q.name and "nostart" in q.name] == ["riverhouse_nostart_users"]
-    finally:
-        holder.stop()
+    # The users query's checkpoint holds a metadata file Spark cannot read, so Spark refuses to start it.
+    metadata = checkpoint_dir(settings, spec.name, "users") / "spark" / "metadata"
+    metadata.parent.mkdir(parents=True)
+    metadata.write_text("{not json")
+    with pytest.raises(PipelineError, match=r"source 'users'"):
+        Pipeline(spec, settings, spark=spark, log=lambda m: None).run(drain=True)
+    assert [q.name for q in spark.streams.active if q.name and "nostart" in q.name] == []  # orders' was stopped
     assert open_table(gold_path(TableLayout(settings.warehouse, spec.name), spec)) is None

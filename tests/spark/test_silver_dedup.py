@@ -168,9 +168,10 @@ def test_a_batch_within_one_window_skips_the_long_key_count_and_keeps_the_same_r
     assert kept(beyond, window_us + 1) == (1, [("a", 1), ("a", 2)])
 
 
-def test_many_small_batches_are_compacted_and_replays_still_skipped(spark: Any, silver: str) -> None:
+def test_many_small_batches_are_compacted_and_replays_still_skipped(own_spark: Any, silver: str) -> None:
     """Auto compaction rewrites a day's small files (dataChange=false): same rows, nothing new in the
     change feed or for the loader, and a replayed batch is still recognised by its mark."""
+    spark = own_spark  # the setting below must not reach other processes' sessions
     spark.conf.set("spark.databricks.delta.autoCompact.minNumFiles", "4")
     try:
         for i in range(6):

@@ -396,6 +396,7 @@ class Pipeline:
         with ExitStack() as locks:
             for stream in streams:
                 locks.enter_context(pipeline_lock(stream.checkpoint, spec.name))
+                locks.callback(stream.close)
             if loader is not None:
                 locks.callback(loader.close)  # before the locks are released
             for topic_sink in topic_sinks.values():

@@ -41,7 +41,7 @@ from riverhouse.platform.kafka.client import (
 from riverhouse.platform.kafka.lag import pipeline_lag
 from riverhouse.platform.runtime import metrics
 from riverhouse.platform.runtime.engine import engine_lost
-from riverhouse.platform.runtime.spark import REMOTE_ENV
+from riverhouse.platform.runtime.spark import REMOTE_ENV, is_connect, own_session, release_session
 from riverhouse.platform.spec import PipelineSpec
 from riverhouse.platform.state.checkpoints import BatchChannel, checkpoint_dir, pipeline_lock, stream_app_id
 from riverhouse.platform.state.delta_log import DeltaLog
@@ -133,6 +133,7 @@ class SourceStream:
         self._seen = self.channel.last_reported()
         self._offsets_published: dict[str, dict[str, int]] | None = None
         self._offsets_failed = False
+        self._own_session: Any = None  # a session of its own, for a takeover (_take_over_from_older_query)
 
     def start(self, spark: Any, trigger: dict[str, Any]) -> Any:
         kafka_spec = self.spec.kafka
@@ -148,30 +149,38 @@ class SourceStream:
         # be running on the engine (its client died; the engine keeps the query). From here on
         # that query's body starts no new batch.
         self.channel.take_over()
-        kafka = spark.readStream.format("kafka").options(**self.options).load()
-        parsed = parse_records(kafka, self.spec.sources[self.source])
-        writer = (
-            parsed.writeStream.foreachBatch(self.writer)
-            .option("checkpointLocation", str(self.checkpoint / "spark"))
-            .queryName(f"riverhouse_{self.spec.name}_{self.source}")
-            .trigger(**trigger)
-        )
         try:
-            query = _start_query(spark, writer, replace_active=False)
+            query = _start_query(spark, self._writer(spark, trigger), replace_active=False)
         except Exception as exc:
             if not _ALREADY_ACTIVE.search(str(exc)):
                 raise
-            query = self._take_over_from_older_query(spark, writer)
+            query = self._take_over_from_older_query(spark, trigger)
         self.channel.forget_others()
         return query
 
-    def _take_over_from_older_query(self, spark: Any, writer: Any) -> Any:
+    def _writer(self, spark: Any, trigger: dict[str, Any]) -> Any:
+        kafka = spark.readStream.format("kafka").options(**self.options).load()
+        parsed = parse_records(kafka, self.spec.sources[self.source])
+        return (
+            parsed.writeStream.foreachBatch(self.writer)
+            .option("checkpointLocation", str(self.checkpoint / "spark"))
+            # Processes with the same settings share one engine session, and a name is unique
+            # per session: the run's token keeps two pipelines' (or a dead client's) queries apart.
+            .queryName(f"riverhouse_{self.spec.name}_{self.source}_{self.channel.run[:8]}")
+            .trigger(**trigger)
+        )
+
+    def _take_over_from_older_query(self, spark: Any, trigger: dict[str, Any]) -> Any:
         """Start this run's query in place of an older run's that is still active on the engine.
 
         Stopping that query while its body writes a batch would kill the body's Python process
         but not the write it asked the engine for, which may then commit after this run looked
         for it (the same batch twice). So wait for its batch in flight to finish (it starts no
         other: this run owns the checkpoint), then let Spark stop it and start this one.
+
+        Letting Spark stop it is a session setting; the run's session may be shared with other
+        processes (`shared_session_id`), where it would let their starts stop a query mid-batch
+        too. So under Spark Connect this one start happens in a session of its own.
         """
         writing = self.channel.in_flight(mine=False)
         what = f"writing batch {writing[0].get('batch_id')}" if writing else "between batches"
@@ -186,7 +195,15 @@ class SourceStream:
                 f"written on the engine after {STOP_WAIT_S:.0f} s; read the engine's log (a local engine's is in "
                 "<home>/engine/logs)"
             )
-        return _start_query(spark, writer, replace_active=True)
+        if is_connect(spark):
+            spark = self._own_session = own_session(spark)
+        return _start_query(spark, self._writer(spark, trigger), replace_active=True)
+
+    def close(self) -> None:
+        """Release what the run's query needed beyond the run's session (after the query ended)."""
+        if self._own_session is not None:
+            release_session(self._own_session)
+            self._own_session = None
 
     def collect_reports(self) -> list[BatchMetrics]:
         """Batches reported since the last look (oldest first); each is passed to `on_batch` once."""
@@ -333,6 +350,8 @@ def ingest_sources(
                 raise
             return [stream_result(stream, query, started) for stream, query in zip(streams, queries, strict=True)]
         finally:
+            for stream in streams:
+                stream.close()
             metrics.push(spec, partial(pipeline_lag, spec, settings))  # too short a run to scrape (metrics.py)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import hashlib
 import json
 import os
@@ -10,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,6 +26,10 @@ SESSION_DEFAULTS: dict[str, str] = {
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
     "spark.ui.showConsoleProgress": "false",
+    # Spark caches generated classes per session and code, 100 by default for the whole JVM; one
+    # pipeline's batch compiles ~65, so two pipelines on one engine evicted each other's and
+    # compiled them again every run (bench/analysis.md). Static: the engine's (or the process's).
+    "spark.sql.codegen.cache.maxEntries": "1000",
 }
 # Small-machine defaults, in local mode only: a cluster keeps its own (spark-defaults.conf,
 # spark-submit's flags, RIVERHOUSE_SPARK_CONF).
@@ -66,7 +72,12 @@ ENGINE_MAX_BACKOFF_MS = 10_000
 LOG_CONFIG = Path(__file__).with_name("log4j2.properties")
 # Under Spark Connect a client sets these on its own session; every other setting is the server's.
 _SESSION_PREFIXES = ("spark.sql.", "spark.databricks.delta.")
-_SERVER_ONLY = {"spark.sql.extensions", "spark.sql.catalog.spark_catalog", "spark.sql.warehouse.dir"}
+_SERVER_ONLY = {
+    "spark.sql.extensions",
+    "spark.sql.catalog.spark_catalog",
+    "spark.sql.warehouse.dir",
+    "spark.sql.codegen.cache.maxEntries",
+}
 
 
 class SparkConfError(ValueError):
@@ -352,14 +363,66 @@ def require_reachable(url: str, timeout_s: float = 3.0) -> None:
         )
 
 
+def shared_session_id(remote: str, settings: dict[str, str], generation: int = 0) -> str:
+    """The engine session every process with these SQL settings attaches to (a UUID).
+
+    Spark caches the code it generates per session (the cache key holds the session's
+    classloader), so a new session per run compiled ~65 classes again on every triggered run
+    (~1 s on 2 cores, bench/analysis.md). Processes with the same settings therefore share one
+    session on the engine; processes with other settings get another. The session's settings
+    are the same for all of them by construction, and nothing else per run lives in it (query
+    names carry the run, temporary views a random suffix). `generation` moves to a fresh id when
+    the engine has closed this one (an idle session expires on the server).
+    """
+    digest = json.dumps({"engine": redact_remote(remote), "conf": sorted(settings.items()), "generation": generation})
+    return str(uuid.uuid5(_SESSION_NAMESPACE, digest))
+
+
+_SESSION_NAMESPACE = uuid.UUID("7f3c1d52-9a4e-4c8b-b1a5-2e6f0c9d8a71")
+# How many closed generations a process steps over before it gives up on sharing.
+_SESSION_GENERATIONS = 64
+
+
 def _connect(remote: str, conf: dict[str, str]) -> Any:
     """A Spark Connect session on `remote` with this session's SQL settings (the server holds the rest)."""
     require_reachable(remote)
+    settings = connect_session_conf({**SESSION_DEFAULTS, **user_conf(), **conf, **FIXED_CONF})
+    if "session_id=" in remote:  # the URL names its own session: the caller's choice
+        return _attach(remote, remote, settings)
+    for generation in range(_SESSION_GENERATIONS):
+        url = f"{remote}{';' if '/;' in remote else '/;'}session_id={shared_session_id(remote, settings, generation)}"
+        try:
+            return _attach(url, remote, settings)
+        except _SessionClosed:
+            continue
+    return _attach(remote, remote, settings)  # every shared id closed: a session of its own
+
+
+class _SessionClosed(Exception):
+    """The engine closed this session id (it expired); the next generation's id is tried."""
+
+
+def own_session(spark: Any) -> Any:
+    """A new session of its own on `spark`'s engine, with the same settings (shared with nothing).
+
+    For the rare step that must set a session setting for itself alone: on a shared session,
+    another process's setting could change under it. Release it with `release_session`.
+    """
+    remote, settings = _ATTACHED[spark.session_id]
+    return _attach(remote, remote, settings, fresh=True)
+
+
+# The engine and settings each Connect session of this process was attached with (`own_session`).
+_ATTACHED: dict[str, tuple[str, dict[str, str]]] = {}
+
+
+def _attach(url: str, remote: str, settings: dict[str, str], fresh: bool = False) -> Any:
     from pyspark.errors import PySparkRuntimeError
     from pyspark.sql import SparkSession
 
     try:
-        spark = SparkSession.builder.remote(remote).getOrCreate()
+        builder = SparkSession.builder.remote(url)
+        spark = builder.create() if fresh else builder.getOrCreate()
     except PySparkRuntimeError as exc:
         if "SESSION_ALREADY_EXIST" not in str(exc):
             raise
@@ -372,16 +435,36 @@ def _connect(remote: str, conf: dict[str, str]) -> Any:
     from pyspark.sql.connect.client.retries import DefaultPolicy
 
     spark.client.set_retry_policies([DefaultPolicy(max_retries=ENGINE_RETRIES, max_backoff=ENGINE_MAX_BACKOFF_MS)])
-    # Per session (each run its own): the SQL settings; static ones were given at the server's start.
-    for key, value in connect_session_conf({**SESSION_DEFAULTS, **user_conf(), **conf, **FIXED_CONF}).items():
+    if "session_id=" in url:
+        spark.release_session_on_close = False  # shared: stopping this client leaves it to the others
+    # The SQL settings (static ones were given at the server's start); setting them again on a
+    # shared session sets the same values.
+    for key, value in settings.items():
         try:
             spark.conf.set(key, value)
         except Exception as exc:
+            if "SESSION_CLOSED" in str(exc):
+                _forget(spark)
+                raise _SessionClosed(url) from None
             raise SparkConfError(
                 f"{key} cannot be set on a session of the engine at {redact_remote(remote)} ({exc}): a static "
                 f"setting is the engine's, given when it starts ({CONF_ENV} of `riverhouse engine start`)"
             ) from None
+    _ATTACHED[spark.session_id] = (remote, settings)
     return spark
+
+
+def _forget(spark: Any) -> None:
+    """Drop a client whose session the engine closed, so the next getOrCreate makes a new one."""
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    with contextlib.suppress(Exception):
+        spark.client.close()
+    with ConnectSession._lock:
+        if ConnectSession._default_session is spark:
+            ConnectSession._default_session = None
+        if getattr(ConnectSession._active_session, "session", None) is spark:
+            ConnectSession._active_session.session = None
 
 
 def is_connect(spark: Any) -> bool:
@@ -389,7 +472,10 @@ def is_connect(spark: Any) -> bool:
 
 
 def release_session(spark: Any) -> None:
-    """End a Spark Connect session on its server (a classic session is left to its process).
+    """End this process's use of a Spark Connect session (a classic session is left to its process).
+
+    A session of its own is released on the server; a shared one (`shared_session_id`) stays
+    there for the next process, and only the connection closes.
 
     pyspark releases a query's last results in the background and its `stop()` releases the
     session first: waiting for those releases keeps the engine's log free of errors about them.
