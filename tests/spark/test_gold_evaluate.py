@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from riverhouse.platform.gold.evaluate import evaluate, gold_schema, latest_per_key
+from riverhouse.platform.gold.evaluate import drop_views, evaluate, gold_schema, latest_per_key
 from riverhouse.platform.spec import PipelineSpec, parse_spec
 from riverhouse.platform.state.tables import silver_schema, spark_schema
 
@@ -163,7 +163,13 @@ def joined(spark: Any, spec: PipelineSpec, dimension_reduced: bool = True) -> di
     }
     if dimension_reduced:
         frames["r"] = latest_per_key(frames["r"], spec.plan.steps[1])
-    rows = evaluate(spark, spec, spec.plan, frame(spark, spec, "orders", driving), frames).collect()
+    views: list[str] = []
+    rows = evaluate(spark, spec, spec.plan, frame(spark, spec, "orders", driving), frames, views).collect()
+    # The SQL's temporary view is dropped after use: the session may be shared by later runs.
+    [view] = views
+    assert spark.catalog.tableExists(view)
+    drop_views(spark, views)
+    assert not spark.catalog.tableExists(view) and views == []
     return {r["order_id"]: r.asDict() for r in rows}
 
 

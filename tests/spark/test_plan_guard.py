@@ -94,7 +94,7 @@ def test_the_issues_query_is_refused_before_it_runs_and_logged_as_a_bug(
         return session.createDataFrame([], spark_schema(silver_schema(spec.sources[source])))
 
     with caplog.at_level(logging.ERROR, logger="riverhouse.plan_guard"), pytest.raises(SpecQueryRefused) as info:
-        evaluate(session, spec, plan, empty("orders"), {"u": empty("users")})
+        evaluate(session, spec, plan, empty("orders"), {"u": empty("users")}, [])
     assert "calls java_method()" in str(info.value) and "Riverhouse bug" in str(info.value)
     assert "BUG in the spec SQL allow-list" in caplog.text and "guard_test" in caplog.text
 
@@ -114,8 +114,9 @@ def test_the_issues_query_is_refused_before_it_runs_and_logged_as_a_bug(
     ],
 )  # fmt: skip
 def test_plans_that_call_java_or_read_files_or_the_environment_are_refused(
-    session: Any, select: str, finding: str
+    own_spark: Any, select: str, finding: str
 ) -> None:
+    session = own_spark  # the setting below must not reach other processes' sessions
     session.conf.set("spark.sql.debug.maxToStringFields", "25")  # Spark's default: the guard raises it
     with pytest.raises(SpecQueryRefused, match="refused before it ran") as info:
         check(session, select)

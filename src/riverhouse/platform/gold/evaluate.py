@@ -6,6 +6,7 @@ events it runs on and writes its rows, `backfill.py` runs it again over a window
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from typing import Any
 
@@ -32,7 +33,12 @@ def _with_prefix(df: DataFrame, alias: str, columns: list[str]) -> DataFrame:
 
 
 def evaluate(
-    spark: Any, spec: PipelineSpec, plan: JoinPlan, driving: DataFrame, lookups: dict[str, DataFrame]
+    spark: Any,
+    spec: PipelineSpec,
+    plan: JoinPlan,
+    driving: DataFrame,
+    lookups: dict[str, DataFrame],
+    views: list[str],
 ) -> DataFrame:
     """The join itself, as one Spark plan: driving rows (closed, unprocessed) + lookup rows -> gold rows.
 
@@ -40,6 +46,10 @@ def evaluate(
     Kafka partition and offset, descending) within the step's window; then the user's
     projections and WHERE run as Spark SQL over the flat columns, and `require` names
     the first missing field of a row that goes to quarantine.
+
+    The SQL reads a temporary view, whose name is added to `views`: the caller drops it
+    (`drop_views`) once the frame is no longer used, since the session may be shared by
+    later runs (runtime/spark.py).
     """
     sources = spec.sources
     base_fields = [f.name for f in sources[plan.driving_source].fields]
@@ -102,6 +112,7 @@ def evaluate(
     base = base.withColumn("_late_match", any_of(late_flags))
     view = f"rh_gold_{uuid.uuid4().hex[:12]}"
     base.createOrReplaceTempView(view)
+    views.append(view)
     projections = ", ".join(f"{expr} AS `{name}`" for name, expr in plan.projections)
     where = f"COALESCE(({plan.where}), false)" if plan.where else "true"
     meta = ", ".join(
@@ -135,6 +146,14 @@ def evaluate(
     return result.drop("_inner_ok", "_where_ok")
 
 
+def drop_views(spark: Any, views: list[str]) -> None:
+    """Drop the temporary views `evaluate` registered (best effort: a lost engine took them along)."""
+    for view in views:
+        with contextlib.suppress(Exception):
+            spark.catalog.dropTempView(view)
+    views.clear()
+
+
 def latest_per_key(rows: DataFrame, step: JoinStep) -> DataFrame:
     """A dimension's latest row per join key: the only row `evaluate` could pick for any driving event.
 
@@ -165,9 +184,13 @@ def gold_schema(spark: Any, spec: PipelineSpec) -> pa.Schema:
             return spark.createDataFrame([], spark_schema(silver_schema(spec.sources[source])))
 
         lookups = {s.alias: empty(s.source) for s in plan.steps}
-        schema = to_arrow_schema(
-            evaluate(spark, spec, plan, empty(plan.driving_source), lookups).schema, timezone="UTC"
-        )
+        views: list[str] = []
+        try:
+            schema = to_arrow_schema(
+                evaluate(spark, spec, plan, empty(plan.driving_source), lookups, views).schema, timezone="UTC"
+            )
+        finally:
+            drop_views(spark, views)
         # Gold columns are nullable: a LEFT JOIN leaves lookup columns empty.
         _GOLD_SCHEMAS[key] = pa.schema([pa.field(f.name, f.type, nullable=True) for f in schema])
     return _GOLD_SCHEMAS[key]

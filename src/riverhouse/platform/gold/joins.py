@@ -40,7 +40,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from riverhouse.platform.faults import crash_point
-from riverhouse.platform.gold.evaluate import IDENTITY, evaluate, gold_schema, latest_per_key
+from riverhouse.platform.gold.evaluate import IDENTITY, drop_views, evaluate, gold_schema, latest_per_key
 from riverhouse.platform.spec import PipelineSpec
 from riverhouse.platform.state.checkpoints import gold_lock
 from riverhouse.platform.state.delta_log import MARK_MAX_EVENT_TIME, DeltaLog
@@ -274,7 +274,8 @@ def _run_gold(spark: Any, spec: PipelineSpec, settings: Settings, drain: bool) -
     lo, hi = spark_time(counts["lo"]), spark_time(counts["hi"])
     assert lo is not None and hi is not None  # some events are closed, so both bounds exist
     lookups = lookup_frames(spark, spec, layout, versions, lo, hi)
-    rows = conform(evaluate(spark, spec, plan, fresh, lookups), target)
+    views: list[str] = []
+    rows = conform(evaluate(spark, spec, plan, fresh, lookups, views), target)
     # Read by the counts and both appends: joined once.
     rows = rows.persist()
     try:
@@ -301,6 +302,7 @@ def _run_gold(spark: Any, spec: PipelineSpec, settings: Settings, drain: bool) -
         crash_point("after_gold_commit")
     finally:
         rows.unpersist()
+        drop_views(spark, views)
     result.gold_version = table_version(path)
     result.seconds = time.monotonic() - started
     return result

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from riverhouse.platform.gold.evaluate import evaluate
+from riverhouse.platform.gold.evaluate import drop_views, evaluate
 from riverhouse.platform.gold.joins import (
     ensure_gold_tables,
     gold_path,
@@ -59,7 +59,8 @@ def rebuild_gold(
             between("_event_time", "_event_date", start, end, hi_open=True)
         )
         lookups = lookup_frames(spark, spec, layout, versions, start, end - timedelta(microseconds=1))
-        rows = conform(evaluate(spark, spec, plan, driving, lookups), target)
+        views: list[str] = []
+        rows = conform(evaluate(spark, spec, plan, driving, lookups, views), target)
         gold = read_at(spark, path, table_version(path))
         current = conform(gold.where(between("_left_event_time", "_left_event_date", start, end, hi_open=True)), target)
         rows = rows.persist()
@@ -81,6 +82,7 @@ def rebuild_gold(
                 result.changed = True
         finally:
             rows.unpersist()
+            drop_views(spark, views)
         result.delta_version = table_version(path)
         if result.changed:
             log(
