@@ -84,7 +84,13 @@ def run_timeline(
         "clickhouse_s": after(loaded),
         "run_s": after(succeeded),
         "success": succeeded is not None,
-        "rows_loaded": int((loaded or {}).get("metadata", {}).get("rows_loaded") or 0),
+        # The load's own materialization carries `rows_loaded`; the run also records one per day
+        # partition its events fell in (publish.py), without it.
+        "rows_loaded": sum(
+            int(e["metadata"].get("rows_loaded") or 0)
+            for e in events
+            if e["type"] == MATERIALIZATION and e.get("asset") == f"clickhouse/{spec_name}/{spec_name}"
+        ),
         "checks_failed": [
             e["metadata"].get("check") for e in events if e["type"] == CHECK and not e["metadata"].get("passed")
         ],
