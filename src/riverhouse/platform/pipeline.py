@@ -32,6 +32,7 @@ from riverhouse.platform.ingest.stream import IngestResult, ingest_sources, prep
 from riverhouse.platform.ingest.writer import BatchMetrics
 from riverhouse.platform.kafka.bootstrap import resolve_bootstrap
 from riverhouse.platform.kafka.lag import PipelineLag, pipeline_lag
+from riverhouse.platform.quality import expectations
 from riverhouse.platform.quality.checks import delta_row_count
 from riverhouse.platform.runtime import metrics
 from riverhouse.platform.runtime.spark import get_spark
@@ -206,6 +207,7 @@ class Pipeline:
     # ------------------------------------------------- publishing (orchestrators)
     # What a Dagster asset shows: metadata and check outcomes (riverhouse.platform.publish).
     def publish_ingest(self, source: str, lock_wait_s: float = 0.0) -> publish.Published:
+        expectations.preload()  # the checks that follow need GX: its import overlaps the query
         lag_before = self.lag([source]).total
         silver_before = DeltaLog(TableLayout(self.settings.warehouse, self.name).silver(source)).latest_version()
         result = self.ingest(source, on_batch=lambda m: self.log(batch_line(self.spec, m)), lock_wait_s=lock_wait_s)

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
+import threading
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -76,6 +78,23 @@ def _gx() -> Any:
     import great_expectations as gx
 
     return gx
+
+
+_PRELOADING: list[threading.Thread] = []
+
+
+def preload() -> None:
+    """Import Great Expectations in the background, once per process.
+
+    Its import takes 2-3 s on 2 cores, paid by a triggered run's first check; a step that
+    calls this before waiting on Spark (an ingest, whose checks follow) overlaps the two.
+    `_gx()` from another thread meanwhile waits for the import (Python's module lock).
+    """
+    if "great_expectations" in sys.modules or _PRELOADING:
+        return
+    thread = threading.Thread(target=_gx, name="riverhouse-gx-import", daemon=True)
+    _PRELOADING.append(thread)
+    thread.start()
 
 
 def source_expectations(src: SourceSpec) -> list[Any]:
