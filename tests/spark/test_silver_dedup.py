@@ -192,6 +192,22 @@ def test_many_small_batches_are_compacted_and_replays_still_skipped(own_spark: A
     assert write(spark, silver, [("k3", timedelta(minutes=20), 30), ("new", timedelta(0), 31)], 6) == 1
 
 
+def test_a_day_written_by_another_process_is_not_compacted_after_every_batch(spark: Any, silver: str) -> None:
+    """Delta counts a partition's small files per JVM. Its default (modified partitions only)
+    took a partition this JVM had not compacted yet, and a compaction that removed more files
+    than the JVM had counted made it forget the partition: in every process that did not write
+    the day from its start (a new run, a restarted engine) each batch rewrote the whole day."""
+    from deltalake import write_deltalake
+
+    for i in range(3):  # batches of an earlier process: files this JVM never counted
+        write_deltalake(silver, batch([(f"x{i}", timedelta(minutes=i), 100 + i)]), mode="append")
+    for i in range(4):
+        assert write(spark, silver, [(f"k{i}", timedelta(minutes=10 + i), i)], i) == 1
+    log = DeltaLog(silver)
+    operations = [log.commit(v).info.get("operation") for v in range(1, log.latest_version() + 1)]
+    assert operations == ["WRITE"] * 7, operations  # with Delta's default: OPTIMIZE after each of the 4
+
+
 def test_delta_rs_reads_what_delta_spark_writes(spark: Any, tmp_path: Path) -> None:
     """Readers that need no JVM (checks, CLI status, the window swap) keep working on these tables:
     table features, a checkpoint (here every 10 commits), the change feed; Riverhouse's marks are in the log."""

@@ -30,6 +30,13 @@ SESSION_DEFAULTS: dict[str, str] = {
     # pipeline's batch compiles ~65, so two pipelines on one engine evicted each other's and
     # compiled them again every run (bench/analysis.md). Static: the engine's (or the process's).
     "spark.sql.codegen.cache.maxEntries": "1000",
+    # Delta's auto compaction (silver) by default takes a modified partition that this JVM has
+    # not compacted yet, counting only the files this JVM added. A compaction removes more than
+    # that count, the partition drops out of the count, and the next append finds it "not
+    # compacted yet" again: in any JVM that did not write the table from its start (every new
+    # process, a restarted engine) each batch rewrote its whole day. Deciding on the table's
+    # count instead compacts once some partition gathered minNumFiles (50) small files.
+    "spark.databricks.delta.autoCompact.modifiedPartitionsOnly.enabled": "false",
 }
 # Small-machine defaults, in local mode only: a cluster keeps its own (spark-defaults.conf,
 # spark-submit's flags, RIVERHOUSE_SPARK_CONF).
