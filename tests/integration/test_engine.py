@@ -204,10 +204,16 @@ _SESSION_CLIENT = textwrap.dedent(
     """
     import json, sys
     from riverhouse.platform.runtime.spark import get_spark
-    spark = get_spark(conf=json.loads(sys.argv[1]))
+    conf = json.loads(sys.argv[1])
+    spark = get_spark(conf=conf)
     assert spark.range(3).count() == 3
     if sys.argv[2] == "close":
         spark.client.release_session()  # what the engine does to a session that stayed idle too long
+    if sys.argv[2] == "other":  # the same process asks for other settings: another session
+        key = "spark.sql.files.maxRecordsPerFile"
+        other = get_spark(conf={key: str(int(conf[key]) + 1)})
+        assert other.session_id != spark.session_id
+        assert spark.conf.get(key) == conf[key]  # the first session kept its own settings
     print(spark.session_id)
     """
 )
@@ -229,7 +235,7 @@ def test_processes_with_the_same_settings_share_one_engine_session_and_a_closed_
     def session(conf: dict[str, str], then: str = "") -> str:
         proc = subprocess.run(
             [sys.executable, "-c", _SESSION_CLIENT, json.dumps(conf), then],
-            env=subprocess_env(settings),
+            env=subprocess_env(settings, XDG_CACHE_HOME=str(cache)),
             capture_output=True,
             text=True,
             timeout=300,
@@ -237,10 +243,15 @@ def test_processes_with_the_same_settings_share_one_engine_session_and_a_closed_
         assert proc.returncode == 0, proc.stderr[-3000:]
         return proc.stdout.strip().splitlines()[-1]
 
+    cache = tmp_path / "cache"
     first = session(mine)
     assert session(mine) == first
     assert session(other) != first
+    assert session(mine, then="other") == first
     assert session(mine, then="close") == first
     replaced = session(mine)
     assert replaced != first
     assert session(mine) == replaced
+    # The machine remembers the generation it found open: later processes start there.
+    [remembered] = cache.glob("riverhouse/session-*")
+    assert remembered.read_text() == "1"

@@ -22,6 +22,8 @@ from riverhouse.platform.runtime.spark import (
     connect_session_conf,
     get_spark,
     session_conf,
+    session_url,
+    shared_session_id,
     user_conf,
 )
 from riverhouse.platform.state.settings import Settings, SettingsError
@@ -123,6 +125,26 @@ def test_a_down_engine_fails_at_once_naming_the_command_that_starts_it(monkeypat
 )
 def test_spark_connect_addresses(url: str, where: tuple[str, int]) -> None:
     assert engine.parse_remote(url) == where
+
+
+@pytest.mark.parametrize(
+    ("remote", "url"),
+    [
+        ("sc://h:1", "sc://h:1/;session_id=S"),
+        ("sc://h:1/", "sc://h:1/;session_id=S"),  # pyspark refuses a path: `sc://h:1//;...` failed
+        ("sc://h:1/;token=x;use_ssl=true", "sc://h:1/;token=x;use_ssl=true;session_id=S"),
+    ],
+)
+def test_the_shared_session_is_named_in_the_url_beside_its_parameters(remote: str, url: str) -> None:
+    assert session_url(remote, "S") == url
+
+
+def test_the_shared_session_follows_the_engine_and_the_settings_but_not_their_order_or_secrets() -> None:
+    one = shared_session_id("sc://h:1/;token=a", {"x": "1", "y": "2"})
+    assert shared_session_id("sc://h:1/;token=b", {"y": "2", "x": "1"}) == one  # the token is not part of it
+    assert shared_session_id("sc://h:2", {"x": "1", "y": "2"}) != one
+    assert shared_session_id("sc://h:1", {"x": "1", "y": "3"}) != one
+    assert shared_session_id("sc://h:1", {"x": "1", "y": "2"}, generation=1) != one
 
 
 # ------------------------------------------------------------------ which settings

@@ -11,10 +11,13 @@ pytestmark = pytest.mark.unit
 
 _SCRIPT = """
 import sys
+import time
 from riverhouse.platform.pipeline import Pipeline  # what a Dagster step imports: GX is not among it
 from riverhouse.platform.quality import expectations
 assert "great_expectations" not in sys.modules, "imported before the preload"
+started = time.monotonic()
 expectations.preload()
+assert time.monotonic() - started < 0.5, "preload waited for the import"  # it takes seconds
 expectations.preload()  # once per process
 assert len(expectations._PRELOADING) == 1
 expectations._PRELOADING[0].join(120)

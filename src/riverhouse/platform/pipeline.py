@@ -207,6 +207,7 @@ class Pipeline:
     # ------------------------------------------------- publishing (orchestrators)
     # What a Dagster asset shows: metadata and check outcomes (riverhouse.platform.publish).
     def publish_ingest(self, source: str, lock_wait_s: float = 0.0) -> publish.Published:
+        _ = self.spark  # the session first (GX imports pyspark's modules too)
         expectations.preload()  # the checks that follow need GX: its import overlaps the query
         lag_before = self.lag([source]).total
         silver_before = DeltaLog(TableLayout(self.settings.warehouse, self.name).silver(source)).latest_version()

@@ -275,10 +275,11 @@ def _run_gold(spark: Any, spec: PipelineSpec, settings: Settings, drain: bool) -
     assert lo is not None and hi is not None  # some events are closed, so both bounds exist
     lookups = lookup_frames(spark, spec, layout, versions, lo, hi)
     views: list[str] = []
-    rows = conform(evaluate(spark, spec, plan, fresh, lookups, views), target)
-    # Read by the counts and both appends: joined once.
-    rows = rows.persist()
+    rows = None
     try:
+        rows = conform(evaluate(spark, spec, plan, fresh, lookups, views), target)
+        # Read by the counts and both appends: joined once.
+        rows = rows.persist()
         tally = _tally(rows, result)
         if not result.processed:
             result.seconds = time.monotonic() - started
@@ -301,7 +302,8 @@ def _run_gold(spark: Any, spec: PipelineSpec, settings: Settings, drain: bool) -
             )
         crash_point("after_gold_commit")
     finally:
-        rows.unpersist()
+        if rows is not None:
+            rows.unpersist()
         drop_views(spark, views)
     result.gold_version = table_version(path)
     result.seconds = time.monotonic() - started

@@ -60,11 +60,13 @@ def rebuild_gold(
         )
         lookups = lookup_frames(spark, spec, layout, versions, start, end - timedelta(microseconds=1))
         views: list[str] = []
-        rows = conform(evaluate(spark, spec, plan, driving, lookups, views), target)
-        gold = read_at(spark, path, table_version(path))
-        current = conform(gold.where(between("_left_event_time", "_left_event_date", start, end, hi_open=True)), target)
-        rows = rows.persist()
+        rows = None
         try:
+            rows = conform(evaluate(spark, spec, plan, driving, lookups, views), target)
+            gold = read_at(spark, path, table_version(path))
+            window = between("_left_event_time", "_left_event_date", start, end, hi_open=True)
+            current = conform(gold.where(window), target)
+            rows = rows.persist()
             result.rows, result.rows_before, same = same_rows(rows, current)
             if same:
                 log(f"gold {spec.output_name} {label}: {result.rows:,} driving events, unchanged")
@@ -81,7 +83,8 @@ def rebuild_gold(
                 replace_where(rows, path, predicate, {MARK_REBUILD: label, **state})
                 result.changed = True
         finally:
-            rows.unpersist()
+            if rows is not None:
+                rows.unpersist()
             drop_views(spark, views)
         result.delta_version = table_version(path)
         if result.changed:

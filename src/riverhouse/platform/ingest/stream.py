@@ -11,6 +11,7 @@ each batch reported (through the checkpoint folder, wherever the batch body ran)
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -195,8 +196,8 @@ class SourceStream:
                 f"written on the engine after {STOP_WAIT_S:.0f} s; read the engine's log (a local engine's is in "
                 "<home>/engine/logs)"
             )
-        if is_connect(spark):
-            spark = self._own_session = own_session(spark)
+        if is_connect(spark) and (own := own_session(spark)) is not None:
+            spark = self._own_session = own
         return _start_query(spark, self._writer(spark, trigger), replace_active=True)
 
     def close(self) -> None:
@@ -351,7 +352,8 @@ def ingest_sources(
             return [stream_result(stream, query, started) for stream, query in zip(streams, queries, strict=True)]
         finally:
             for stream in streams:
-                stream.close()
+                with contextlib.suppress(Exception):  # best effort: the run's own outcome is what to report
+                    stream.close()
             metrics.push(spec, partial(pipeline_lag, spec, settings))  # too short a run to scrape (metrics.py)
 
 

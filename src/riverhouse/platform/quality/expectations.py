@@ -73,11 +73,15 @@ class SuiteOutcome:
 
 
 def _gx() -> Any:
-    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
-    logging.getLogger("great_expectations").setLevel(logging.ERROR)
+    _quiet_gx()
     import great_expectations as gx
 
     return gx
+
+
+def _quiet_gx() -> None:
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+    logging.getLogger("great_expectations").setLevel(logging.ERROR)
 
 
 _PRELOADING: list[threading.Thread] = []
@@ -88,10 +92,13 @@ def preload() -> None:
 
     Its import takes 2-3 s on 2 cores, paid by a triggered run's first check; a step that
     calls this before waiting on Spark (an ingest, whose checks follow) overlaps the two.
-    `_gx()` from another thread meanwhile waits for the import (Python's module lock).
+    `_gx()` from another thread meanwhile waits for the import (Python's module lock). Call it
+    once Spark's session exists: GX imports pyspark's modules too, and two threads importing the
+    same modules at once can leave one of them a half-initialised module.
     """
     if "great_expectations" in sys.modules or _PRELOADING:
         return
+    _quiet_gx()  # the environment is set on the calling thread, before any other reads it
     thread = threading.Thread(target=_gx, name="riverhouse-gx-import", daemon=True)
     _PRELOADING.append(thread)
     thread.start()

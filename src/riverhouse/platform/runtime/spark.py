@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import contextlib
 import hashlib
@@ -35,7 +36,8 @@ SESSION_DEFAULTS: dict[str, str] = {
     # that count, the partition drops out of the count, and the next append finds it "not
     # compacted yet" again: in any JVM that did not write the table from its start (every new
     # process, a restarted engine) each batch rewrote its whole day. Deciding on the table's
-    # count instead compacts once some partition gathered minNumFiles (50) small files.
+    # count instead compacts (the table's small files) once some partition gathered minNumFiles
+    # (50) small files in this JVM's count.
     "spark.databricks.delta.autoCompact.modifiedPartitionsOnly.enabled": "false",
 }
 # Small-machine defaults, in local mode only: a cluster keeps its own (spark-defaults.conf,
@@ -67,7 +69,11 @@ REDACTION_CONF: dict[str, str] = {
     "spark.sql.redaction.options.regex": r"(?i)url|jaas|password|secret|token|keystore\.key|ssl\.key",
 }
 # Applied last on every session and on the engine: nothing (a setting, the resource's config) overrides them.
-FIXED_CONF: dict[str, str] = {**REDACTION_CONF, **SQL_SAFETY_CONF}
+# Spark's default replaces an active query of the same checkpoint when another starts; a run
+# allows it only after the old query's batch in flight ended, and only in a session of its own
+# (ingest/stream.py): sessions are shared between processes.
+STREAMING_CONF: dict[str, str] = {"spark.sql.streaming.stopActiveRunOnRestart": "false"}
+FIXED_CONF: dict[str, str] = {**REDACTION_CONF, **SQL_SAFETY_CONF, **STREAMING_CONF}
 
 MASTER_ENV = "RIVERHOUSE_SPARK_MASTER"
 REMOTE_ENV = "RIVERHOUSE_SPARK_REMOTE"
@@ -386,7 +392,8 @@ def shared_session_id(remote: str, settings: dict[str, str], generation: int = 0
 
 
 _SESSION_NAMESPACE = uuid.UUID("7f3c1d52-9a4e-4c8b-b1a5-2e6f0c9d8a71")
-# How many closed generations a process steps over before it gives up on sharing.
+# How many closed generations a process steps over, from the last one it found open, before
+# it gives up on sharing (the engine closes an idle session after an hour by default).
 _SESSION_GENERATIONS = 64
 
 
@@ -395,28 +402,62 @@ def _connect(remote: str, conf: dict[str, str]) -> Any:
     require_reachable(remote)
     settings = connect_session_conf({**SESSION_DEFAULTS, **user_conf(), **conf, **FIXED_CONF})
     if "session_id=" in remote:  # the URL names its own session: the caller's choice
-        return _attach(remote, remote, settings)
-    for generation in range(_SESSION_GENERATIONS):
-        url = f"{remote}{';' if '/;' in remote else '/;'}session_id={shared_session_id(remote, settings, generation)}"
         try:
-            return _attach(url, remote, settings)
+            return _attach(remote, remote, settings)
+        except _SessionClosed:
+            raise RuntimeError(
+                f"the engine at {redact_remote(remote)} has closed the session that {REMOTE_ENV} names "
+                "(session_id=...): name another, or leave it out (runs then share one per settings)"
+            ) from None
+    remembered = _generation_file(remote, settings)
+    first = _read_generation(remembered)
+    for generation in range(first, first + _SESSION_GENERATIONS):
+        try:
+            spark = _attach(session_url(remote, shared_session_id(remote, settings, generation)), remote, settings)
         except _SessionClosed:
             continue
-    return _attach(remote, remote, settings)  # every shared id closed: a session of its own
+        if generation != first:
+            with contextlib.suppress(OSError):
+                remembered.write_text(str(generation))
+        return spark
+    return _attach(remote, remote, settings, fresh=True)  # every shared id closed: a session of its own
+
+
+def session_url(remote: str, session_id: str) -> str:
+    """`remote` (sc://host:port, maybe with `/;key=value` parameters) naming `session_id`."""
+    base, _, params = remote.partition("/;")
+    return f"{base.rstrip('/')}/;{params + ';' if params else ''}session_id={session_id}"
+
+
+def _generation_file(remote: str, settings: dict[str, str]) -> Path:
+    """Where this machine remembers the generation of the shared session it last found open."""
+    return _cache_dir() / f"session-{shared_session_id(remote, settings)}"
+
+
+def _read_generation(path: Path) -> int:
+    try:
+        return max(0, int(path.read_text().strip()))
+    except (OSError, ValueError):
+        return 0
 
 
 class _SessionClosed(Exception):
     """The engine closed this session id (it expired); the next generation's id is tried."""
 
 
-def own_session(spark: Any) -> Any:
-    """A new session of its own on `spark`'s engine, with the same settings (shared with nothing).
+def own_session(spark: Any) -> Any | None:
+    """A new session of its own on `spark`'s engine, with the same settings (shared with nothing);
+    None for a Connect session this process did not attach itself (its settings are unknown).
 
     For the rare step that must set a session setting for itself alone: on a shared session,
     another process's setting could change under it. Release it with `release_session`.
     """
+    if spark.session_id not in _ATTACHED:
+        return None
     remote, settings = _ATTACHED[spark.session_id]
-    return _attach(remote, remote, settings, fresh=True)
+    base, _, params = remote.partition("/;")
+    own = ";".join(p for p in params.split(";") if p and not p.startswith("session_id="))
+    return _attach(f"{base}/;{own}" if own else base, remote, settings, fresh=True)
 
 
 # The engine and settings each Connect session of this process was attached with (`own_session`).
@@ -430,6 +471,16 @@ def _attach(url: str, remote: str, settings: dict[str, str], fresh: bool = False
     try:
         builder = SparkSession.builder.remote(url)
         spark = builder.create() if fresh else builder.getOrCreate()
+        named = url.rpartition("session_id=")[2].split(";")[0] if "session_id=" in url else None
+        if named and spark.session_id != named:
+            # getOrCreate gave the process's earlier session (another engine or other settings):
+            # these settings must not land on it.
+            spark = builder.create()
+            fresh = True
+        if fresh:
+            # A session that is not the process's default is closed by pyspark when collected; at
+            # interpreter exit that close can wait forever on gRPC: close it while gRPC still runs.
+            atexit.register(release_session, spark)
     except PySparkRuntimeError as exc:
         if "SESSION_ALREADY_EXIST" not in str(exc):
             raise
@@ -450,9 +501,9 @@ def _attach(url: str, remote: str, settings: dict[str, str], fresh: bool = False
         try:
             spark.conf.set(key, value)
         except Exception as exc:
+            _forget(spark)  # a retry in this process gets a new client, not this one
             if "SESSION_CLOSED" in str(exc):
-                _forget(spark)
-                raise _SessionClosed(url) from None
+                raise _SessionClosed(redact_remote(url)) from None
             raise SparkConfError(
                 f"{key} cannot be set on a session of the engine at {redact_remote(remote)} ({exc}): a static "
                 f"setting is the engine's, given when it starts ({CONF_ENV} of `riverhouse engine start`)"
