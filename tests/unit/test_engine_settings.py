@@ -137,6 +137,7 @@ def test_spark_connect_addresses(url: str, where: tuple[str, int]) -> None:
 )
 def test_the_shared_session_is_named_in_the_url_beside_its_parameters(remote: str, url: str) -> None:
     assert session_url(remote, "S") == url
+    assert session_url(url, None) == remote.rstrip("/")  # a session of its own: the name goes, the rest stays
 
 
 def test_the_shared_session_follows_the_engine_and_the_settings_but_not_their_order_or_secrets() -> None:

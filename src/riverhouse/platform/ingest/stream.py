@@ -201,9 +201,11 @@ class SourceStream:
         return _start_query(spark, self._writer(spark, trigger), replace_active=True)
 
     def close(self) -> None:
-        """Release what the run's query needed beyond the run's session (after the query ended)."""
+        """Release what the run's query needed beyond the run's session (after the query ended).
+        Best effort: the run's own outcome is what to report."""
         if self._own_session is not None:
-            release_session(self._own_session)
+            with contextlib.suppress(Exception):
+                release_session(self._own_session)
             self._own_session = None
 
     def collect_reports(self) -> list[BatchMetrics]:
@@ -352,8 +354,7 @@ def ingest_sources(
             return [stream_result(stream, query, started) for stream, query in zip(streams, queries, strict=True)]
         finally:
             for stream in streams:
-                with contextlib.suppress(Exception):  # best effort: the run's own outcome is what to report
-                    stream.close()
+                stream.close()
             metrics.push(spec, partial(pipeline_lag, spec, settings))  # too short a run to scrape (metrics.py)
 
 

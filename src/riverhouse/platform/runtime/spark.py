@@ -401,7 +401,7 @@ def _connect(remote: str, conf: dict[str, str]) -> Any:
     """A Spark Connect session on `remote` with this session's SQL settings (the server holds the rest)."""
     require_reachable(remote)
     settings = connect_session_conf({**SESSION_DEFAULTS, **user_conf(), **conf, **FIXED_CONF})
-    if "session_id=" in remote:  # the URL names its own session: the caller's choice
+    if _named_session(remote):  # the URL names its own session: the caller's choice
         try:
             return _attach(remote, remote, settings)
         except _SessionClosed:
@@ -423,10 +423,20 @@ def _connect(remote: str, conf: dict[str, str]) -> Any:
     return _attach(remote, remote, settings, fresh=True)  # every shared id closed: a session of its own
 
 
-def session_url(remote: str, session_id: str) -> str:
-    """`remote` (sc://host:port, maybe with `/;key=value` parameters) naming `session_id`."""
+def session_url(remote: str, session_id: str | None) -> str:
+    """`remote` (sc://host:port, maybe with `/;key=value` parameters) naming `session_id`, or
+    naming none (None: the server gives a new session)."""
     base, _, params = remote.partition("/;")
-    return f"{base.rstrip('/')}/;{params + ';' if params else ''}session_id={session_id}"
+    kept = [p for p in params.split(";") if p and not p.startswith("session_id=")]
+    if session_id is not None:
+        kept.append(f"session_id={session_id}")
+    return f"{base.rstrip('/')}/;{';'.join(kept)}" if kept else base.rstrip("/")
+
+
+def _named_session(url: str) -> str | None:
+    """The session id a Spark Connect URL names, if any."""
+    params = url.partition("/;")[2].split(";")
+    return next((p.removeprefix("session_id=") for p in params if p.startswith("session_id=")), None)
 
 
 def _generation_file(remote: str, settings: dict[str, str]) -> Path:
@@ -455,9 +465,7 @@ def own_session(spark: Any) -> Any | None:
     if spark.session_id not in _ATTACHED:
         return None
     remote, settings = _ATTACHED[spark.session_id]
-    base, _, params = remote.partition("/;")
-    own = ";".join(p for p in params.split(";") if p and not p.startswith("session_id="))
-    return _attach(f"{base}/;{own}" if own else base, remote, settings, fresh=True)
+    return _attach(session_url(remote, None), remote, settings, fresh=True)
 
 
 # The engine and settings each Connect session of this process was attached with (`own_session`).
@@ -471,7 +479,7 @@ def _attach(url: str, remote: str, settings: dict[str, str], fresh: bool = False
     try:
         builder = SparkSession.builder.remote(url)
         spark = builder.create() if fresh else builder.getOrCreate()
-        named = url.rpartition("session_id=")[2].split(";")[0] if "session_id=" in url else None
+        named = _named_session(url)
         if named and spark.session_id != named:
             # getOrCreate gave the process's earlier session (another engine or other settings):
             # these settings must not land on it.
@@ -493,7 +501,7 @@ def _attach(url: str, remote: str, settings: dict[str, str], fresh: bool = False
     from pyspark.sql.connect.client.retries import DefaultPolicy
 
     spark.client.set_retry_policies([DefaultPolicy(max_retries=ENGINE_RETRIES, max_backoff=ENGINE_MAX_BACKOFF_MS)])
-    if "session_id=" in url:
+    if named:
         spark.release_session_on_close = False  # shared: stopping this client leaves it to the others
     # The SQL settings (static ones were given at the server's start); setting them again on a
     # shared session sets the same values.
