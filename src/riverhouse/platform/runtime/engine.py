@@ -117,7 +117,7 @@ def status(state_dir: Path) -> EngineState | None:
 def engine_lost(exc: BaseException, remote: str) -> EngineUnavailable | None:
     """The error to raise when a Spark Connect call failed because the engine stopped answering.
 
-    The client retries an unreachable server for about 25 s (runtime/spark.py), then raises
+    The client retries an unreachable server for about 25 s (runtime/engine_retry.py), then raises
     gRPC's UNAVAILABLE. None for any other error (a failed query stays that query's error).
     """
     chain: list[BaseException] = []

@@ -20,6 +20,7 @@ from typing import Any
 
 from riverhouse.platform.errors import EngineUnavailable
 from riverhouse.platform.runtime import processes
+from riverhouse.platform.runtime.engine_retry import engine_retry_policy
 
 # Every session (a user's RIVERHOUSE_SPARK_CONF may change them): UTC, Arrow for Python <-> JVM.
 SESSION_DEFAULTS: dict[str, str] = {
@@ -80,8 +81,6 @@ REMOTE_ENV = "RIVERHOUSE_SPARK_REMOTE"
 CONNECT_PORT = 15002  # Spark Connect's own default (a URL without a port means it)
 CONF_ENV = "RIVERHOUSE_SPARK_CONF"
 DEFAULT_MASTER = "local[2]"
-ENGINE_RETRIES = 6
-ENGINE_MAX_BACKOFF_MS = 10_000
 LOG_CONFIG = Path(__file__).with_name("log4j2.properties")
 # Under Spark Connect a client sets these on its own session; every other setting is the server's.
 _SESSION_PREFIXES = ("spark.sql.", "spark.databricks.delta.")
@@ -496,11 +495,8 @@ def _attach(url: str, remote: str, settings: dict[str, str], fresh: bool = False
             "this process already runs Spark in-process; it cannot also attach to the engine at "
             f"{redact_remote(remote)}: one process uses one kind of session"
         ) from None
-    # pyspark retries an unreachable server for 10 minutes or more: a run whose engine died would
-    # hang that long. About 25 s (backoff 0.05 s x4 up to 10 s, 6 retries) rides out a hiccup.
-    from pyspark.sql.connect.client.retries import DefaultPolicy
-
-    spark.client.set_retry_policies([DefaultPolicy(max_retries=ENGINE_RETRIES, max_backoff=ENGINE_MAX_BACKOFF_MS)])
+    # About 25 s rides out a hiccup; after that the client stops retrying (engine_retry.py).
+    spark.client.set_retry_policies([engine_retry_policy()])
     if named:
         spark.release_session_on_close = False  # shared: stopping this client leaves it to the others
     # The SQL settings (static ones were given at the server's start); setting them again on a
