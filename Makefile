@@ -45,6 +45,9 @@ $(JARS_STAMP): jvm/pom.xml | $(STAMP) mvn-check
 	    -DoutputDirectory=$(CURDIR)/$(JARS).new/$$profile || { echo "Maven could not fetch the $$profile jars (see above)"; exit 1; }; \
 	done
 	@$(BIN)/python -m riverhouse.platform.runtime.jars prune $(JARS).new/spark
+	@$(MVN) -B -q -Dstyle.color=never -f jvm/pom.xml -P registry dependency:copy-dependencies -DincludeScope=runtime \
+	    -DoutputDirectory=$(CURDIR)/$(JARS).new/registry-dist || { echo "Maven could not fetch the schema registry (see above)"; exit 1; }
+	@mkdir -p $(JARS).new/registry && tar -xzf $(JARS).new/registry-dist/apicurio-registry-app-*-all.tar.gz -C $(JARS).new/registry && rm -rf $(JARS).new/registry-dist
 	@touch $(JARS).new/.installed
 	@rm -rf $(JARS).old && { [ ! -e $(JARS) ] || mv $(JARS) $(JARS).old; } && mv $(JARS).new $(JARS) && rm -rf $(JARS).old
 

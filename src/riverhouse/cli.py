@@ -110,10 +110,15 @@ def _produce_with_progress(
     rate: float | None,
     quiet: bool = False,
     client_config: dict[str, Any] | None = None,
+    avro: tuple[Any, int] | None = None,
 ) -> dict[str, Any]:
     from riverhouse.platform.kafka.generator import GENERATORS, produce
 
     records, stats = GENERATORS[kind](cfg)
+    if avro is not None:
+        from riverhouse.platform.avro.produce import as_avro
+
+        records = as_avro(records, *avro)
     # Only orders have a count known up front (user events depend on the user population).
     total = cfg.count + round(cfg.count * cfg.duplicate_rate) + cfg.malformed if kind == "orders" else None
     with Progress(
@@ -165,6 +170,12 @@ def generate(
             "kafka.config, and its bootstrap servers unless --bootstrap or RIVERHOUSE_KAFKA_BOOTSTRAP names others",
         ),
     ] = None,
+    fmt: Annotated[
+        str, typer.Option("--format", help="json | avro (Confluent wire format, schema registered in --registry)")
+    ] = "json",
+    registry: Annotated[
+        str | None, typer.Option(help="Schema registry API for --format avro (default: the local registry's)")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the counts as JSON")] = False,
     home: HomeOption = None,
 ) -> None:
@@ -186,10 +197,11 @@ def generate(
     # to do, instead of by the topic creation's timeout.
     require_kafka(config, source, settings)
     address = config.pop("bootstrap.servers")
+    avro = _avro_target(fmt, registry, topic, kind, home)
     started = time.monotonic()
     try:
         local_kafka.create_topic(address, topic, partitions, config)
-        stats = _produce_with_progress(address, topic, kind, cfg, rate, quiet=as_json, client_config=config)
+        stats = _produce_with_progress(address, topic, kind, cfg, rate, quiet=as_json, client_config=config, avro=avro)
     except typer.Exit:
         raise
     except Exception as exc:
@@ -204,6 +216,30 @@ def generate(
             f"{stats['out_of_order']} out of order ({stats['seconds']}s)",
             highlight=False,
         )
+
+
+def _avro_target(fmt: str, registry: str | None, topic: str, kind: str, home: Path | None) -> tuple[Any, int] | None:
+    """(schema, schema id) to produce Avro with, registered under <topic>-value; None for JSON."""
+    if fmt not in ("json", "avro"):
+        fail(f"--format must be json or avro, got {fmt!r}")
+    if fmt == "json":
+        return None
+    from riverhouse.cli_registry import registry_dir
+    from riverhouse.platform.avro import local_registry
+    from riverhouse.platform.avro.produce import SCHEMAS, register
+
+    if registry is None:
+        state = local_registry.status(registry_dir(home))
+        if state is None:
+            fail(
+                "--format avro needs a schema registry: start the local one (`riverhouse registry start`) or give --registry"
+            )
+        registry = state.api
+    try:
+        return SCHEMAS[kind], register(registry, f"{topic}-value", SCHEMAS[kind])
+    except OSError as exc:
+        fail(f"registering the {kind} schema at {registry} failed: {exc}")
+        raise AssertionError("unreachable") from None
 
 
 # ---------------------------------------------------------------------------- run
@@ -527,9 +563,11 @@ def main() -> None:
 from riverhouse.cli_engine import engine_app  # noqa: E402
 from riverhouse.cli_kafka import kafka_app  # noqa: E402
 from riverhouse.cli_migrate import deploy_config, import_app  # noqa: E402
+from riverhouse.cli_registry import registry_app  # noqa: E402
 
 app.add_typer(kafka_app, name="kafka")
 app.add_typer(engine_app, name="engine")
+app.add_typer(registry_app, name="registry")
 app.add_typer(import_app, name="import")
 app.command("deploy-config")(deploy_config)
 

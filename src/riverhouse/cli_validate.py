@@ -64,6 +64,8 @@ def _validation_report(files: list[Path], specs: dict[int, Any], problems: dict[
             spec = specs[position]
             report["pipeline"] = spec.name
             report["sources"] = {name: source.topic for name, source in spec.sources.items()}
+            if avro := {name: avro_fields(source) for name, source in spec.sources.items() if source.format == "avro"}:
+                report["avro_fields"] = avro  # the fields an Avro source reads, resolved from its schema
             report["sinks"] = [
                 {"kind": s.kind, "database": s.database, "table": s.table}
                 if s.kind == "clickhouse"
@@ -96,6 +98,18 @@ def _print_validation(files: list[Path], specs: dict[int, Any], problems: dict[i
             f"{', '.join(spec.sources)}, {'sinks' if len(spec.sinks) > 1 else 'sink'} {describe_sinks(spec)}",
             highlight=False,
         )
+        for name, source in spec.sources.items():
+            if source.format == "avro":
+                where = f"registry {source.schema_registry.url}" if source.schema_registry else "avro_schema"
+                fields = ", ".join(f"{f['name']} {f['type']}" for f in avro_fields(source))
+                out.print(f"  {escape(name)}: Avro ({escape(where)}), fields {escape(fields)}", highlight=False)
+
+
+def avro_fields(source: Any) -> list[dict[str, str]]:
+    """An Avro source's fields as resolved (from its reader schema when the spec lists none)."""
+    return [
+        {"name": f.name, "type": f.type, **({"path": ".".join(f.segments)} if f.path else {})} for f in source.fields
+    ]
 
 
 def describe_sinks(spec: Any) -> str:

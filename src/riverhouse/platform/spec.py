@@ -32,6 +32,7 @@ from riverhouse.platform.fields import (
     resolve_pipeline_refs,
     resolve_source_refs,
 )
+from riverhouse.platform.spec_avro import SchemaRegistrySpec, avro_source, check_fields_in_schema
 from riverhouse.platform.spec_base import (
     IDENTIFIER_RE,
     SYSTEM_COLUMN_PREFIX,
@@ -105,8 +106,11 @@ class DedupSpec(StrictModel):
 
 class SourceSpec(StrictModel):
     topic: str
-    format: Literal["json"] = "json"
+    format: Literal["json", "avro"] = "json"
     fields: Annotated[list[FieldSpec], BeforeValidator(fields_from_mapping)] = Field(min_length=1)
+    # Avro records (spec_avro.py): where the writers' schemas are, and the reader schema (JSON text).
+    schema_registry: SchemaRegistrySpec | None = None
+    avro_schema: str | None = Field(default=None, repr=False)
     key: list[Identifier] = Field(min_length=1)
     event_time: EventTimeSpec = EventTimeSpec()
     dedup: DedupSpec | None = None
@@ -120,7 +124,7 @@ class SourceSpec(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _references_by_path(cls, data: Any) -> Any:
-        return resolve_source_refs(data)
+        return resolve_source_refs(avro_source(data))
 
     @model_validator(mode="after")
     def _references_exist(self) -> SourceSpec:
@@ -134,6 +138,10 @@ class SourceSpec(StrictModel):
         if clashes:
             raise ValueError(f"field names that differ only in case: {', '.join(clashes)}")
         check_paths(self.fields)
+        if self.format == "avro":
+            check_fields_in_schema(self.fields, str(self.avro_schema))
+        elif self.schema_registry is not None or self.avro_schema is not None:
+            raise ValueError("schema_registry and avro_schema apply to format: avro")
         known = set(names)
         for k in self.key:
             if k not in known:
@@ -294,11 +302,20 @@ class PipelineSpec(PipelineSinks, StrictModel):
     @model_validator(mode="after")
     def _secrets_are_this_pipelines(self) -> PipelineSpec:
         problems = [
-            f"{where}: {p}" for where, value in self.kafka.references() for p in scope_problems(value, self.name)
+            f"{where}: {p}" for where, value in self._secret_references() for p in scope_problems(value, self.name)
         ]
         if problems:
             raise ValueError("\n".join(problems))
         return self
+
+    def _secret_references(self) -> list[tuple[str, str]]:
+        registries = [
+            (f"sources.{n}.{w}", v)
+            for n, s in self.sources.items()
+            if s.schema_registry
+            for w, v in s.schema_registry.references()
+        ]
+        return [*self.kafka.references(), *registries]
 
     @model_validator(mode="after")
     def _sink_refers_to_a_source(self) -> PipelineSpec:

@@ -24,6 +24,11 @@ CORRUPT = RESERVED_JSON_KEY
 # Epoch milliseconds written as text: what producers send in a timestamp field as a number.
 EPOCH_MILLIS_RE = r"^-?[0-9]{1,15}$"
 MAX_ABS_EPOCH_MILLIS = 10**15
+# A check: when the condition holds, the record is rejected with the reason.
+Check = tuple[Column, Column | str]
+# What a format's decoder gives the common part: the frame, each field's typed value, the checks
+# of the record's form (before the required fields) and of its values (after them).
+Decoded = tuple[DataFrame, dict[str, Column], list[Check], list[Check]]
 
 
 def json_struct(fields: list[FieldSpec]) -> StructType:
@@ -134,11 +139,95 @@ def _snippet(col: Column) -> Column:
     return F.substring(col, 1, 60)
 
 
-def parse_records(batch: DataFrame, src: SourceSpec) -> DataFrame:
-    """Kafka rows -> typed fields + _status/_reason/_event_time/_event_date (+ raw columns)."""
-    json_schema = json_struct(src.fields)
+def parse_records(batch: DataFrame, src: SourceSpec, writers: Any = None) -> DataFrame:
+    """Kafka rows -> typed fields + _status/_reason/_event_time/_event_date (+ raw columns).
+
+    `writers`: an Avro source's writer schemas (ingest/avro.WriterSchemas); JSON sources need none.
+    """
     size = F.octet_length(F.col("value"))
     oversized = size > F.lit(src.max_message_bytes)
+    if src.format == "avro":
+        from riverhouse.platform.ingest.avro import decode_avro
+
+        df, typed, format_checks, value_checks = decode_avro(batch, src, oversized, writers)
+    else:
+        df, typed, format_checks, value_checks = _decode_json(batch, src, oversized)
+    missing = [(typed[n].isNull(), f"missing required field {src.field(n).label}") for n in src.required_fields]
+    et = src.event_time
+    if et.field is None:
+        event_time = F.col("timestamp")
+    elif src.field(et.field).type == "long":
+        event_time = _epoch_millis_to_ts(typed[et.field])
+    else:
+        event_time = typed[et.field]
+    event_time_checks: list[Check] = []
+    if et.field is not None and et.fallback == "quarantine":
+        event_time_checks.append((event_time.isNull(), f"missing event time field '{et.field}'"))
+    elif et.field is not None:
+        event_time = F.coalesce(event_time, F.col("timestamp"))
+    if et.field is not None and src.field(et.field).type == "long":
+        event_time_checks.append(
+            (
+                typed[et.field].isNotNull() & _epoch_millis_to_ts(typed[et.field]).isNull(),
+                f"event time field '{et.field}' is out of range for epoch milliseconds",
+            )
+        )
+
+    reason = _first_reason(
+        [
+            (F.col("value").isNull(), "empty message (null value)"),
+            (
+                oversized,
+                F.concat(
+                    F.lit("message of "),
+                    size.cast("string"),
+                    F.lit(f" bytes is larger than max_message_bytes={src.max_message_bytes}"),
+                ),
+            ),
+            *format_checks,
+            *value_checks,
+            *missing,
+            *event_time_checks,
+            (event_time.isNull(), "no event time: the field is missing and the Kafka record has no timestamp"),
+        ]
+    )
+    out = df.select(
+        F.col("topic").alias("_topic"),
+        F.col("partition").alias("_partition"),
+        F.col("offset").alias("_offset"),
+        F.col("timestamp").alias("_kafka_timestamp"),
+        F.col("key").alias("_key"),
+        F.col("value").alias("_value"),
+        F.col("headers").alias("_headers"),
+        reason.alias("_reason"),
+        event_time.alias("_event_time"),
+        *[typed[f.name].alias(f.name) for f in src.fields],
+    )
+    out = out.withColumn("_status", F.when(F.col("_reason").isNull(), "ok").otherwise("rejected"))
+    # Rejected rows keep a partition date too (Kafka time) so bronze stays prunable. A
+    # record with neither time gets none here: `current_timestamp()` would be a new
+    # literal in every micro-batch, so Spark would compile the whole parse again each
+    # batch. `fill_missing_dates` gives those rows the batch's date in foreachBatch.
+    out = out.withColumn(
+        "_event_date",
+        F.to_date(
+            F.when(F.col("_status") == "ok", F.col("_event_time")).otherwise(
+                F.coalesce(F.col("_event_time"), F.col("_kafka_timestamp"))
+            )
+        ),
+    )
+    return out
+
+
+def fill_missing_dates(rows: DataFrame, today: datetime.date) -> DataFrame:
+    """`_event_date` of the rows that had no time at all (rejected ones) -> `today` (the batch's date)."""
+    return rows.withColumn("_event_date", F.coalesce(F.col("_event_date"), F.lit(today)))
+
+
+def _decode_json(batch: DataFrame, src: SourceSpec, oversized: Column) -> Decoded:
+    """The JSON parse: the frame with the parsed record, the typed fields, the checks of the record's
+    form (before the required fields) and of its values (after the type conversions)."""
+    json_schema = json_struct(src.fields)
     text = F.when(~oversized, F.col("value").cast("string"))
     df = batch.withColumn("_text", text)
     jvm_parse = F.when(
@@ -189,19 +278,9 @@ def parse_records(batch: DataFrame, src: SourceSpec) -> DataFrame:
         for f in src.fields
         if f.type in ("timestamp", "date")
     ]
-    missing = [(typed[n].isNull(), f"missing required field {src.field(n).label}") for n in src.required_fields]
     # Values the declared type admits in Spark but the spec does not mean: NaN/Infinity (not
     # JSON; Jackson reads them, and 1e999 overflows to Infinity) would turn a ClickHouse sum()
     # into NaN; an object or array in a string field would be stored as its JSON text.
-    non_finite = [
-        (
-            _any_leaf(raw[f.name], f.ftype, lambda x: F.isnan(x) | (F.abs(x) == F.lit(float("inf")))),
-            f"field {f.label} {'holds a number that is not finite' if f.ftype.is_container else 'is not a finite number'}"
-            " (NaN or Infinity); set allow_non_finite: true on the field to accept such values",
-        )
-        for f in src.fields
-        if f.ftype.leaf.name in FLOATING and not f.allow_non_finite
-    ]
     json_in_string = [
         (
             # Cheap test first (CASE stops at it for ordinary strings), then the record's strict parse.
@@ -214,90 +293,35 @@ def parse_records(batch: DataFrame, src: SourceSpec) -> DataFrame:
         for f in src.fields
         if f.ftype.leaf.name == "string" and not f.allow_json_text
     ]
-
-    et = src.event_time
-    if et.field is None:
-        event_time = F.col("timestamp")
-    elif src.field(et.field).type == "long":
-        event_time = _epoch_millis_to_ts(typed[et.field])
-    else:
-        event_time = typed[et.field]
-    event_time_checks: list[tuple[Column, Column | str]] = []
-    if et.field is not None and et.fallback == "quarantine":
-        event_time_checks.append((event_time.isNull(), f"missing event time field '{et.field}'"))
-    elif et.field is not None:
-        event_time = F.coalesce(event_time, F.col("timestamp"))
-    if et.field is not None and src.field(et.field).type == "long":
-        event_time_checks.append(
-            (
-                typed[et.field].isNotNull() & _epoch_millis_to_ts(typed[et.field]).isNull(),
-                f"event time field '{et.field}' is out of range for epoch milliseconds",
-            )
-        )
-
-    reason = _first_reason(
-        [
-            (F.col("value").isNull(), "empty message (null value)"),
-            (
-                oversized,
-                F.concat(
-                    F.lit("message of "),
-                    size.cast("string"),
-                    F.lit(f" bytes is larger than max_message_bytes={src.max_message_bytes}"),
-                ),
-            ),
-            (~F.is_valid_utf8(F.col("_text")), "value is not valid UTF-8"),
-            (parsed.isNull(), "value could not be parsed"),
-            # One rule for a key given twice, at any depth: the record is quarantined (readers keep different
-            # values: from_json the last, get_json_object the first), naming the key when it is a top-level one.
-            (
-                strict.isNull() & _duplicate_key(F.col("_text")).isNotNull(),
-                F.concat(F.lit("key '"), _snippet(_duplicate_key(F.col("_text"))), F.lit("' appears twice")),
-            ),
-            # Not JSON at all (single-quoted JSON included): before the per-field checks, which read leniently.
-            (
-                parsed[CORRUPT].isNotNull() & strict.isNull(),
-                F.concat(F.lit("not a JSON object: "), _snippet(F.col("_text"))),
-            ),
-            *[(parsed[CORRUPT].isNotNull() & c, r) for c, r in [*not_an_object, *wrong_type]],
-            (parsed[CORRUPT].isNotNull(), F.concat(F.lit("not a JSON object: "), _snippet(F.col("_text")))),
-            (strict.isNull(), "not strict JSON: a key appears twice in a nested object, or text follows the object"),
-            *unconvertible,
-            *non_finite,
-            *json_in_string,
-            *missing,
-            *event_time_checks,
-            (event_time.isNull(), "no event time: the field is missing and the Kafka record has no timestamp"),
-        ]
-    )
-    out = df.select(
-        F.col("topic").alias("_topic"),
-        F.col("partition").alias("_partition"),
-        F.col("offset").alias("_offset"),
-        F.col("timestamp").alias("_kafka_timestamp"),
-        F.col("key").alias("_key"),
-        F.col("value").alias("_value"),
-        F.col("headers").alias("_headers"),
-        reason.alias("_reason"),
-        event_time.alias("_event_time"),
-        *[typed[f.name].alias(f.name) for f in src.fields],
-    )
-    out = out.withColumn("_status", F.when(F.col("_reason").isNull(), "ok").otherwise("rejected"))
-    # Rejected rows keep a partition date too (Kafka time) so bronze stays prunable. A
-    # record with neither time gets none here: `current_timestamp()` would be a new
-    # literal in every micro-batch, so Spark would compile the whole parse again each
-    # batch. `fill_missing_dates` gives those rows the batch's date in foreachBatch.
-    out = out.withColumn(
-        "_event_date",
-        F.to_date(
-            F.when(F.col("_status") == "ok", F.col("_event_time")).otherwise(
-                F.coalesce(F.col("_event_time"), F.col("_kafka_timestamp"))
-            )
+    format_checks: list[Check] = [
+        (~F.is_valid_utf8(F.col("_text")), "value is not valid UTF-8"),
+        (parsed.isNull(), "value could not be parsed"),
+        # One rule for a key given twice, at any depth: the record is quarantined (readers keep different
+        # values: from_json the last, get_json_object the first), naming the key when it is a top-level one.
+        (
+            strict.isNull() & _duplicate_key(F.col("_text")).isNotNull(),
+            F.concat(F.lit("key '"), _snippet(_duplicate_key(F.col("_text"))), F.lit("' appears twice")),
         ),
-    )
-    return out
+        # Not JSON at all (single-quoted JSON included): before the per-field checks, which read leniently.
+        (
+            parsed[CORRUPT].isNotNull() & strict.isNull(),
+            F.concat(F.lit("not a JSON object: "), _snippet(F.col("_text"))),
+        ),
+        *[(parsed[CORRUPT].isNotNull() & c, r) for c, r in [*not_an_object, *wrong_type]],
+        (parsed[CORRUPT].isNotNull(), F.concat(F.lit("not a JSON object: "), _snippet(F.col("_text")))),
+        (strict.isNull(), "not strict JSON: a key appears twice in a nested object, or text follows the object"),
+    ]
+    return df, typed, format_checks, [*unconvertible, *non_finite_checks(src, raw), *json_in_string]
 
 
-def fill_missing_dates(rows: DataFrame, today: datetime.date) -> DataFrame:
-    """`_event_date` of the rows that had no time at all (rejected ones) -> `today` (the batch's date)."""
-    return rows.withColumn("_event_date", F.coalesce(F.col("_event_date"), F.lit(today)))
+def non_finite_checks(src: SourceSpec, raw: dict[str, Column]) -> list[Check]:
+    """NaN/Infinity in a float or double field (or inside an array or map of them), unless allowed."""
+    return [
+        (
+            _any_leaf(raw[f.name], f.ftype, lambda x: F.isnan(x) | (F.abs(x) == F.lit(float("inf")))),
+            f"field {f.label} {'holds a number that is not finite' if f.ftype.is_container else 'is not a finite number'}"
+            " (NaN or Infinity); set allow_non_finite: true on the field to accept such values",
+        )
+        for f in src.fields
+        if f.ftype.leaf.name in FLOATING and not f.allow_non_finite
+    ]

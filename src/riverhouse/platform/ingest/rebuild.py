@@ -134,7 +134,15 @@ def parse_bronze(spec: PipelineSpec, source: str, bronze: Any) -> Any:
         F.lit(0).alias("timestampType"),
         F.col("_headers").alias("headers"),
     )
-    parsed = parse_records(kafka_rows, src).where(F.col("_status") == "ok")
+    writers = None
+    if src.schema_registry is not None:  # every version the registry has (it must answer)
+        from riverhouse.platform.ingest.avro import WriterSchemas, subject_of
+
+        registry = src.schema_registry.client()
+        writers = WriterSchemas(
+            registry.refresh(subject_of(src)), True, f"subject {subject_of(src)!r} at {registry.url}"
+        )
+    parsed = parse_records(kafka_rows, src, writers).where(F.col("_status") == "ok")
     # A record a replayed stream appended twice counts from its first arrival.
     first_batch = bronze.groupBy(*KAFKA_IDENTITY).agg(F.min("_batch_id").alias("_batch_id"))
     names = silver_schema(src).names

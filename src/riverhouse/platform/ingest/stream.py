@@ -29,6 +29,7 @@ from typing import Any
 
 from riverhouse.platform.errors import PipelineError
 from riverhouse.platform.faults import FaultPlan
+from riverhouse.platform.ingest.avro import subject_of
 from riverhouse.platform.ingest.parse import parse_records
 from riverhouse.platform.ingest.writer import BatchMetrics, BatchWriter
 from riverhouse.platform.kafka.bootstrap import resolve_bootstrap
@@ -146,6 +147,8 @@ class SourceStream:
             kafka_spec.fail_on_data_loss,
         )
         ensure_source_tables(spark, self.spec, self.layout, self.source)
+        if self.writer.registry is not None:  # down at the start: said now (the body gets the cache)
+            self.writer.registry.refresh(subject_of(self.spec.sources[self.source]))
         # This run holds the source's lock, but under Spark Connect an older run's query may still
         # be running on the engine (its client died; the engine keeps the query). From here on
         # that query's body starts no new batch.
@@ -161,7 +164,9 @@ class SourceStream:
 
     def _writer(self, spark: Any, trigger: dict[str, Any]) -> Any:
         kafka = spark.readStream.format("kafka").options(**self.options).load()
-        parsed = parse_records(kafka, self.spec.sources[self.source])
+        # An Avro source with a registry is decoded by the batch body, with each batch's writer schemas.
+        src = self.spec.sources[self.source]
+        parsed = kafka if self.writer.registry is not None else parse_records(kafka, src)
         return (
             parsed.writeStream.foreachBatch(self.writer)
             .option("checkpointLocation", str(self.checkpoint / "spark"))

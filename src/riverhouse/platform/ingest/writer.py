@@ -84,6 +84,10 @@ class BatchWriter:
         self.bronze_columns = bronze_schema(self.src).names
         self.quarantine_columns = quarantine_schema(self.src).names
         self.silver_columns = silver_schema(self.src).names
+        # An Avro source's registry client (credentials resolved here, in the run): the body
+        # decodes each batch with the writer schemas it fetches (ingest/avro.py).
+        registry = self.src.schema_registry
+        self.registry = registry.client() if registry is not None else None
 
     def __call__(self, batch_df: Any, batch_id: int) -> None:
         self.channel.begin(int(batch_id))
@@ -104,9 +108,16 @@ class BatchWriter:
 
         started = time.monotonic()
         metrics = BatchMetrics(batch_id=batch_id, source=self.source_name, started_at=time.time())
-        # The batch is already parsed: the parse is part of the streaming query's plan, so it
+        # A JSON batch is already parsed: the parse is part of the streaming query's plan, so it
         # is analysed and compiled once per query. What changes per batch (the batch id, the
         # date given to records with no time at all) is added on top of the cache.
+        if self.registry is not None:
+            # Avro through a registry: decoded here, with the writer schemas the registry has now
+            # (a version registered mid-stream is read from the next batch on).
+            from riverhouse.platform.ingest.avro import WriterSchemas
+            from riverhouse.platform.ingest.parse import parse_records
+
+            batch_df = parse_records(batch_df, self.src, WriterSchemas.fetch(self.src, self.registry))
         rows = fill_missing_dates(batch_df, datetime.datetime.now(datetime.UTC).date())
         rows = rows.select(*[c for c in self.bronze_columns if c != "_batch_id"], *self._silver_only())
         # Read by every write: Kafka read + parse happen once, in the first write.

@@ -1,0 +1,1 @@
+"""Avro records: schemas, the schema registry, the local registry process."""

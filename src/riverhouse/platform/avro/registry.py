@@ -1,0 +1,83 @@
+"""A schema registry's Confluent-compatible REST API (Confluent Schema Registry, Apicurio's
+`/apis/ccompat/v7`, Redpanda, Karapace): the versions of a subject and their schema ids.
+
+Small (standard library only): the batch body imports it beside the engine (ingest/writer.py).
+Credentials travel with the object (resolved from the spec's `${env:...}` references by the
+run) and are never part of a message: errors name the registry by its URL, which may not hold
+credentials (spec_avro.py refuses them there).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any
+
+from riverhouse.platform.errors import PipelineError
+
+TIMEOUT_S = 10.0
+CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
+
+
+class RegistryError(PipelineError):
+    """The registry refused a request or could not be reached; the message says which and what to do."""
+
+
+class RegistryUnreachable(RegistryError):
+    pass
+
+
+@dataclass
+class Registry:
+    url: str  # the API's base, e.g. http://127.0.0.1:8081/apis/ccompat/v7
+    username: str | None = field(default=None, repr=False)
+    password: str | None = field(default=None, repr=False)
+    # schema id -> schema JSON text, for every version seen: what a record's id is decoded with.
+    cache: dict[int, str] = field(default_factory=dict, repr=False)
+    versions: dict[int, int] = field(default_factory=dict, repr=False)  # subject version -> schema id
+
+    def _get(self, path: str) -> Any:
+        request = urllib.request.Request(f"{self.url.rstrip('/')}/{path}", headers={"Accept": CONTENT_TYPE})
+        if self.username is not None:
+            token = base64.b64encode(f"{self.username}:{self.password or ''}".encode()).decode()
+            request.add_header("Authorization", f"Basic {token}")
+        try:
+            with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            if exc.code in (401, 403):
+                raise RegistryError(
+                    f"the schema registry at {self.url} refused the credentials (HTTP {exc.code}): check "
+                    "schema_registry.auth"
+                ) from None
+            if exc.code == 404:
+                raise RegistryError(f"the schema registry at {self.url} has no {path}") from None
+            raise RegistryError(f"the schema registry at {self.url} answered HTTP {exc.code} for {path}") from None
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise RegistryUnreachable(
+                f"cannot reach the schema registry at {self.url} ({reason}); start it "
+                "(`riverhouse registry start` for the local one) or fix schema_registry.url"
+            ) from None
+
+    def latest(self, subject: str) -> tuple[int, str]:
+        """(schema id, schema JSON) of the subject's latest version."""
+        found = self._get(f"subjects/{urllib.parse.quote(subject, safe='')}/versions/latest")
+        self.cache[int(found["id"])] = found["schema"]
+        return int(found["id"]), found["schema"]
+
+    def refresh(self, subject: str) -> dict[int, str]:
+        """Every version of the subject (new ones fetched, known ones from the cache): id -> schema JSON."""
+        quoted = urllib.parse.quote(subject, safe="")
+        for version in self._get(f"subjects/{quoted}/versions"):
+            known = self.versions.get(int(version))
+            if known is None:
+                found = self._get(f"subjects/{quoted}/versions/{int(version)}")
+                known = int(found["id"])
+                self.cache[known] = found["schema"]
+                self.versions[int(version)] = known
+        return dict(self.cache)

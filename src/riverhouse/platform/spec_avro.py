@@ -1,0 +1,132 @@
+"""A source's Avro settings: `format: avro` with `schema_registry:` and/or `avro_schema:`.
+
+Part of the spec model (spec.SourceSpec uses it); its own module for size.
+
+- `schema_registry: {url, subject, auth}`: records are in the Confluent wire format (a zero byte,
+  the 4-byte schema id, the Avro body); each is decoded with the schema its id names in the
+  registry. The reader schema (the columns) is `avro_schema` when given, else the subject's
+  latest version when the spec is loaded.
+- `avro_schema` alone: records are plain Avro bodies, all written with that schema.
+- `fields` may be left out: every leaf of the reader schema becomes a field (nested records as
+  dotted paths); `riverhouse validate` prints them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+from urllib.parse import urlsplit
+
+from pydantic import field_validator, model_validator
+
+from riverhouse.platform.envrefs import env_ref_problems, resolve_env_refs
+from riverhouse.platform.spec_base import StrictModel
+
+ENV_REF_ONLY_RE = re.compile(r"^\$\{env:[A-Za-z_][A-Za-z0-9_]*\}$")
+
+
+class RegistryAuth(StrictModel):
+    """HTTP basic credentials; the password only as `${env:NAME}` (like Kafka's)."""
+
+    username: str
+    password: str
+
+    @model_validator(mode="after")
+    def _secret_is_a_reference(self) -> RegistryAuth:
+        if not ENV_REF_ONLY_RE.fullmatch(self.password):
+            raise ValueError(
+                "password must be an environment reference like "
+                "${env:RIVERHOUSE_SECRET_<PIPELINE>__REGISTRY_PASSWORD}, not the secret"
+            )
+        for value in (self.username, self.password):
+            if problems := env_ref_problems(value):
+                raise ValueError("; ".join(problems))
+        return self
+
+
+class SchemaRegistrySpec(StrictModel):
+    # The Confluent-compatible API's base: http://host:8081 (Confluent), .../apis/ccompat/v7 (Apicurio).
+    url: str
+    subject: str | None = None  # default: <topic>-value (the topic name strategy)
+    auth: RegistryAuth | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _plain_http_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"{value[:80]!r} is not an http(s) URL of a schema registry")
+        if parts.username or parts.password or "${" in value:
+            raise ValueError("the registry URL may not hold credentials: use schema_registry.auth")
+        if parts.query or parts.fragment:
+            raise ValueError("the registry URL is the API's base: no ?query or #fragment")
+        return value.rstrip("/")
+
+    def client(self, cache: dict[int, str] | None = None) -> Any:
+        """A registry client with the credentials resolved (never log it)."""
+        from riverhouse.platform.avro.registry import Registry
+
+        username = password = None
+        if self.auth is not None:
+            username = resolve_env_refs(self.auth.username, "schema_registry.auth.username")
+            password = resolve_env_refs(self.auth.password, "schema_registry.auth.password")
+        return Registry(self.url, username, password, dict(cache or {}))
+
+    def references(self) -> list[tuple[str, str]]:
+        if self.auth is None:
+            return []
+        return [
+            ("schema_registry.auth.username", self.auth.username),
+            ("schema_registry.auth.password", self.auth.password),
+        ]
+
+
+def avro_source(data: Any) -> Any:
+    """A source's raw settings with `avro_schema` as JSON text (the reader schema, fetched from the
+    registry when not given) and `fields` derived from it when left out."""
+    if not isinstance(data, dict) or data.get("format") != "avro":
+        return data
+    from riverhouse.platform.avro.registry import RegistryError
+    from riverhouse.platform.avro.schema import AvroSchemaError, fields_of, parse
+
+    data = dict(data)
+    schema = data.get("avro_schema")
+    registry = data.get("schema_registry")
+    try:
+        if schema is None:
+            if not isinstance(registry, dict):
+                raise ValueError(
+                    "format avro needs schema_registry (records in the Confluent wire format) or avro_schema"
+                )
+            spec = SchemaRegistrySpec.model_validate(registry)
+            subject = spec.subject or f"{data.get('topic')}-value"
+            _, schema = spec.client().latest(subject)
+        parsed = parse(schema)
+    except (AvroSchemaError, RegistryError) as exc:
+        raise ValueError(str(exc)) from None
+    data["avro_schema"] = json.dumps(parsed, separators=(",", ":"))
+    if "fields" not in data:
+        try:
+            data["fields"] = fields_of(parsed)
+        except AvroSchemaError as exc:
+            raise ValueError(f"{exc}; list the fields to read in `fields`") from None
+    return data
+
+
+def check_fields_in_schema(fields: list[Any], schema_text: str) -> None:
+    """Every spec field is a leaf of the reader schema, with the type the schema gives it."""
+    from riverhouse.platform.avro.schema import fields_of
+
+    found = {tuple((f.get("path") or f["name"]).split(".")): f["type"] for f in fields_of(json.loads(schema_text))}
+    for field in fields:
+        typ = found.get(field.segments)
+        if typ is None:
+            raise ValueError(f"field {field.label} is not in the Avro schema (its fields: {_listing(found)})")
+        if typ != field.type:
+            raise ValueError(f"field {field.label} is {typ} in the Avro schema, not {field.type}")
+
+
+def _listing(found: dict[tuple[str, ...], str]) -> str:
+    names = [".".join(path) for path in found]
+    return ", ".join(names[:12]) + (" ..." if len(names) > 12 else "")

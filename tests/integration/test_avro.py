@@ -1,0 +1,215 @@
+"""Avro sources through a real schema registry (Apicurio, `riverhouse registry start`'s build).
+
+The records are in the Confluent wire format, produced with fastavro against the registry's
+own ids; the expected rows come from the generator's bookkeeping, never from the pipeline.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from riverhouse.platform.avro import local_registry
+from riverhouse.platform.avro.produce import SCHEMAS, as_avro, encode, register
+from riverhouse.platform.errors import PipelineError
+from riverhouse.platform.kafka.generator import GeneratorConfig, orders
+from riverhouse.platform.pipeline import Pipeline
+from riverhouse.platform.runtime.processes import free_port
+from riverhouse.platform.spec import parse_spec
+from riverhouse.platform.spec_base import SpecError
+from riverhouse.platform.state.delta_log import DeltaLog
+from riverhouse.platform.state.settings import Settings
+from riverhouse.platform.state.tables import TableLayout, open_table
+from tests.conftest import produce, riverhouse_cmd, subprocess_env
+from tests.integration.test_crash import clickhouse_ids, silver_ids
+
+pytestmark = pytest.mark.integration
+
+ORDER = SCHEMAS["orders"]
+WITH_COUPON = {**ORDER, "fields": [*ORDER["fields"], {"name": "coupon", "type": ["null", "string"], "default": None}]}
+AMOUNT_AS_TEXT = {
+    **ORDER,
+    "fields": [f if f["name"] != "amount" else {"name": "amount", "type": "string"} for f in ORDER["fields"]],
+}
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_registry.RegistryState]:
+    state_dir = tmp_path_factory.mktemp("registry")
+    state = local_registry.start(state_dir)
+    try:
+        yield state
+    finally:
+        local_registry.stop(state_dir)
+
+
+def avro_spec_data(topic: str, url: str, name: str = "avro_orders", **source: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "kafka": {"bootstrap_servers": "local", "max_offsets_per_trigger": source.pop("max_offsets", 200_000)},
+        "sources": {
+            "orders": {
+                "topic": topic,
+                "format": "avro",
+                "schema_registry": {"url": url},
+                "key": ["order_id"],
+                "event_time": {"field": "created_at"},
+                "dedup": {"key": ["order_id"], "window": "1h"},
+                **source,
+            }
+        },
+        "sink": {"table": f"{name}_orders", "order_by": ["order_id"], "batch_size": 1000},
+    }
+
+
+def quarantine_reasons(settings: Settings, spec: Any) -> list[str]:
+    table = open_table(TableLayout(settings.warehouse, spec.name).quarantine("orders"))
+    return table.to_pyarrow_dataset().to_table(columns=["_reason"]).column("_reason").to_pylist()
+
+
+def set_compatibility(api: str, level: str) -> None:
+    """The registry-wide compatibility rule (Apicurio applies it even where a subject says NONE)."""
+    request = urllib.request.Request(
+        f"{api}/config",
+        method="PUT",
+        data=json.dumps({"compatibility": level}).encode(),
+        headers={"Content-Type": "application/vnd.schemaregistry.v1+json"},
+    )
+    urllib.request.urlopen(request, timeout=10).close()
+
+
+def test_avro_orders_dedup_into_silver_and_clickhouse_exactly(
+    registry: local_registry.RegistryState, kafka: str, topic: str, settings: Settings, spark: Any
+) -> None:
+    schema_id = register(registry.api, f"{topic}-value", ORDER)
+    records, stats = orders(GeneratorConfig(count=600, duplicate_rate=0.2, malformed=6, out_of_order=0.1, seed=5))
+    produce(kafka, topic, list(as_avro(records, ORDER, schema_id)))
+    spec = parse_spec(avro_spec_data(topic, registry.api))
+    # The fields come from the registry's latest schema (the spec lists none).
+    assert [(f.name, f.type) for f in spec.sources["orders"].fields] == [
+        ("order_id", "string"), ("user_id", "string"), ("amount", "int"), ("price", "double"), ("created_at", "timestamp"),
+    ]  # fmt: skip
+    summary = Pipeline(spec, settings, spark=spark, log=lambda m: None).run()
+    expected = sorted(e["order_id"] for e in stats.events)
+    assert silver_ids(settings, spec) == expected
+    assert clickhouse_ids(settings, spec) == expected
+    assert summary["duplicates_dropped"] == stats.duplicates and summary["quarantined"] == 6
+    reasons = quarantine_reasons(settings, spec)
+    assert sum(r.startswith("not in the Confluent wire format") for r in reasons) == 2
+    assert sum(r.startswith(f"unknown schema id {2**31 - 1}") for r in reasons) == 2
+    assert sum(r == "the Avro body does not decode with its schema" for r in reasons) == 2
+    # Values and times arrive as written (timestamp-millis -> timestamp).
+    first = stats.events[0]
+    row = spark.read.format("delta").load(TableLayout(settings.warehouse, spec.name).silver("orders"))
+    got = row.where(row.order_id == first["order_id"]).select("amount", "price", "created_at").first()
+    assert (got.amount, got.price) == (first["amount"], first["price"])
+    assert got.created_at.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z" == first["created_at"]
+
+
+def test_a_version_registered_after_the_spec_was_loaded_is_read_and_an_incompatible_one_quarantined(
+    registry: local_registry.RegistryState, kafka: str, topic: str, settings: Settings, spark: Any
+) -> None:
+    subject = f"{topic}-value"
+    v1 = register(registry.api, subject, ORDER)
+    spec = parse_spec(avro_spec_data(topic, registry.api, max_offsets=3))  # reader: v1; several batches
+    v2 = register(registry.api, subject, WITH_COUPON)  # compatible (a field with a default)
+    set_compatibility(registry.api, "NONE")  # let the producer register a breaking change
+    try:
+        v3 = register(registry.api, subject, AMOUNT_AS_TEXT)
+    finally:
+        set_compatibility(registry.api, "BACKWARD")
+    assert len({v1, v2, v3}) == 3
+    when = 1767261600000  # 2026-01-01T10:00:00Z
+    values = [
+        encode(ORDER, {"order_id": "a1", "user_id": "u1", "amount": 1, "price": 1.5, "created_at": when}, v1),
+        encode(WITH_COUPON, {"order_id": "a2", "user_id": "u2", "amount": 2, "price": 2.5, "created_at": when, "coupon": "X"}, v2),
+        encode(AMOUNT_AS_TEXT, {"order_id": "a3", "user_id": "u3", "amount": "3", "price": 3.5, "created_at": when}, v3),
+        encode(ORDER, {"order_id": "a4", "user_id": "u4", "amount": 4, "price": 4.5, "created_at": when}, v1),
+    ]  # fmt: skip
+    produce(kafka, topic, [(b"k", v) for v in values])
+    Pipeline(spec, settings, spark=spark, log=lambda m: None).run()
+    assert silver_ids(settings, spec) == ["a1", "a2", "a4"]
+    assert quarantine_reasons(settings, spec) == [
+        f"schema id {v3} cannot be read as the reader schema: field 'amount' is string in the writer's schema "
+        "and int in the reader's"
+    ]
+
+
+def test_the_registry_down_at_the_start_is_a_clear_error(
+    kafka: str, topic: str, settings: Settings, spark: Any
+) -> None:
+    down = f"http://127.0.0.1:{free_port()}/apis/ccompat/v7"
+    with pytest.raises(SpecError, match=r"cannot reach the schema registry at http://127\.0\.0\.1:\d+/apis/ccompat/v7"):
+        parse_spec(avro_spec_data(topic, down))  # the fields come from it
+    spec = parse_spec(avro_spec_data(topic, down, avro_schema=ORDER))  # the reader schema is the spec's own
+    produce(
+        kafka,
+        topic,
+        [(b"k", encode(ORDER, {"order_id": "a", "user_id": "u", "amount": 1, "price": 1.0, "created_at": 0}, 1))],
+    )
+    with pytest.raises(PipelineError, match=r"cannot reach the schema registry at .*riverhouse registry start"):
+        Pipeline(spec, settings, spark=spark, log=lambda m: None).run()
+
+
+def test_the_registry_down_mid_run_keeps_cached_schemas_and_a_new_id_fails_the_batch_with_nothing_lost(
+    tmp_path: Path, kafka: str, topic: str, settings: Settings, spark: Any
+) -> None:
+    """The registry is stopped while the first batch is written: later batches decode with the
+    schemas the run fetched at its start; a record whose id it never fetched fails its batch with
+    a clear message; with the registry back the next run ends with every row exactly once."""
+    state_dir = tmp_path / "registry"
+    state = local_registry.start(state_dir)
+    subject = f"{topic}-value"
+    v1 = register(state.api, subject, ORDER)
+    other = register(state.api, f"{topic}-other-value", WITH_COUPON)  # an id, but not of this subject
+    when = 1767261600000
+    values = [
+        encode(ORDER, {"order_id": f"m{i}", "user_id": "u", "amount": i, "price": 1.0, "created_at": when}, v1)
+        for i in range(6)
+    ]
+    values.append(encode(WITH_COUPON, {"order_id": "odd", "user_id": "u", "amount": 9, "price": 1.0, "created_at": when, "coupon": None}, other))  # fmt: skip
+    produce(kafka, topic, [(b"k", v) for v in values])
+    spec_path = tmp_path / "avro.yaml"
+    spec_path.write_text(yaml.safe_dump(avro_spec_data(topic, state.api, max_offsets=2)))
+    spec = parse_spec(avro_spec_data(topic, state.api, avro_schema=ORDER))  # the same tables, readable offline
+    bronze = TableLayout(settings.warehouse, spec.name).bronze("orders")
+    try:
+        proc = subprocess.Popen(
+            [*riverhouse_cmd(), "run", str(spec_path), "--json"],
+            env=subprocess_env(settings, RIVERHOUSE_STALL_AT="after_bronze_commit", RIVERHOUSE_STALL_S="10"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 300
+        while (DeltaLog(bronze).latest_version() or 0) < 1:  # batch 0 is in bronze, stalled after it
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "the first batch never reached bronze"
+            time.sleep(0.1)
+        local_registry.stop(state_dir)
+        _, stderr = proc.communicate(timeout=300)
+        assert proc.returncode == 1
+        assert f"schema id {other} is not among the cached schemas of subject '{subject}'" in stderr, stderr[-3000:]
+        assert "the registry cannot be reached" in stderr
+        written = silver_ids(settings, spec)
+        assert written and set(written) <= {f"m{i}" for i in range(6)}  # the batches before it, decoded from the cache
+        restarted = local_registry.start(state_dir)
+        assert restarted.url == state.url  # same port, same schemas (the H2 file): the ids in Kafka stay valid
+        again = subprocess.run(
+            [*riverhouse_cmd(), "run", str(spec_path), "--json"],
+            env=subprocess_env(settings), capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert again.returncode == 0, again.stderr[-3000:]
+    finally:
+        local_registry.stop(state_dir)
+    assert silver_ids(settings, spec) == [f"m{i}" for i in range(6)]
+    assert clickhouse_ids(settings, spec) == [f"m{i}" for i in range(6)]
+    assert [r.split(" (")[0] for r in quarantine_reasons(settings, spec)] == [f"unknown schema id {other}"]
