@@ -1,0 +1,183 @@
+"""Avro schemas -> spec fields, Avro's resolution rules, and the spec's Avro settings (no registry needed)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from riverhouse.platform.avro.schema import AvroSchemaError, fields_of, resolution_problem
+from riverhouse.platform.spec import parse_spec
+from riverhouse.platform.spec_base import SpecError
+
+pytestmark = pytest.mark.unit
+
+
+def record(*fields: dict, name: str = "R") -> dict:
+    return {"type": "record", "name": name, "fields": list(fields)}
+
+
+def test_fields_of_maps_types_logical_types_nested_records_and_optional_values() -> None:
+    schema = record(
+        {"name": "id", "type": "string"},
+        {"name": "n", "type": ["null", "long"], "default": None},
+        {"name": "at", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+        {"name": "day", "type": {"type": "int", "logicalType": "date"}},
+        {"name": "price", "type": {"type": "bytes", "logicalType": "decimal", "precision": 10, "scale": 2}},
+        {"name": "uid", "type": {"type": "string", "logicalType": "uuid"}},
+        {"name": "kind", "type": {"type": "enum", "name": "Kind", "symbols": ["A", "B"]}},
+        {"name": "tags", "type": {"type": "array", "items": "string"}},
+        {"name": "scores", "type": {"type": "map", "values": "double"}},
+        {"name": "user", "type": record({"name": "id", "type": "int"}, name="User")},
+    )
+    assert fields_of(schema) == [
+        {"name": "id", "type": "string"},
+        {"name": "n", "type": "long"},
+        {"name": "at", "type": "timestamp"},
+        {"name": "day", "type": "date"},
+        {"name": "price", "type": "double"},
+        {"name": "uid", "type": "string"},
+        {"name": "kind", "type": "string"},
+        {"name": "tags", "type": "array<string>"},
+        {"name": "scores", "type": "map<string,double>"},
+        {"name": "user_id", "type": "int", "path": "user.id"},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("typ", "message"),
+    [
+        (["null", "int", "string"], "union of several types"),
+        ("bytes", "Avro type bytes"),
+        ({"type": "fixed", "name": "F", "size": 4}, "Avro type fixed"),
+    ],
+)
+def test_fields_of_names_a_field_it_cannot_hold(typ: object, message: str) -> None:
+    with pytest.raises(AvroSchemaError, match=f"field 'x'.*{message}"):
+        fields_of(record({"name": "x", "type": typ}))
+
+
+V1 = record({"name": "id", "type": "string"}, {"name": "n", "type": "int"})
+
+
+@pytest.mark.parametrize(
+    ("writer", "reader", "problem"),
+    [
+        (V1, V1, None),
+        # a field added with a default reads old records; one without a default does not
+        (V1, record(*V1["fields"], {"name": "c", "type": ["null", "string"], "default": None}), None),
+        (
+            V1,
+            record(*V1["fields"], {"name": "c", "type": "string"}),
+            "field 'c' is in the reader's schema without a default",
+        ),
+        # a field the writer has and the reader lacks is skipped
+        (record(*V1["fields"], {"name": "extra", "type": "double"}), V1, None),
+        # promotions: int -> long/double; not the other way
+        (V1, record(V1["fields"][0], {"name": "n", "type": "long"}), None),
+        (
+            record(V1["fields"][0], {"name": "n", "type": "long"}),
+            V1,
+            "field 'n' is long in the writer's schema and int in the reader's",
+        ),
+        (
+            record(V1["fields"][0], {"name": "n", "type": "string"}),
+            V1,
+            "field 'n' is string in the writer's schema and int",
+        ),
+        # a renamed field found through the reader's alias
+        (V1, record(V1["fields"][0], {"name": "count", "type": "int", "aliases": ["n"]}), None),
+        # unions: an optional reader field reads a plain writer one; a writer's null cannot become an int
+        (V1, record(V1["fields"][0], {"name": "n", "type": ["null", "int"]}), None),
+        (
+            record(V1["fields"][0], {"name": "n", "type": ["null", "int"]}),
+            V1,
+            "field 'n' is null in the writer's schema",
+        ),
+        # enums: a symbol the reader lacks, unless the reader has a default
+        (
+            record({"name": "e", "type": {"type": "enum", "name": "E", "symbols": ["A", "B"]}}),
+            record({"name": "e", "type": {"type": "enum", "name": "E", "symbols": ["A"]}}),
+            "symbols the reader's lacks (B)",
+        ),
+        (
+            record({"name": "e", "type": {"type": "enum", "name": "E", "symbols": ["A", "B"]}}),
+            record({"name": "e", "type": {"type": "enum", "name": "E", "symbols": ["A"], "default": "A"}}),
+            None,
+        ),
+        # nested records by path
+        (
+            record({"name": "u", "type": record({"name": "id", "type": "int"}, name="U")}),
+            record({"name": "u", "type": record({"name": "id", "type": "string"}, name="U")}),
+            "field 'u.id' is int",
+        ),
+    ],
+)
+def test_resolution_follows_avros_rules(writer: dict, reader: dict, problem: str | None) -> None:
+    found = resolution_problem(writer, reader)
+    if problem is None:
+        assert found is None
+    else:
+        assert found is not None and problem in found
+
+
+def spec_data(**source: object) -> dict:
+    return {
+        "name": "av",
+        "sources": {"s": {"topic": "t", "format": "avro", "key": ["id"], **source}},
+        "sink": {"table": "av", "order_by": ["id"]},
+    }
+
+
+def test_an_inline_schema_gives_the_fields_and_listed_fields_are_checked_against_it() -> None:
+    spec = parse_spec(spec_data(avro_schema=V1))
+    assert [(f.name, f.type) for f in spec.sources["s"].fields] == [("id", "string"), ("n", "int")]
+    assert json.loads(spec.sources["s"].avro_schema) == V1
+    only_id = parse_spec(spec_data(avro_schema=json.dumps(V1), fields={"id": "string"}))  # JSON text works too
+    assert [f.name for f in only_id.sources["s"].fields] == ["id"]
+    with pytest.raises(SpecError, match="field 'missing' is not in the Avro schema"):
+        parse_spec(spec_data(avro_schema=V1, fields={"id": "string", "missing": "int"}))
+    with pytest.raises(SpecError, match="field 'n' is int in the Avro schema, not long"):
+        parse_spec(spec_data(avro_schema=V1, fields={"id": "string", "n": "long"}))
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ({}, "format avro needs schema_registry"),
+        ({"avro_schema": {"type": "string"}}, "must be an Avro record"),
+        (
+            {"avro_schema": {"type": "record", "name": "R", "fields": [{"name": "x", "type": "nope"}]}},
+            "not a valid Avro schema",
+        ),
+        ({"avro_schema": V1, "schema_registry": {"url": "ftp://h/x"}}, "not an http"),
+        ({"avro_schema": V1, "schema_registry": {"url": "http://user:pw@h:8081"}}, "may not hold credentials"),
+        (
+            {
+                "avro_schema": V1,
+                "schema_registry": {"url": "http://h:8081", "auth": {"username": "u", "password": "plain"}},
+            },
+            "password must be an environment reference",
+        ),
+        (
+            {
+                "avro_schema": V1,
+                "schema_registry": {
+                    "url": "http://h:8081",
+                    "auth": {"username": "u", "password": "${env:RIVERHOUSE_SECRET_OTHER__PW}"},
+                },
+            },
+            "RIVERHOUSE_SECRET_OTHER__PW",
+        ),
+    ],
+)
+def test_bad_avro_settings_are_named(source: dict, message: str) -> None:
+    with pytest.raises(SpecError, match=message):
+        parse_spec(spec_data(**source))
+
+
+def test_registry_settings_on_a_json_source_are_refused() -> None:
+    data = spec_data(avro_schema=json.dumps(V1), fields={"id": "string"})
+    data["sources"]["s"]["format"] = "json"
+    with pytest.raises(SpecError, match="schema_registry and avro_schema apply to format: avro"):
+        parse_spec(data)
