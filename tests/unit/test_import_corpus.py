@@ -46,7 +46,7 @@ def notes(result: ImportResult) -> str:
 
 def test_every_importable_corpus_config_imports_and_validates(tmp_path: Path) -> None:
     importable = sorted(p.name for p in CORPUS.iterdir() if p.name not in ("kf_select_star.yaml", "kf_group_by.yaml"))
-    assert len(importable) == 8
+    assert len(importable) == 9
     for name in importable:
         imported(name, tmp_path)
 
@@ -146,6 +146,25 @@ def test_enterprise_schema_fields_and_registry(tmp_path: Path) -> None:
     }
     assert spec.sources["payments"].dedup is not None
     assert spec.sources["payments"].dedup.window == timedelta(hours=2)
+
+
+def test_an_avro_source_with_a_registry_becomes_an_avro_source(tmp_path: Path) -> None:
+    result, spec = imported("gf_v3_avro_registry.yaml", tmp_path)
+    assert {u.setting for u in result.unmapped} == {"sources[0].schema_version"}  # every version is read
+    src = spec.sources["payments"]
+    assert src.format == "avro"
+    assert src.schema_registry is not None and src.schema_registry.url == "https://registry:8081"
+    # The credentials become the pipeline's own secret references, never the values.
+    assert src.schema_registry.auth is not None
+    assert src.schema_registry.auth.password == "${env:RIVERHOUSE_SECRET_PAYMENTS_AVRO__REGISTRY_PASSWORD}"
+    assert "SECRET-not-copied" not in result.to_yaml() and "KEY-not-copied" not in result.to_yaml()
+    # The reader schema is the declared fields, every one optional, a dotted one as a nested record.
+    reader = json.loads(str(src.avro_schema))
+    assert [(f["name"], f["type"]) for f in reader["fields"]][:1] == [("payment_id", ["null", "string"])]
+    card = next(f for f in reader["fields"] if f["name"] == "card")
+    assert card["type"][1]["fields"] == [{"name": "brand", "type": ["null", "string"], "default": None}]
+    assert fields_of(spec, "payments")["brand"] == ("string", "card.brand")
+    assert spec.sources["payments"].dedup is not None
 
 
 def test_filters_and_transforms_with_expr_lang_meaning(tmp_path: Path) -> None:

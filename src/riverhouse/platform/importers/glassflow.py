@@ -19,6 +19,7 @@ from typing import Any
 
 from riverhouse.platform.fields import parse_path
 from riverhouse.platform.importers import glassflow_models as gf
+from riverhouse.platform.importers.avro_source import avro_settings
 from riverhouse.platform.importers.expr import FieldRef, Untranslatable, translate_expr
 from riverhouse.platform.importers.glassflow_kafka import kafka_block
 from riverhouse.platform.importers.glassflow_read import (
@@ -99,6 +100,7 @@ def build_spec(p: Pipeline, result: ImportResult, output: Path | None) -> dict[s
         raise ImporterError(result.path, [("sink.type", f"{p.sink.type!r}: Riverhouse loads ClickHouse", "")])
     spec: dict[str, Any] = {"name": identifier(p.pipeline_id.replace("-", "_"), "pipeline_id", result)}
     spec["description"] = f"{p.name or p.pipeline_id} (imported from GlassFlow pipeline {p.pipeline_id})"
+    result.spec = spec  # filled from here on; its name names the secrets (source_block)
     if p.join is not None and p.sink_source:
         result.note(f"sink.source_id {p.sink_source!r}: the sink loads the join's output")
     if p.join is None and len(p.sources) > 1 and p.sink_source:
@@ -213,6 +215,10 @@ def declare_all(src: Source, wanted: dict[str, str | None], result: ImportResult
 
 def source_block(src: Source, decls: dict[str, Decl], key: str, result: ImportResult) -> dict[str, Any]:
     block: dict[str, Any] = {"topic": src.topic, "fields": {d.name: d.spec() for d in decls.values()}}
+    if src.registry is not None:
+        registry, where = src.registry
+        pipeline = str(result.spec.get("name") or "pipeline")
+        block |= avro_settings(pipeline, registry.url, block["fields"], where, result, registry.api_key is not None)
     block["key"] = [decls[key].name]
     if src.dedup is not None:
         window = spec_window(src.dedup[1], f"{src.dedup[2]}.time_window", result)

@@ -34,6 +34,7 @@ class Source:
     offset: str
     fields: dict[str, tuple[str, str]]  # name -> (GlassFlow type, path)
     connection: gf.KafkaConnection | None
+    registry: tuple[gf.SchemaRegistry, str] | None = None  # an Avro source's registry, and where it is said
     dedup: tuple[str, str, str] | None = None  # (key, window, path)
     filters: list[tuple[str, str, bool]] = field(default_factory=list)  # (expression, path, keeps matching rows)
     stateless: dict[str, tuple[gf.StatelessOutput, str]] = field(default_factory=dict)  # output name -> (spec, path)
@@ -154,7 +155,14 @@ def from_v3(cfg: gf.PipelineV3, result: ImportResult) -> Pipeline:
         if s.schema_ is not None and s.schema_.fields:  # the Enterprise reference's form
             fields |= {f.name: (f.type.lower(), f"{path}.schema.fields[{j}]") for j, f in enumerate(s.schema_.fields)}
         fields |= {f.name: (f.type.lower(), f"{path}.schema_fields[{j}]") for j, f in enumerate(s.schema_fields or [])}
-        sources.append(Source(s.source_id, path, s.topic, s.consumer_group_initial_offset, fields, s.connection_params))
+        avro = (
+            (s.schema_registry, f"{path}.schema_registry")
+            if (s.format or "").lower() == "avro" and s.schema_registry
+            else None
+        )
+        sources.append(
+            Source(s.source_id, path, s.topic, s.consumer_group_initial_offset, fields, s.connection_params, avro)
+        )
     by_id = {s.sid: s for s in sources}
     for i, t in enumerate(cfg.transforms or []):
         path = f"transforms[{i}]"
@@ -295,13 +303,20 @@ def from_v2(cfg: gf.PipelineV2, result: ImportResult) -> Pipeline:
 def _source_extras(
     fmt: str | None, registry: Any, version: str | None, schema: Any, path: str, result: ImportResult
 ) -> None:
-    if fmt and fmt.lower() != "json":
-        result.drop(f"{path}.format", f"{fmt}: Riverhouse sources read JSON messages only")
-    if registry is not None:
-        result.drop(f"{path}.schema_registry", "Riverhouse reads plain JSON with the fields declared in the spec")
+    avro = fmt is not None and fmt.lower() == "avro" and registry is not None
+    if fmt and fmt.lower() not in ("json", "avro"):
+        result.drop(f"{path}.format", f"{fmt}: Riverhouse sources read JSON and Avro messages")
+    elif fmt and fmt.lower() == "avro" and registry is None:
+        result.drop(f"{path}.format", "avro without schema_registry: Riverhouse reads Avro through a registry")
+    if registry is not None and not avro:
+        result.drop(
+            f"{path}.schema_registry", "a JSON source: Riverhouse reads it with the fields declared in the spec"
+        )
     if version:
-        result.drop(f"{path}.schema_version", "belongs to schema_registry, which is not carried over")
+        result.drop(f"{path}.schema_version", "the spec reads every version of the subject (each record names its own)")
     if schema is not None and (schema.file or schema.message_type):
-        result.drop(f"{path}.schema.file", "an Avro/Protobuf schema: Riverhouse sources read JSON messages only")
+        result.drop(
+            f"{path}.schema.file", "an Avro/Protobuf schema file: the spec's reader schema is written from the fields"
+        )
     if schema is not None and schema.parsed_fields:
         result.note(f"{path}.schema.parsed_fields: read-only in GlassFlow's API (ignored on create), and here")
