@@ -73,6 +73,12 @@ def import_glassflow_cmd(
 @import_app.command("kaflowsql")
 def import_kaflowsql_cmd(
     pipeline: Annotated[Path, typer.Argument(help="KaflowSQL pipeline (YAML)")],
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            help="KaflowSQL's global config.yaml: its kafka.brokers, and Avro input (useAvro, schemaRegistry)"
+        ),
+    ] = None,
     output: ImportOutput = None,
     strict: StrictOption = False,
     force: ForceOption = False,
@@ -80,7 +86,7 @@ def import_kaflowsql_cmd(
     """Write a SQL-pipeline spec from a KaflowSQL pipeline; print what could not be mapped, and why."""
     from riverhouse.platform.importers.kaflowsql import import_kaflowsql
 
-    _import(lambda: import_kaflowsql(pipeline), output, strict, force)
+    _import(lambda: import_kaflowsql(pipeline, config), output, strict, force)
 
 
 def _import(run_import: Any, output: Path | None, strict: bool, force: bool) -> None:

@@ -403,6 +403,22 @@ def test_kaflowsql_queries_riverhouse_cannot_run_are_refused_clearly(tmp_path: P
         import_kaflowsql(config_file_text(tmp_path, base.replace("output:", "outptu:")))
 
 
+def test_kaflowsql_engine_config_gives_the_brokers_and_avro_sources_through_its_registry() -> None:
+    from riverhouse.platform.importers.kaflowsql import import_kaflowsql
+
+    result = import_kaflowsql(FIXTURES / "kaflowsql_transactions.yaml", FIXTURES / "kaflowsql_config.yaml")
+    spec = result.validate()
+    assert spec.kafka.bootstrap_servers == "broker1:9092,broker2:9092"
+    assert {s.format for s in spec.sources.values()} == {"avro"}
+    assert {s.schema_registry.url for s in spec.sources.values() if s.schema_registry} == {"http://registry:8081"}
+    transactions = next(s for s in spec.sources.values() if s.topic == "transactions")
+    reader = json.loads(str(transactions.avro_schema))
+    assert {f["name"] for f in reader["fields"]} == {f.name for f in transactions.fields}
+    assert "config.yaml kafka.consumer" in settings_of(result)
+    without = import_kaflowsql(FIXTURES / "kaflowsql_transactions.yaml")
+    assert {s.format for s in without.validate().sources.values()} == {"json"}
+
+
 def config_file_text(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "pipeline.yaml"
     path.write_text(text)

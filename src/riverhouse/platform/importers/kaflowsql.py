@@ -95,11 +95,16 @@ def read_pipeline(path: Path) -> KaflowPipeline:
         raise ImporterError(str(path), problems) from None
 
 
-def import_kaflowsql(path: str | Path) -> ImportResult:
+def import_kaflowsql(path: str | Path, engine_config: str | Path | None = None) -> ImportResult:
+    """`engine_config`: KaflowSQL's global config.yaml (brokers, schema registry, Avro input)."""
+    from riverhouse.platform.importers.kaflowsql_config import apply_engine_config, read_engine_config
+
     path = Path(path)
     pipeline = read_pipeline(path)
     result = ImportResult({}, "KaflowSQL pipeline", str(path))
     result.spec = build_spec(pipeline, result)
+    if engine_config is not None:
+        apply_engine_config(result.spec, read_engine_config(Path(engine_config)), result)
     result.validate()
     return result
 
