@@ -11,6 +11,7 @@ import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +21,10 @@ import yaml
 from riverhouse.platform.avro import local_registry
 from riverhouse.platform.avro.produce import SCHEMAS, as_avro, encode, register
 from riverhouse.platform.errors import PipelineError
-from riverhouse.platform.kafka.generator import GeneratorConfig, orders
+from riverhouse.platform.kafka.generator import GeneratorConfig, expected_join, orders, user_events
 from riverhouse.platform.pipeline import Pipeline
 from riverhouse.platform.runtime.processes import free_port
+from riverhouse.platform.sink.clickhouse import open_client, qualified_table
 from riverhouse.platform.spec import parse_spec
 from riverhouse.platform.spec_base import SpecError
 from riverhouse.platform.state.delta_log import DeltaLog
@@ -32,6 +34,7 @@ from tests.conftest import produce, riverhouse_cmd, subprocess_env
 from tests.integration.test_crash import clickhouse_ids, silver_ids
 
 pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
 
 ORDER = SCHEMAS["orders"]
 WITH_COUPON = {**ORDER, "fields": [*ORDER["fields"], {"name": "coupon", "type": ["null", "string"], "default": None}]}
@@ -112,6 +115,33 @@ def test_avro_orders_dedup_into_silver_and_clickhouse_exactly(
     got = row.where(row.order_id == first["order_id"]).select("amount", "price", "created_at").first()
     assert (got.amount, got.price) == (first["amount"], first["price"])
     assert got.created_at.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z" == first["created_at"]
+
+
+def test_a_join_of_two_avro_topics_matches_the_reference_join(
+    registry: local_registry.RegistryState, kafka: str, topic: str, settings: Settings, spark: Any
+) -> None:
+    """pipelines/orders_enriched.yaml with both sources Avro (fields from the registry): the
+    left temporal join's rows equal the generator's own reference join."""
+    cfg = GeneratorConfig(count=300, duplicate_rate=0.2, malformed=3, users=40, seed=17)
+    order_records, order_stats = orders(cfg)
+    user_records, user_stats = user_events(cfg)
+    data = yaml.safe_load((REPO / "pipelines" / "orders_enriched.yaml").read_text())
+    data["name"] = "avro_join"
+    for source, kind, records in (("orders", "orders", order_records), ("user_events", "user_events", user_records)):
+        name = f"{topic}_{source}"
+        produce(
+            kafka, name, list(as_avro(records, SCHEMAS[kind], register(registry.api, f"{name}-value", SCHEMAS[kind])))
+        )
+        block = data["sources"][source]
+        del block["fields"]  # read from the registry
+        block |= {"topic": name, "format": "avro", "schema_registry": {"url": registry.api}}
+    spec = parse_spec(data)
+    summary = Pipeline(spec, settings, spark=spark, log=lambda m: None).run(drain=True)
+    assert summary["inserted"] == order_stats.expected_unique + user_stats.expected_unique
+    with open_client(settings.clickhouse_dsn) as client:
+        rows = client.query(f"SELECT order_id, user_name FROM {qualified_table(spec)}").result_rows
+    assert len(rows) == len(dict(rows)), "an order was emitted twice"
+    assert dict(rows) == expected_join(order_stats, user_stats, timedelta(hours=1))["names"]
 
 
 def test_a_version_registered_after_the_spec_was_loaded_is_read_and_an_incompatible_one_quarantined(

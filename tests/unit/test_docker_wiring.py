@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from riverhouse.deploy import DeployOptions, dagster_config, required_env, workspace_config
+from riverhouse.platform.avro import local_registry
 
 pytestmark = pytest.mark.unit
 
@@ -36,6 +37,7 @@ DAGSTER = ("riverhouse-code", "dagster-webserver", "dagster-daemon")
 NOT_FOR_PRODUCTION = {
     "RIVERHOUSE_KAFKA_STATE": "the local development broker's folder; compose runs a real Kafka",
     "RIVERHOUSE_KAFKA_HEAP": "the local development broker's heap",
+    "RIVERHOUSE_REGISTRY_HEAP": "the local schema registry's heap; compose's schema-registry sets -Xmx itself",
     "RIVERHOUSE_CRASH_AT": "fault injection for the crash tests",
     "RIVERHOUSE_CRASH_ON": "fault injection for the crash tests",
     "RIVERHOUSE_CRASH_KILL_PIDS": "fault injection for the crash tests (the engine's JVM)",
@@ -183,6 +185,49 @@ def test_addresses_and_ports_agree_between_services() -> None:
     assert f"{gateway[0]}:{gateway[1]}" in targets
     assert f"{SERVICES['riverhouse-stream']['hostname']}:{stream['RIVERHOUSE_METRICS_PORT']}" in targets
     assert stream["RIVERHOUSE_METRICS_HOST"] == "0.0.0.0"  # reachable from the Prometheus container
+
+
+def test_the_schema_registry_runs_the_pinned_jar_where_make_puts_it_and_keeps_its_schemas() -> None:
+    registry = SERVICES["schema-registry"]
+    assert registry["image"].startswith("riverhouse:")  # the image's jars, fetched as `make jars` does
+    command = registry["command"]
+    assert command[0] == "java"
+    flags = dict(a[2:].split("=", 1) for a in command if a.startswith("-D") and "=" in a)
+    assert flags["quarkus.http.host"] == "0.0.0.0"  # reachable from the other containers
+    assert flags["registry.rules.global.compatibility"] == "BACKWARD"  # as `riverhouse registry start` sets
+    assert any(a.startswith("-Xmx") for a in command)
+    # The runner jar of the version jvm/pom.xml pins, in the folder the image copies from `make`'s layout.
+    version = re.search(r"<apicurio\.version>([^<]+)</apicurio\.version>", (REPO / "jvm" / "pom.xml").read_text())
+    assert version, "jvm/pom.xml no longer pins apicurio.version: update this test"
+    jar = Path(command[command.index("-jar") + 1])
+    assert jar == Path(image_env()["RIVERHOUSE_JARS"]) / "registry" / f"apicurio-registry-app-{version[1]}-runner.jar"
+    assert jar.match("apicurio-registry-app-*-runner.jar")  # what local_registry.runner_jar() looks for
+    dockerfile = (DOCKER / "Dockerfile").read_text().replace("\\\n", " ")
+    makefile = (REPO / "Makefile").read_text().replace("\\\n", " ")
+    for text in (dockerfile, makefile):
+        assert re.search(r"-P registry dependency:copy-dependencies", text)
+        assert re.search(r"tar -xzf \S+/apicurio-registry-app-\*-all\.tar\.gz -C \S+/registry\s", text)
+    assert "COPY --from=jars /src/jvm/lib ./jvm/lib" in dockerfile
+
+    # Avro sources name it by its Confluent-compatible API; the README shows that URL.
+    port = int(flags["quarkus.http.port"])
+    url = f"http://{registry['hostname']}:{port}{local_registry.CCOMPAT}"
+    assert url in (DOCKER / "README.md").read_text()
+    assert "ports" not in registry  # no authentication: not published
+    for service in DRIVERS:  # runs read the schemas at planning and per batch
+        assert SERVICES[service]["depends_on"]["schema-registry"] == {"condition": "service_healthy"}
+    health = " ".join(registry["healthcheck"]["test"])
+    assert f"localhost:{port}/health/ready" in health
+    assert '"/health/ready"' in Path(local_registry.__file__).read_text()  # the readiness the CLI waits on
+
+    # Schemas in an H2 file on a named volume: the ids in Kafka's records must outlive the container.
+    datasource = env("schema-registry")["REGISTRY_DATASOURCE_URL"]
+    assert datasource.startswith("jdbc:h2:file:/")
+    mounts = {m.split(":")[1]: m.split(":")[0] for m in registry["volumes"]}
+    holding = [path for path in mounts if datasource.removeprefix("jdbc:h2:file:").startswith(path.rstrip("/") + "/")]
+    assert holding and mounts[holding[0]] in COMPOSE["volumes"], "the registry's H2 file is not on a named volume"
+    # A new named volume takes the owner of the image's folder: the image's user must own it.
+    assert re.search(rf"chown -R riverhouse [^\n]*{re.escape(holding[0])}(\s|$)", dockerfile)
 
 
 def test_images_are_pinned_and_the_riverhouse_image_matches_the_package() -> None:
