@@ -50,6 +50,14 @@ def bench(
     triggered_events: Annotated[
         int, typer.Option(help="triggered_start: records produced before each run", min=1)
     ] = 7000,
+    fmt: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            help="avro: also run riverhouse_dedup on the same orders as Avro through the local schema "
+            "registry (riverhouse_dedup_avro), beside JSON's",
+        ),
+    ] = "json",
     profile: Annotated[
         bool,
         typer.Option(
@@ -70,6 +78,10 @@ def bench(
     chosen = SCENARIOS if scenarios.strip() == "all" else tuple(x.strip() for x in scenarios.split(",") if x.strip())
     if profile and "jvm_profile" not in chosen:
         chosen = (*chosen, "jvm_profile")
+    if fmt not in ("json", "avro"):
+        fail(f"--format must be json or avro, got {fmt!r}")
+    if fmt == "avro" and "riverhouse_dedup_avro" not in chosen:
+        chosen = (*chosen, "riverhouse_dedup_avro")
     unknown = [x for x in chosen if x not in SCENARIOS + OPTIONAL_SCENARIOS]
     if unknown:
         fail(f"unknown scenario(s) {', '.join(unknown)}; choose from {', '.join(SCENARIOS + OPTIONAL_SCENARIOS)}")

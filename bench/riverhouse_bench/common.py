@@ -35,8 +35,9 @@ SCENARIOS = (
     "cluster",
     "triggered_start",
 )
-# Run only when asked for (`--profile`, or by name in --scenarios): JFR on the engine's JVM.
-OPTIONAL_SCENARIOS = ("jvm_profile",)
+# Run only when asked for (`--profile`, or by name in --scenarios): JFR on the engine's JVM;
+# riverhouse_dedup on Avro records through the local schema registry (`--format avro`).
+OPTIONAL_SCENARIOS = ("jvm_profile", "riverhouse_dedup_avro")
 ORDER_FIELDS = {
     "order_id": "string",
     "user_id": "string",
@@ -186,9 +187,19 @@ def generated_orders(ids: Any, created_at: pa.Array | None = None) -> pa.Table:
     )
 
 
-def orders_spec(name: str, topic: str, max_offsets_per_trigger: int | None = None) -> PipelineSpec:
-    """The bench's dedup pipeline; `max_offsets_per_trigger` bounds its batches (default: the spec's)."""
+def orders_spec(
+    name: str, topic: str, max_offsets_per_trigger: int | None = None, registry: str | None = None
+) -> PipelineSpec:
+    """The bench's dedup pipeline; `max_offsets_per_trigger` bounds its batches (default: the spec's);
+    `registry`: its records are Avro through that schema registry (the generator's orders schema)."""
+    from riverhouse.platform.avro.produce import SCHEMAS
+
     kafka = {} if max_offsets_per_trigger is None else {"kafka": {"max_offsets_per_trigger": max_offsets_per_trigger}}
+    avro = (
+        {}
+        if registry is None
+        else {"format": "avro", "schema_registry": {"url": registry}, "avro_schema": SCHEMAS["orders"]}
+    )
     return parse_spec(
         {
             "name": name,
@@ -200,6 +211,7 @@ def orders_spec(name: str, topic: str, max_offsets_per_trigger: int | None = Non
                     "key": ["order_id"],
                     "event_time": {"field": "created_at"},
                     "dedup": {"key": ["order_id"], "window": "1h"},
+                    **avro,
                 }
             },
             "sink": {"table": name, "order_by": ["order_id"]},

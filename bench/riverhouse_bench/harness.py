@@ -41,6 +41,7 @@ class Bench:
         self._spark: Any = None
         self.spark_startup_s: float | None = None
         self.produced: dict[str, Any] = {}
+        self._registry: Any = None
 
     def spark_conf(self, events_dir: Path | None = None) -> dict[str, str]:
         """The bench's session settings (the product's, and Spark's event log into `events_dir`)."""
@@ -79,8 +80,21 @@ class Bench:
             self.spark_startup_s = time.monotonic() - started
         return self._spark
 
+    @property
+    def registry(self) -> str:
+        """The local schema registry's API (started on first use): Avro scenarios produce through it."""
+        if self._registry is None:
+            from riverhouse.platform.avro import local_registry
+
+            self._registry = local_registry.start(self.home / "registry")
+        return str(self._registry.api)
+
     def close(self) -> None:
         local_kafka.stop(self.home / "kafka")
+        if self._registry is not None:
+            from riverhouse.platform.avro import local_registry
+
+            local_registry.stop(self.home / "registry")
 
     # -- data -------------------------------------------------------------------
     def orders_config(self, count: int, seed: int) -> GeneratorConfig:
@@ -93,8 +107,13 @@ class Bench:
         local_kafka.create_topic(self.state.bootstrap, topic, self.cfg.partitions)
         return produce(self.state.bootstrap, topic, records, rate=rate)
 
-    def produce_orders(self, topic: str, count: int, seed: int = 1) -> Any:
+    def produce_orders(self, topic: str, count: int, seed: int = 1, avro: bool = False) -> Any:
         records, stats = orders(self.orders_config(count, seed))
+        if avro:  # the same orders in the Confluent wire format, the schema registered under <topic>-value
+            from riverhouse.platform.avro.produce import SCHEMAS, as_avro, register
+
+            schema = SCHEMAS["orders"]
+            records = as_avro(records, schema, register(self.registry, f"{topic}-value", schema))
         started = time.monotonic()
         acknowledged = self.produce(topic, records)
         seconds = time.monotonic() - started
@@ -127,6 +146,7 @@ class Bench:
         scenario("clickhouse_insert_limit", lambda: limits.clickhouse_insert_limit(self, stats.unique))
         scenario("baseline_consumer", lambda: limits.baseline_consumer(self, "bench_orders", messages, stats.unique))
         scenario("riverhouse_dedup", lambda: pipelines.riverhouse_dedup(self, "bench_orders", messages, stats.unique))
+        scenario("riverhouse_dedup_avro", lambda: pipelines.riverhouse_dedup_avro(self))
         scenario("spark_plain", lambda: plain.spark_plain(self, "bench_orders", messages, stats.unique))
         scenario("small_batches", lambda: batches.small_batches(self))
         scenario("riverhouse_dedup_join", lambda: pipelines.riverhouse_dedup_join(self, cfg.events // 2))

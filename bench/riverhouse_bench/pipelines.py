@@ -20,11 +20,13 @@ if TYPE_CHECKING:
     from riverhouse_bench.harness import Bench
 
 
-def _dedup_run(bench: Bench, name: str, topic: str, messages: int, expected_unique: int) -> dict[str, Any]:
+def _dedup_run(
+    bench: Bench, name: str, topic: str, messages: int, expected_unique: int, avro: bool = False
+) -> dict[str, Any]:
     from riverhouse.platform.pipeline import Pipeline
     from riverhouse.platform.state.tables import TableLayout
 
-    spec = orders_spec(name, topic)
+    spec = orders_spec(name, topic, registry=bench.registry if avro else None)
     spark = bench.spark
     with CpuMeter() as cpu:
         started, began_at = time.monotonic(), time.time()
@@ -119,7 +121,18 @@ def scale_local(bench: Bench, topic: str, messages: int, expected_unique: int) -
     return out
 
 
-def riverhouse_dedup(bench: Bench, topic: str, messages: int, expected_unique: int) -> dict[str, Any]:
+def riverhouse_dedup_avro(bench: Bench) -> dict[str, Any]:
+    """riverhouse_dedup on the same orders as Avro (Confluent wire format, the local schema registry):
+    the decoding's cost beside JSON's parse, in the same run and the same warm process."""
+    stats = bench.produce_orders("bench_orders_avro", bench.cfg.events, avro=True)
+    out = riverhouse_dedup(bench, "bench_orders_avro", stats.messages, stats.unique, avro=True)
+    out["registry"] = bench.registry
+    return out
+
+
+def riverhouse_dedup(
+    bench: Bench, topic: str, messages: int, expected_unique: int, avro: bool = False
+) -> dict[str, Any]:
     """A cold run (Spark session, query start, JVM warm-up) and steady runs of the same size.
 
     Steady state is what a running pipeline sustains: more pipelines, each on a fresh topic
@@ -127,13 +140,15 @@ def riverhouse_dedup(bench: Bench, topic: str, messages: int, expected_unique: i
     ClickHouse; the median run is reported (the JIT is still warming during the first ones).
     """
     bench.spark  # noqa: B018 - start the session inside this scenario's time
-    cold = _dedup_run(bench, "bench_dedup", topic, messages, expected_unique)
-    total = cold["seconds"] + (bench.spark_startup_s or 0.0)
+    prefix = "bench_dedup_avro" if avro else "bench_dedup"
+    cold = _dedup_run(bench, prefix, topic, messages, expected_unique, avro)
+    # The Avro runs come after the JSON ones, in the same (warm) process: no session start-up of their own.
+    total = cold["seconds"] + (0.0 if avro else bench.spark_startup_s or 0.0)
     runs = []
     for i in range(bench.cfg.steady_runs):
-        name = f"bench_dedup_steady_{i + 1}"
-        stats = bench.produce_orders(name, bench.cfg.events, seed=2 + i)
-        run = _dedup_run(bench, name, name, stats.messages, stats.unique)
+        name = f"{prefix}_steady_{i + 1}"
+        stats = bench.produce_orders(name, bench.cfg.events, seed=2 + i, avro=avro)
+        run = _dedup_run(bench, name, name, stats.messages, stats.unique, avro)
         run["steady_seconds"] = run["seconds"] - run["query_startup_s"]
         runs.append(run)
     steady = median_run(runs, "steady_seconds")

@@ -349,6 +349,10 @@ def method_lines() -> list[str]:
         "every row is visible in ClickHouse (batches, the time between them, and the load); the "
         "median run is reported and all are in the JSON (`steady_runs_seconds`). Every run must be "
         "exact.",
+        "- `riverhouse_dedup_avro` (`--format avro`): the same runs on the same orders as Avro in the Confluent "
+        "wire format, produced through the local schema registry (Apicurio) and decoded on the executors by "
+        "`from_avro` with each record's writer schema; after `riverhouse_dedup` in the same process, so its "
+        "first run is not cold. Compare its `excl. start-up` with `riverhouse_dedup`'s.",
         "- `spark_plain`: the plain Spark job Riverhouse is compared with, on the same topic with the same "
         'session settings and maxOffsetsPerTrigger: `readStream.format("kafka")` -> `from_json` (the '
         "orders' fields) -> `dropDuplicates(order_id)` in `foreachBatch` -> one delta-spark append per batch, "

@@ -13,6 +13,7 @@ THROUGHPUT = (
     "clickhouse_insert_limit",
     "baseline_consumer",
     "riverhouse_dedup",
+    "riverhouse_dedup_avro",
     "spark_plain",
     "riverhouse_dedup_join",
     "cluster",

@@ -159,6 +159,8 @@ def test_bench_small_run_writes_results_and_page(tmp_path: Path) -> None:
         "20000",
         "--steady-runs",
         "3",
+        "--format",
+        "avro",
         "--partitions",
         "3",
         "--results",
@@ -187,6 +189,7 @@ def test_bench_small_run_writes_results_and_page(tmp_path: Path) -> None:
         "riverhouse_dedup",
         "query_vs_final",
         "query_vs_final_20000",
+        "riverhouse_dedup_avro",  # --format avro
     }
     for name, result in scenarios.items():
         assert result["exact"] is True, (name, result)
@@ -216,5 +219,9 @@ def test_bench_small_run_writes_results_and_page(tmp_path: Path) -> None:
     page = docs.read_text()
     assert "## Where the CPU goes" in page and "## query_vs_final, query by query" in page
     assert "## query_vs_final_20000, query by query" in page
+    # The same orders as Avro through the local schema registry, beside JSON's.
+    avro = scenarios["riverhouse_dedup_avro"]
+    assert avro["events"] == 3300 and avro["rows"] == 3000 and avro["registry"].endswith("/apis/ccompat/v7")
+    assert "| riverhouse_dedup_avro | 3,300 |" in page
     assert "| riverhouse_dedup | 3,300 |" in page and (docs.parent / "benchmarks.png").stat().st_size > 1000
     assert "riverhouse_dedup >= 100,000 events/s" in proc.stdout
