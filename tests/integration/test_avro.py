@@ -243,3 +243,29 @@ def test_the_registry_down_mid_run_keeps_cached_schemas_and_a_new_id_fails_the_b
     assert silver_ids(settings, spec) == [f"m{i}" for i in range(6)]
     assert clickhouse_ids(settings, spec) == [f"m{i}" for i in range(6)]
     assert [r.split(" (")[0] for r in quarantine_reasons(settings, spec)] == [f"unknown schema id {other}"]
+
+
+def test_registry_cli_lifecycle_and_generate_avro_through_it(kafka: str, topic: str, settings: Settings) -> None:
+    """`riverhouse registry start|status|stop` and `riverhouse generate --format avro` against the local registry."""
+    env = subprocess_env(settings)
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*riverhouse_cmd(), *args], env=env, capture_output=True, text=True, timeout=180)
+
+    refused = cli("generate", "--format", "avro", "--topic", topic, "--count", "5")
+    assert refused.returncode == 1 and "riverhouse registry start" in refused.stderr
+    started = cli("registry", "start")
+    try:
+        assert started.returncode == 0, started.stderr
+        status = json.loads(cli("registry", "status", "--json").stdout)
+        assert status["running"] and status["url"].startswith("http://127.0.0.1:")
+        made = cli("generate", "--format", "avro", "--topic", topic, "--count", "40", "--malformed", "3", "--json")
+        assert made.returncode == 0, made.stderr
+        assert json.loads(made.stdout)["messages"] == 40 + 4 + 3  # 10% duplicates, 3 malformed
+        spec = parse_spec(avro_spec_data(topic, status["url"], name="cli_avro"))  # the schema it registered
+        assert [f.name for f in spec.sources["orders"].fields] == [f["name"] for f in ORDER["fields"]]
+    finally:
+        stopped = cli("registry", "stop")
+    assert stopped.returncode == 0 and "stopped" in stopped.stdout
+    down = cli("registry", "status")
+    assert down.returncode == 1 and "not running" in down.stdout
