@@ -20,6 +20,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from riverhouse.platform.runtime import processes
 from riverhouse.platform.runtime.processes import free_port, pid_alive, port_free, terminate
 
 STATE_FILE = "state.json"
@@ -145,11 +146,7 @@ def _wait_until_ready(state: RegistryState, proc: subprocess.Popen[bytes], timeo
 
 
 def log_tail(state: RegistryState, lines: int = 15) -> str:
-    path = Path(state.state_dir) / "logs" / "registry.out"
-    text = ""
-    with contextlib.suppress(OSError):
-        text = path.read_text(errors="replace")
-    return "\n".join(text.splitlines()[-lines:]) + f"\n(full log in {path})"
+    return processes.log_tail(Path(state.state_dir) / "logs" / "registry.out", lines)
 
 
 def stop(state_dir: Path, timeout_s: float = 30.0) -> bool:

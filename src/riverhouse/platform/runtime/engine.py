@@ -310,11 +310,7 @@ def probe(url: str) -> float:
 
 
 def log_tail(state: EngineState, lines: int = 20) -> str:
-    path = Path(state.state_dir) / "logs" / LOG_FILE
-    text = ""
-    with contextlib.suppress(OSError):
-        text = path.read_text(errors="replace")
-    return "\n".join(text.splitlines()[-lines:]) + f"\n(full log in {path})"
+    return processes.log_tail(Path(state.state_dir) / "logs" / LOG_FILE, lines)
 
 
 def stop(state_dir: Path, timeout_s: float = 30.0) -> bool:

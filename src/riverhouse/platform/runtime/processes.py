@@ -1,4 +1,4 @@
-"""The background processes Riverhouse supervises (the local Kafka, the engine): pids, ports, stopping.
+"""The background processes Riverhouse supervises (the local Kafka, the engine, the schema registry): pids, ports, logs, stopping.
 
 Each runs in a session of its own (`start_new_session=True`), so it outlives the command that
 started it, ignores that terminal's Ctrl-C, and its process group holds the children it starts.
@@ -92,3 +92,11 @@ def terminate(pid: int, alive: Callable[[], bool], timeout_s: float = 30.0, grou
             reap(pid)
             time.sleep(0.1)
     reap(pid)
+
+
+def log_tail(path: Path, lines: int = 20) -> str:
+    """The last lines of a service's log file, and where the whole of it is (for an error message)."""
+    text = ""
+    with contextlib.suppress(OSError):
+        text = path.read_text(errors="replace")
+    return "\n".join(text.splitlines()[-lines:]) + f"\n(full log in {path})"
