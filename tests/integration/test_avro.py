@@ -174,11 +174,13 @@ def test_a_version_registered_after_the_spec_was_loaded_is_read_and_an_incompati
 
 
 def test_the_registry_down_at_the_start_is_a_clear_error(
-    kafka: str, topic: str, settings: Settings, spark: Any
+    registry: local_registry.RegistryState, kafka: str, topic: str, settings: Settings, spark: Any
 ) -> None:
     down = f"http://127.0.0.1:{free_port()}/apis/ccompat/v7"
     with pytest.raises(SpecError, match=r"cannot reach the schema registry at http://127\.0\.0\.1:\d+/apis/ccompat/v7"):
         parse_spec(avro_spec_data(topic, down))  # the fields come from it
+    with pytest.raises(SpecError, match=r"has no subject 'nobody-value': register the topic's schema first"):
+        parse_spec(avro_spec_data("nobody", registry.api))
     spec = parse_spec(avro_spec_data(topic, down, avro_schema=ORDER))  # the reader schema is the spec's own
     produce(
         kafka,

@@ -66,7 +66,15 @@ class Registry:
 
     def latest(self, subject: str) -> tuple[int, str]:
         """(schema id, schema JSON) of the subject's latest version."""
-        found = self._get(f"subjects/{urllib.parse.quote(subject, safe='')}/versions/latest")
+        try:
+            found = self._get(f"subjects/{urllib.parse.quote(subject, safe='')}/versions/latest")
+        except RegistryError as exc:
+            if "has no subjects/" not in str(exc):
+                raise
+            raise RegistryError(
+                f"the schema registry at {self.url} has no subject {subject!r}: register the topic's schema "
+                "first (a producer does), set schema_registry.subject, or give the reader schema in avro_schema"
+            ) from None
         self.cache[int(found["id"])] = found["schema"]
         return int(found["id"]), found["schema"]
 

@@ -23,7 +23,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from riverhouse.platform.avro.schema import resolution_problem
-from riverhouse.platform.ingest.parse import Check, Decoded, _at, non_finite_checks
+from riverhouse.platform.ingest.record_rules import Check, Decoded, at_path, non_finite_checks
 from riverhouse.platform.spec import SourceSpec
 
 
@@ -125,7 +125,7 @@ def decode_avro(batch: DataFrame, src: SourceSpec, oversized: Column, writers: W
     df = batch.withColumn("_p", decoded)
     parsed = F.col("_p")
     checks.append((parsed.isNull() | _undecoded(parsed, reader), "the Avro body does not decode with its schema"))
-    raw = {f.name: _at(parsed, f.segments) for f in src.fields}
+    raw = {f.name: at_path(parsed, f.segments) for f in src.fields}
     typed = {f.name: raw[f.name].cast(f.type) for f in src.fields}
     return df, typed, checks, non_finite_checks(src, raw)
 

@@ -8,7 +8,6 @@ run on the executors at JVM speed. This is the one implementation of every rule.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Callable
 from typing import Any
 
 from pyspark.sql import Column, DataFrame
@@ -16,19 +15,15 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
 from riverhouse.platform.fields import RESERVED_JSON_KEY, FieldSpec
+from riverhouse.platform.ingest.record_rules import Check, Decoded, any_leaf, at_path, non_finite_checks
 from riverhouse.platform.spec import SourceSpec
-from riverhouse.platform.types import FLOATING, FieldType, spark_read_type, variant_shape
+from riverhouse.platform.types import spark_read_type, variant_shape
 
 # from_json's column for a value that is not a JSON object of these types (no path may start with it).
 CORRUPT = RESERVED_JSON_KEY
 # Epoch milliseconds written as text: what producers send in a timestamp field as a number.
 EPOCH_MILLIS_RE = r"^-?[0-9]{1,15}$"
 MAX_ABS_EPOCH_MILLIS = 10**15
-# A check: when the condition holds, the record is rejected with the reason.
-Check = tuple[Column, Column | str]
-# What a format's decoder gives the common part: the frame, each field's typed value, the checks
-# of the record's form (before the required fields) and of its values (after them).
-Decoded = tuple[DataFrame, dict[str, Column], list[Check], list[Check]]
 
 
 def json_struct(fields: list[FieldSpec]) -> StructType:
@@ -55,22 +50,6 @@ def json_struct(fields: list[FieldSpec]) -> StructType:
 def json_path(segments: tuple[str, ...]) -> str:
     """`$['user']['id']`: keys are validated (fields.PATH_SEGMENT_RE: no quotes or brackets)."""
     return "$" + "".join(f"['{key}']" for key in segments)
-
-
-def _at(parsed: Column, segments: tuple[str, ...]) -> Column:
-    col = parsed
-    for key in segments:
-        col = col.getField(key)
-    return col
-
-
-def _any_leaf(col: Column, typ: FieldType, test: Callable[[Column], Column]) -> Column:
-    """Does `test` hold for any scalar inside this value (the value itself for a scalar)?"""
-    if typ.element is None:
-        return test(col)
-    element = typ.element
-    values = col if typ.name == "array" else F.map_values(col)
-    return F.exists(values, lambda x: _any_leaf(x, element, test))
 
 
 def _epoch_millis_to_ts(col: Column) -> Column:
@@ -114,7 +93,9 @@ def _strict_json(text: Column) -> Column:
 def _duplicate_key(text: Column) -> Column:
     """The first key given twice at the top level of the record, else NULL."""
     keys = F.json_object_keys(text)
-    return F.try_element_at(F.filter(keys, lambda k: F.size(F.filter(keys, lambda other: other == k)) > 1), F.lit(1))
+    return F.try_element_at(
+        F.filter(keys, lambda k: F.size(F.filter(keys, lambda other: other == k)) > 1), F.lit(1)
+    )
 
 
 def _is_container(variant: Column) -> Column:
@@ -132,7 +113,7 @@ def _json_in_string(strict: Column, f: FieldSpec) -> Column:
     shape = variant_shape(f.type)
     if shape is None:
         return _is_container(F.try_variant_get(value, json_path(f.segments), "variant"))
-    return _any_leaf(F.try_variant_get(value, json_path(f.segments), shape), f.ftype, _is_container)
+    return any_leaf(F.try_variant_get(value, json_path(f.segments), shape), f.ftype, _is_container)
 
 
 def _snippet(col: Column) -> Column:
@@ -245,7 +226,7 @@ def _decode_json(batch: DataFrame, src: SourceSpec, oversized: Column) -> Decode
         "_strict", F.when(F.col("_p").isNotNull(), _strict_json(F.col("_text")))
     )
     parsed, strict = F.col("_p"), F.col("_strict")
-    raw = {f.name: _at(parsed, f.segments) for f in src.fields}
+    raw = {f.name: at_path(parsed, f.segments) for f in src.fields}
     typed = {f.name: _typed(raw[f.name], f.type) for f in src.fields}
 
     def json_text(segments: tuple[str, ...]) -> Column:
@@ -255,7 +236,7 @@ def _decode_json(batch: DataFrame, src: SourceSpec, oversized: Column) -> Decode
     objects = list(dict.fromkeys(f.segments[:depth] for f in src.fields for depth in range(1, len(f.segments))))
     not_an_object = [
         (
-            json_text(prefix).isNotNull() & _at(parsed, prefix).isNull(),
+            json_text(prefix).isNotNull() & at_path(parsed, prefix).isNull(),
             F.concat(
                 F.lit(f"field '{'.'.join(prefix)}' should be a JSON object (fields are read inside it), got "),
                 _snippet(json_text(prefix)),
@@ -284,7 +265,7 @@ def _decode_json(batch: DataFrame, src: SourceSpec, oversized: Column) -> Decode
     json_in_string = [
         (
             # Cheap test first (CASE stops at it for ordinary strings), then the record's strict parse.
-            _any_leaf(raw[f.name], f.ftype, lambda x: x.startswith("{") | x.startswith("["))
+            any_leaf(raw[f.name], f.ftype, lambda x: x.startswith("{") | x.startswith("["))
             & F.coalesce(_json_in_string(strict, f), F.lit(False)),
             f"field {f.label} should be {f.type}, got a JSON object or array"
             f"{' where a string belongs' if f.ftype.is_container else ''}; "
@@ -312,16 +293,3 @@ def _decode_json(batch: DataFrame, src: SourceSpec, oversized: Column) -> Decode
         (strict.isNull(), "not strict JSON: a key appears twice in a nested object, or text follows the object"),
     ]
     return df, typed, format_checks, [*unconvertible, *non_finite_checks(src, raw), *json_in_string]
-
-
-def non_finite_checks(src: SourceSpec, raw: dict[str, Column]) -> list[Check]:
-    """NaN/Infinity in a float or double field (or inside an array or map of them), unless allowed."""
-    return [
-        (
-            _any_leaf(raw[f.name], f.ftype, lambda x: F.isnan(x) | (F.abs(x) == F.lit(float("inf")))),
-            f"field {f.label} {'holds a number that is not finite' if f.ftype.is_container else 'is not a finite number'}"
-            " (NaN or Infinity); set allow_non_finite: true on the field to accept such values",
-        )
-        for f in src.fields
-        if f.ftype.leaf.name in FLOATING and not f.allow_non_finite
-    ]
