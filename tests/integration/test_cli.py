@@ -158,7 +158,7 @@ def test_bench_small_run_writes_results_and_page(tmp_path: Path) -> None:
         "--final-scale",
         "20000",
         "--steady-runs",
-        "3",
+        "2",
         "--format",
         "avro",
         "--partitions",
@@ -194,9 +194,9 @@ def test_bench_small_run_writes_results_and_page(tmp_path: Path) -> None:
     for name, result in scenarios.items():
         assert result["exact"] is True, (name, result)
     dedup = scenarios["riverhouse_dedup"]
-    # 3,000 orders + 10% duplicates read; three warm runs, the median one reported.
-    assert dedup["events"] == 3300 and len(dedup["steady_runs_seconds"]) == 3
-    assert round(dedup["steady"]["steady_seconds"], 3) == sorted(dedup["steady_runs_seconds"])[1]
+    # 3,000 orders + 10% duplicates read; two warm runs, the median one (the lower of an even count) reported.
+    assert dedup["events"] == 3300 and len(dedup["steady_runs_seconds"]) == 2
+    assert round(dedup["steady"]["steady_seconds"], 3) == sorted(dedup["steady_runs_seconds"])[0]
     assert dedup["events_per_s_excluding_startup"] > dedup["events_per_s"]
     # The CPU meter sees Spark's JVM (the Kafka source, the parse and the Delta writes run there since the
     # engine is Spark-native) and the driver, and the baseline's own process.
