@@ -110,6 +110,36 @@ def test_exact_rows_in_silver_quarantine_and_clickhouse(spark: Any, kafka: str, 
     assert clickhouse_rows(settings, spec) == sorted(EXPECTED_SILVER)
 
 
+def test_a_decimal_field_is_exact_in_silver_and_clickhouse(
+    spark: Any, kafka: str, topic: str, settings: Settings
+) -> None:
+    from decimal import Decimal
+
+    from riverhouse.platform.spec import parse_spec
+    from tests.conftest import orders_spec_data
+
+    data = orders_spec_data(topic, name="decimals")
+    data["sources"]["orders"]["fields"]["price"] = "decimal(12,3)"
+    spec = parse_spec(data)
+    prices = {"d1": "0.1", "d2": "123456789.125", "d3": "0.001"}  # not exact as doubles: 0.1 + 0.001 != 0.101
+    produce(kafka, topic, [
+        (k.encode(), json.dumps({"order_id": k, "user_id": "u", "amount": 1, "price": p,
+                                 "created_at": "2026-01-01T10:00:00Z"}).encode())
+        for k, p in prices.items()
+    ])  # fmt: skip
+    Pipeline(spec, settings, spark=spark, log=lambda m: None).run()
+    silver = open_table(TableLayout(settings.warehouse, spec.name).silver("orders")).to_pyarrow_dataset()
+    assert {r["order_id"]: r["price"] for r in silver.to_table(columns=["order_id", "price"]).to_pylist()} == {
+        k: Decimal(p) for k, p in prices.items()
+    }
+    with open_client(settings.clickhouse_dsn) as client:
+        table = qualified_table(spec)
+        column = client.query(f"SELECT type FROM system.columns WHERE name = 'price' AND table = '{spec.sink.table}'")
+        assert column.result_rows == [("Nullable(Decimal(12, 3))",)]
+        total = client.query(f"SELECT toString(sum(price)) FROM {table} WHERE order_id IN ('d1', 'd3')").result_rows
+    assert total == [("0.101",)]  # exact decimal arithmetic in ClickHouse
+
+
 def test_new_data_is_deduplicated_against_earlier_batches(
     spark: Any, kafka: str, topic: str, settings: Settings
 ) -> None:

@@ -76,6 +76,22 @@ def test_bad_records_are_rejected_with_reason(spark: Any, value: bytes | None, r
     assert row["_event_date"] is not None  # rejected rows stay partitioned (by Kafka time)
 
 
+def test_a_decimal_field_reads_exact_values_and_names_what_does_not_fit(spark: Any) -> None:
+    from decimal import Decimal
+
+    from riverhouse.platform.spec import parse_spec
+    from tests.conftest import orders_spec_data
+
+    data = orders_spec_data("orders")
+    data["sources"]["orders"]["fields"]["price"] = "decimal(10,2)"
+    src = parse_spec(data).sources["orders"]
+    values = [good(price=12.34), good(price="0.10"), good(price=123456789.5), good(price="lots")]
+    rows = [r.asDict() for r in parse_records(kafka_rows(spark, values), src).orderBy("_offset").collect()]
+    assert [r["price"] for r in rows[:2]] == [Decimal("12.34"), Decimal("0.10")]  # a number or its text
+    assert rows[2]["_reason"] == "field 'price' should be decimal(10,2), got 123456789.5"  # 9 digits before the point
+    assert rows[3]["_reason"] == "field 'price' should be decimal(10,2), got lots"
+
+
 def test_oversized_message_is_rejected_without_parsing(spark: Any) -> None:
     big = good(user_id="x" * 5000)
     [row] = parse(spark, [big], max_message_bytes=1000)

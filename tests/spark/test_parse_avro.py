@@ -70,7 +70,7 @@ def body(record: dict[str, Any]) -> bytes:
 def test_plain_avro_bodies_read_every_logical_type_and_nested_record(spark: Any) -> None:
     src = source(avro_schema=SCHEMA)
     assert [(f.name, f.type) for f in src.fields] == [
-        ("id", "string"), ("at", "timestamp"), ("day", "date"), ("price", "double"), ("ref", "string"),
+        ("id", "string"), ("at", "timestamp"), ("day", "date"), ("price", "decimal(10,2)"), ("ref", "string"),
         ("kind", "string"), ("score", "double"), ("tags", "array<string>"), ("card_brand", "string"),
     ]  # fmt: skip
     ok = {**RECORD, "score": 0.5}

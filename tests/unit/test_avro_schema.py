@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
+import yaml
 
 from riverhouse.platform.avro.schema import AvroSchemaError, fields_of, resolution_problem
 from riverhouse.platform.spec import parse_spec
@@ -35,7 +37,7 @@ def test_fields_of_maps_types_logical_types_nested_records_and_optional_values()
         {"name": "n", "type": "long"},
         {"name": "at", "type": "timestamp"},
         {"name": "day", "type": "date"},
-        {"name": "price", "type": "double"},
+        {"name": "price", "type": "decimal(10,2)"},
         {"name": "uid", "type": "string"},
         {"name": "kind", "type": "string"},
         {"name": "tags", "type": "array<string>"},
@@ -49,6 +51,7 @@ def test_fields_of_maps_types_logical_types_nested_records_and_optional_values()
     [
         (["null", "int", "string"], "union of several types"),
         ("bytes", "Avro type bytes"),
+        ({"type": "bytes", "logicalType": "decimal", "precision": 40, "scale": 2}, "precision 40"),
         ({"type": "fixed", "name": "F", "size": 4}, "Avro type fixed"),
     ],
 )
@@ -181,3 +184,19 @@ def test_registry_settings_on_a_json_source_are_refused() -> None:
     data["sources"]["s"]["format"] = "json"
     with pytest.raises(SpecError, match="schema_registry and avro_schema apply to format: avro"):
         parse_spec(data)
+
+
+def test_a_schema_file_beside_the_spec_gives_the_reader_schema(tmp_path: Any) -> None:
+    from riverhouse.platform.spec import load_spec
+
+    (tmp_path / "orders.avsc").write_text(json.dumps(V1))
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec_data(avro_schema_file="orders.avsc")))
+    spec = load_spec(tmp_path / "spec.yaml")  # relative to the spec's folder, whatever the cwd
+    assert [f.name for f in spec.sources["s"].fields] == ["id", "n"]
+    (tmp_path / "secrets.json").write_text('{"password": "hunter2"}')
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(spec_data(avro_schema_file="secrets.json")))
+    with pytest.raises(SpecError, match=r"must be an Avro schema file \(\.avsc\)") as refused:
+        load_spec(tmp_path / "bad.yaml")
+    assert "hunter2" not in str(refused.value)
+    with pytest.raises(SpecError, match="not both"):
+        parse_spec(spec_data(avro_schema=V1, avro_schema_file=str(tmp_path / "orders.avsc")))

@@ -13,6 +13,7 @@ from riverhouse.platform.sink.clickhouse import clickhouse_type, expected_column
 from riverhouse.platform.spec import SpecError, parse_spec
 from riverhouse.platform.state.tables import silver_schema
 from riverhouse.platform.types import SCALARS, SpecTypeError, arrow_type, canonical, parse_type, spark_type_names
+from riverhouse.platform.types import clickhouse_type as spec_clickhouse_type
 
 pytestmark = pytest.mark.unit
 
@@ -88,6 +89,10 @@ def test_fields_read_at_paths_and_referenced_by_name_or_path() -> None:
         (lambda d: d["sources"]["users"]["fields"].update(x="array<timestamp>"), "keep times inside containers"),
         (lambda d: d["sources"]["users"]["fields"].update(x="map<long,string>"), "expected 'string'"),
         (lambda d: d["sources"]["users"]["fields"].update(x="list<string>"), "unknown type 'list'"),
+        (lambda d: d["sources"]["users"]["fields"].update(x="decimal(39,2)"), "1 <= P <= 38 and 0 <= S <= P"),
+        (lambda d: d["sources"]["users"]["fields"].update(x="decimal(4,5)"), "1 <= P <= 38 and 0 <= S <= P"),
+        (lambda d: d["sources"]["users"]["fields"].update(x="decimal"), "write e.g. decimal(10,2)"),
+        (lambda d: d["sources"]["users"]["fields"].update(x="array<decimal(10,2)>"), "not decimals"),
         (lambda d: d["sources"]["users"]["fields"].update({"a-b.c": "string"}), "is not an identifier"),
         (lambda d: d["sources"]["users"]["fields"].update(x={"type": "array<long>", "min": 1}), "min/max apply"),
         (lambda d: d["join"]["on"].update(right=["attrs"]), "is map<string,long>: keys"),
@@ -120,8 +125,12 @@ def test_one_type_map_for_delta_clickhouse_and_the_checks() -> None:
         parse_type("array<array<array<array<array<long>>>>>")
     assert arrow_type("map<string,array<long>>") == pa.map_(pa.string(), pa.list_(pa.int64()))
     # The quality suite's Spark type for each type is the class Spark reads the Delta column as.
-    for typ in [*SCALARS, "array<long>", "map<string,array<string>>"]:
+    for typ in [*SCALARS, "decimal(10,2)", "array<long>", "map<string,array<string>>"]:
         assert type(from_arrow_type(arrow_type(typ))).__name__ in spark_type_names(typ)
+    # An exact decimal is one in every layer: Delta (Arrow), ClickHouse, the spec's own spelling.
+    assert canonical("DECIMAL( 18 , 4 )") == "decimal(18,4)"
+    assert arrow_type("decimal(18,4)") == pa.decimal128(18, 4)
+    assert spec_clickhouse_type("decimal(18,4)") == clickhouse_type(pa.decimal128(18, 4), "x") == "Decimal(18, 4)"
     spec = parse_spec({**SPEC, "join": None, "sink": {"source": "users", "table": "u", "order_by": ["user.id"]}})
     assert spec.sink.order_by == ["user_id"]
     silver = silver_schema(spec.sources["users"])

@@ -504,6 +504,11 @@ def load_spec(path: str | Path) -> PipelineSpec:
         data = load_yaml(text)
     except YamlProblem as exc:
         raise SpecError(str(path), [(exc.where, exc.message, exc.hint)]) from None
+    sources = data.get("sources") if isinstance(data, dict) else None
+    for source in sources.values() if isinstance(sources, dict) else ():
+        # An Avro schema file is the spec's neighbour: relative to the spec's folder, not the cwd.
+        if isinstance(source, dict) and isinstance(file := source.get("avro_schema_file"), str):
+            source["avro_schema_file"] = str(path.parent / file)
     spec = parse_spec(data, str(path))
     spec._file = str(path.resolve())
     return spec

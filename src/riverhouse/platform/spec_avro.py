@@ -7,6 +7,7 @@ Part of the spec model (spec.SourceSpec uses it); its own module for size.
   registry. The reader schema (the columns) is `avro_schema` when given, else the subject's
   latest version when the spec is loaded.
 - `avro_schema` alone: records are plain Avro bodies, all written with that schema.
+  `avro_schema_file: orders.avsc` reads it from a file (relative to the spec's folder).
 - `fields` may be left out: every leaf of the reader schema becomes a field (nested records as
   dotted paths); `riverhouse validate` prints them.
 """
@@ -91,6 +92,10 @@ def avro_source(data: Any) -> Any:
     from riverhouse.platform.avro.schema import AvroSchemaError, fields_of, parse
 
     data = dict(data)
+    if (path := data.pop("avro_schema_file", None)) is not None:
+        if data.get("avro_schema") is not None:
+            raise ValueError("give avro_schema or avro_schema_file, not both")
+        data["avro_schema"] = _schema_file(path)
     schema = data.get("avro_schema")
     registry = data.get("schema_registry")
     try:
@@ -112,6 +117,29 @@ def avro_source(data: Any) -> Any:
         except AvroSchemaError as exc:
             raise ValueError(f"{exc}; list the fields to read in `fields`") from None
     return data
+
+
+MAX_SCHEMA_FILE_BYTES = 1_000_000
+
+
+def _schema_file(path: Any) -> str:
+    """An `.avsc` file's text (relative paths are the spec file's: spec.load_spec resolves them).
+
+    Only `.avsc`: a spec is untrusted input, and a schema's parse error may quote the file.
+    """
+    from pathlib import Path
+
+    from riverhouse.platform.spec_base import NotUtf8Error, read_utf8
+
+    file = Path(str(path))
+    if file.suffix != ".avsc":
+        raise ValueError(f"avro_schema_file {str(path)[:120]!r} must be an Avro schema file (.avsc)")
+    try:
+        if file.stat().st_size > MAX_SCHEMA_FILE_BYTES:
+            raise ValueError(f"avro_schema_file {file} is larger than {MAX_SCHEMA_FILE_BYTES:,} bytes")
+        return read_utf8(file)
+    except (OSError, NotUtf8Error) as exc:
+        raise ValueError(f"cannot read avro_schema_file {file}: {getattr(exc, 'strerror', None) or exc}") from None
 
 
 def check_fields_in_schema(fields: list[Any], schema_text: str) -> None:

@@ -1,8 +1,9 @@
 """Field types: the one map from a spec type to what it is in Spark, Delta (Arrow), ClickHouse and the checks.
 
 A spec type is a scalar (`string`, `int`, `long`, `float`, `double`, `boolean`, `timestamp`,
-`date`) or a container of them: `array<T>` (a JSON array) and `map<string,T>` (a JSON
-object with any keys), where T is a scalar other than `timestamp`/`date`, or again a
+`date`, the exact `decimal(P,S)`) or a container of them: `array<T>` (a JSON array) and
+`map<string,T>` (a JSON object with any keys), where T is a scalar other than
+`timestamp`/`date`/`decimal`, or again a
 container (`array<map<string,string>>`). Times inside containers stay text: Spark would
 read a number there as epoch seconds, while the top-level rule reads epoch milliseconds.
 
@@ -59,10 +60,11 @@ SPARK_TYPE_NAMES: dict[str, str] = {
     "date": "DateType",
 }
 TYPE_HELP = (
-    "string, int, long, float, double, boolean, timestamp, date, array<T> or map<string,T> "
+    "string, int, long, float, double, boolean, timestamp, date, decimal(P,S), array<T> or map<string,T> "
     "(T: string, int, long, float, double, boolean, or an array/map of them)"
 )
-_TOKEN_RE = re.compile(r"\s*([A-Za-z]+|<|>|,)")
+_TOKEN_RE = re.compile(r"\s*([A-Za-z]+|[0-9]+|<|>|,|\(|\))")
+MAX_DECIMAL_PRECISION = 38  # Spark's DecimalType and ClickHouse's Decimal128
 
 
 class SpecTypeError(ValueError):
@@ -75,6 +77,9 @@ class FieldType:
 
     name: str
     element: FieldType | None = None
+    # decimal(P,S): an exact number of P digits, S of them after the point (Spark, Arrow, ClickHouse alike).
+    precision: int = 0
+    scale: int = 0
 
     @property
     def is_container(self) -> bool:
@@ -90,6 +95,8 @@ class FieldType:
             return f"array<{self.element}>"
         if self.name == "map":
             return f"map<string,{self.element}>"
+        if self.name == "decimal":
+            return f"decimal({self.precision},{self.scale})"
         return self.name
 
 
@@ -103,11 +110,18 @@ def parse_type(text: str) -> FieldType:
         raise SpecTypeError(f"type {text!r} is not a type: use {TYPE_HELP}")
     pos = 0
 
-    def expect(token: str) -> None:
+    def expect(token: str, example: str = "array<string> or map<string,long>") -> None:
         nonlocal pos
         if pos >= len(tokens) or tokens[pos] != token:
-            raise SpecTypeError(f"type {text!r}: expected {token!r}; write e.g. array<string> or map<string,long>")
+            raise SpecTypeError(f"type {text!r}: expected {token!r}; write e.g. {example}")
         pos += 1
+
+    def number() -> int:
+        nonlocal pos
+        if pos >= len(tokens) or not tokens[pos].isdigit() or len(tokens[pos]) > 3:
+            raise SpecTypeError(f"type {text!r}: write decimal(P,S) with whole numbers, e.g. decimal(10,2)")
+        pos += 1
+        return int(tokens[pos - 1])
 
     def parse(depth: int, inside: bool) -> FieldType:
         nonlocal pos
@@ -127,6 +141,19 @@ def parse_type(text: str) -> FieldType:
             element = parse(depth + 1, True)
             expect(">")
             typ = FieldType("map", element)
+        elif name == "decimal":
+            if inside:
+                raise SpecTypeError(f"type {text!r}: arrays and maps hold {', '.join(ELEMENT_SCALARS)}, not decimals")
+            expect("(", "decimal(10,2)")
+            precision = number()
+            expect(",", "decimal(10,2)")
+            scale = number()
+            expect(")", "decimal(10,2)")
+            if not 1 <= precision <= MAX_DECIMAL_PRECISION or not 0 <= scale <= precision:
+                raise SpecTypeError(
+                    f"type {text!r}: decimal(P,S) needs 1 <= P <= {MAX_DECIMAL_PRECISION} and 0 <= S <= P"
+                )
+            typ = FieldType("decimal", precision=precision, scale=scale)
         elif name in SCALARS:
             if inside and name not in ELEMENT_SCALARS:
                 raise SpecTypeError(
@@ -179,7 +206,7 @@ def spark_read_type(typ: str) -> Any:
             "boolean": T.BooleanType(),
             "timestamp": T.StringType(),
             "date": T.StringType(),
-        }[t.name]
+        }.get(t.name) or T.DecimalType(t.precision, t.scale)
 
     return convert(parse_type(typ))
 
@@ -210,6 +237,8 @@ def arrow_type(typ: str) -> pa.DataType:
             return pa.list_(convert(t.element))  # type: ignore[arg-type]
         if t.name == "map":
             return pa.map_(pa.string(), convert(t.element))  # type: ignore[arg-type]
+        if t.name == "decimal":
+            return pa.decimal128(t.precision, t.scale)
         return ARROW_SCALARS[t.name]
 
     return convert(parse_type(typ))
@@ -232,6 +261,8 @@ def clickhouse_type(typ: str) -> str:
             return f"Array({inner(t.element)})"  # type: ignore[arg-type]
         if t.name == "map":
             return f"Map(String, {inner(t.element)})"  # type: ignore[arg-type]
+        if t.name == "decimal":
+            return f"Decimal({t.precision}, {t.scale})"
         return CLICKHOUSE_SCALARS[t.name]
 
     return convert(parse_type(typ))
@@ -285,4 +316,4 @@ def spark_type_names(typ: str) -> list[str]:
     t = parse_type(typ)
     if t.is_container:
         return ["ArrayType"] if t.name == "array" else ["MapType"]
-    return [SPARK_TYPE_NAMES[t.name]]
+    return ["DecimalType"] if t.name == "decimal" else [SPARK_TYPE_NAMES[t.name]]

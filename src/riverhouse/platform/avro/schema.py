@@ -13,9 +13,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from riverhouse.platform.types import MAX_DECIMAL_PRECISION
+
 PRIMITIVES = ("null", "boolean", "int", "long", "float", "double", "bytes", "string")
-# Avro type (or logical type) -> spec type (types.py). A decimal becomes a double: the spec's
-# types have no exact decimal yet (docs/pipeline-spec.md says so).
+# Avro type (or logical type) -> spec type (types.py); a decimal keeps its precision and scale.
 _SCALAR_TYPES = {
     "boolean": "boolean",
     "int": "int",
@@ -32,7 +33,6 @@ _LOGICAL_TYPES = {
     "local-timestamp-micros": "timestamp",
     "date": "date",
     "uuid": "string",
-    "decimal": "double",
 }
 # Writer type -> reader types it is promoted to (Avro specification, "Schema Resolution").
 _PROMOTIONS = {
@@ -93,6 +93,14 @@ def _spec_type(typ: Any, names: dict[str, Any], label: str, depth: int = 0) -> s
     if isinstance(typ, list):
         raise AvroSchemaError(f"field '{label}' is a union of several types: only [\"null\", T] is supported")
     kind, logical = typ.get("type"), typ.get("logicalType")
+    if logical == "decimal" and depth == 0:
+        precision, scale = int(typ.get("precision", 0)), int(typ.get("scale", 0))
+        if not 1 <= precision <= MAX_DECIMAL_PRECISION:
+            raise AvroSchemaError(
+                f"field '{label}' is a decimal of precision {precision}: Spark and ClickHouse hold at most "
+                f"{MAX_DECIMAL_PRECISION} digits"
+            )
+        return f"decimal({precision},{scale})"
     if logical in _LOGICAL_TYPES and depth == 0:
         return _LOGICAL_TYPES[logical]
     if kind == "enum":

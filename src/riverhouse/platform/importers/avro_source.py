@@ -64,6 +64,9 @@ def reader_schema(fields: dict[str, Any]) -> dict[str, Any]:
 
 
 def _avro_type(typ: str) -> Any:
+    if typ.startswith("decimal("):
+        precision, scale = (int(n) for n in typ[8:-1].split(","))
+        return {"type": "bytes", "logicalType": "decimal", "precision": precision, "scale": scale}
     if typ.startswith("array<"):
         return {"type": "array", "items": _avro_type(typ[6:-1])}
     if typ.startswith("map<string,"):

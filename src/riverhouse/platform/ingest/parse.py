@@ -93,9 +93,7 @@ def _strict_json(text: Column) -> Column:
 def _duplicate_key(text: Column) -> Column:
     """The first key given twice at the top level of the record, else NULL."""
     keys = F.json_object_keys(text)
-    return F.try_element_at(
-        F.filter(keys, lambda k: F.size(F.filter(keys, lambda other: other == k)) > 1), F.lit(1)
-    )
+    return F.try_element_at(F.filter(keys, lambda k: F.size(F.filter(keys, lambda other: other == k)) > 1), F.lit(1))
 
 
 def _is_container(variant: Column) -> Column:
