@@ -88,7 +88,8 @@ def test_a_decimal_field_reads_exact_values_and_names_what_does_not_fit(spark: A
     values = [good(price=12.34), good(price="0.10"), good(price=123456789.5), good(price="lots")]
     rows = [r.asDict() for r in parse_records(kafka_rows(spark, values), src).orderBy("_offset").collect()]
     assert [r["price"] for r in rows[:2]] == [Decimal("12.34"), Decimal("0.10")]  # a number or its text
-    assert rows[2]["_reason"] == "field 'price' should be decimal(10,2), got 123456789.5"  # 9 digits before the point
+    # 9 digits before the point do not fit (Spark's JSON path prints the number as 1.234567895E8).
+    assert rows[2]["_reason"].startswith("field 'price' should be decimal(10,2), got 1.23456789")
     assert rows[3]["_reason"] == "field 'price' should be decimal(10,2), got lots"
 
 
