@@ -200,3 +200,20 @@ def test_a_schema_file_beside_the_spec_gives_the_reader_schema(tmp_path: Any) ->
     assert "hunter2" not in str(refused.value)
     with pytest.raises(SpecError, match="not both"):
         parse_spec(spec_data(avro_schema=V1, avro_schema_file=str(tmp_path / "orders.avsc")))
+
+
+def test_validate_prints_an_avro_sources_resolved_fields(tmp_path: Any) -> None:
+    from typer.testing import CliRunner
+
+    from riverhouse.cli import app
+
+    (tmp_path / "orders.avsc").write_text(
+        json.dumps(record(*V1["fields"], {"name": "u", "type": record({"name": "id", "type": "long"}, name="U")}))
+    )
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(spec_data(avro_schema_file="orders.avsc")))
+    shown = CliRunner().invoke(app, ["validate", str(spec)])
+    assert shown.exit_code == 0, shown.output
+    assert "s: Avro (avro_schema), fields id string, n int, u_id long" in shown.output
+    report = json.loads(CliRunner().invoke(app, ["validate", "--json", str(spec)]).output)
+    assert report["files"][0]["avro_fields"]["s"][2] == {"name": "u_id", "type": "long", "path": "u.id"}
