@@ -217,3 +217,42 @@ def test_validate_prints_an_avro_sources_resolved_fields(tmp_path: Any) -> None:
     assert "s: Avro (avro_schema), fields id string, n int, u_id long" in shown.output
     report = json.loads(CliRunner().invoke(app, ["validate", "--json", str(spec)]).output)
     assert report["files"][0]["avro_fields"]["s"][2] == {"name": "u_id", "type": "long", "path": "u.id"}
+
+
+def test_registry_credentials_are_sent_only_when_they_are_the_pipelines_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loading a spec fetches the reader schema from its registry: with another pipeline's secret
+    in `auth`, nothing is sent (a spec must not make `validate` post a secret to a URL it chose)."""
+    import base64
+    import http.server
+    import threading
+
+    seen: list[str | None] = []
+
+    class Registry(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.headers.get("Authorization"))
+            body = json.dumps({"id": 1, "schema": json.dumps(V1)}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/vnd.schemaregistry.v1+json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Registry)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    monkeypatch.setenv("RIVERHOUSE_SECRET_OTHER__PW", "not-yours")
+    monkeypatch.setenv("RIVERHOUSE_SECRET_AV__PW", "yours")
+    try:
+        other = {"url": url, "auth": {"username": "svc", "password": "${env:RIVERHOUSE_SECRET_OTHER__PW}"}}
+        with pytest.raises(SpecError, match="RIVERHOUSE_SECRET_OTHER__PW"):
+            parse_spec(spec_data(schema_registry=other))
+        assert seen == []  # refused before any request
+        own = {"url": url, "auth": {"username": "svc", "password": "${env:RIVERHOUSE_SECRET_AV__PW}"}}
+        spec = parse_spec(spec_data(schema_registry=own))
+        assert [f.name for f in spec.sources["s"].fields] == ["id", "n"]
+        assert seen == ["Basic " + base64.b64encode(b"svc:yours").decode()]
+    finally:
+        server.shutdown()

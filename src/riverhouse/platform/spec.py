@@ -32,7 +32,12 @@ from riverhouse.platform.fields import (
     resolve_pipeline_refs,
     resolve_source_refs,
 )
-from riverhouse.platform.spec_avro import SchemaRegistrySpec, avro_source, check_fields_in_schema
+from riverhouse.platform.spec_avro import (
+    SchemaRegistrySpec,
+    avro_source,
+    check_fields_in_schema,
+    registry_reader_schemas,
+)
 from riverhouse.platform.spec_base import (
     IDENTIFIER_RE,
     SYSTEM_COLUMN_PREFIX,
@@ -289,7 +294,7 @@ class PipelineSpec(PipelineSinks, StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _references_by_path(cls, data: Any) -> Any:
-        return resolve_pipeline_refs(data)
+        return resolve_pipeline_refs(registry_reader_schemas(data))
 
     @field_validator("owners")
     @classmethod

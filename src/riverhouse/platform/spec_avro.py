@@ -83,12 +83,52 @@ class SchemaRegistrySpec(StrictModel):
         ]
 
 
+def registry_reader_schemas(data: Any) -> Any:
+    """A pipeline's raw settings with each registry source's reader schema (`avro_schema`) fetched:
+    the subject's latest version, when the spec gives none.
+
+    Here, where the pipeline's name is known, and not per source: the registry's credentials are
+    sent only when they are this pipeline's own (`envrefs.scope_problems`), so a spec cannot make
+    `riverhouse validate` send another pipeline's secret to a URL of its choosing.
+    """
+    sources = data.get("sources") if isinstance(data, dict) else None
+    if not isinstance(sources, dict):
+        return data
+    name = data.get("name") if isinstance(data.get("name"), str) else ""
+    fetched = {}
+    for key, src in sources.items():
+        wanted = isinstance(src, dict) and src.get("format") == "avro" and isinstance(src.get("schema_registry"), dict)
+        if wanted and src.get("avro_schema") is None and src.get("avro_schema_file") is None:
+            fetched[key] = {**src, "avro_schema": _latest_schema(str(key), src, name)}
+    return {**data, "sources": {**sources, **fetched}} if fetched else data
+
+
+def _latest_schema(key: str, src: dict[str, Any], pipeline: str) -> str:
+    from pydantic import ValidationError
+
+    from riverhouse.platform.avro.registry import RegistryError
+    from riverhouse.platform.envrefs import scope_problems
+
+    try:
+        registry = SchemaRegistrySpec.model_validate(src["schema_registry"])
+    except ValidationError as exc:
+        raise ValueError(f"sources.{key}.schema_registry: {exc.errors()[0]['msg']}") from None
+    for where, value in registry.references():
+        if problems := scope_problems(value, pipeline):
+            raise ValueError(f"sources.{key}.{where}: {'; '.join(problems)}")
+    subject = registry.subject or f"{src.get('topic')}-value"
+    try:
+        return str(registry.client().latest(subject)[1])
+    except RegistryError as exc:
+        raise ValueError(f"sources.{key}: {exc}") from None
+
+
 def avro_source(data: Any) -> Any:
-    """A source's raw settings with `avro_schema` as JSON text (the reader schema, fetched from the
-    registry when not given) and `fields` derived from it when left out."""
+    """A source's raw settings with `avro_schema` as JSON text (the reader schema: the spec's, its
+    file's, or the registry's latest, fetched by `registry_reader_schemas`) and `fields` derived
+    from it when left out."""
     if not isinstance(data, dict) or data.get("format") != "avro":
         return data
-    from riverhouse.platform.avro.registry import RegistryError
     from riverhouse.platform.avro.schema import AvroSchemaError, fields_of, parse
 
     data = dict(data)
@@ -97,18 +137,11 @@ def avro_source(data: Any) -> Any:
             raise ValueError("give avro_schema or avro_schema_file, not both")
         data["avro_schema"] = _schema_file(path)
     schema = data.get("avro_schema")
-    registry = data.get("schema_registry")
+    if schema is None:  # a pipeline's registry sources got it from the registry (registry_reader_schemas)
+        raise ValueError("format avro needs schema_registry (records in the Confluent wire format) or avro_schema")
     try:
-        if schema is None:
-            if not isinstance(registry, dict):
-                raise ValueError(
-                    "format avro needs schema_registry (records in the Confluent wire format) or avro_schema"
-                )
-            spec = SchemaRegistrySpec.model_validate(registry)
-            subject = spec.subject or f"{data.get('topic')}-value"
-            _, schema = spec.client().latest(subject)
         parsed = parse(schema)
-    except (AvroSchemaError, RegistryError) as exc:
+    except AvroSchemaError as exc:
         raise ValueError(str(exc)) from None
     data["avro_schema"] = json.dumps(parsed, separators=(",", ":"))
     if "fields" not in data:
