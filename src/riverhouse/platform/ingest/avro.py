@@ -36,16 +36,18 @@ class WriterSchemas:
     where: str = ""  # "subject S at URL", for messages
 
     @classmethod
-    def fetch(cls, src: SourceSpec, registry: Any) -> WriterSchemas:
-        """Every version of the source's subject (`registry`: avro.registry.Registry, which caches)."""
+    def fetch(cls, src: SourceSpec, registry: Any, must_answer: bool = False) -> WriterSchemas:
+        """Every version of the source's subject (`registry`: avro.registry.Registry, which caches);
+        the cached ones when the registry cannot be reached, unless it `must_answer` (a backfill)."""
         from riverhouse.platform.avro.registry import RegistryUnreachable
 
-        assert src.schema_registry is not None
         subject = subject_of(src)
         where = f"subject {subject!r} at {registry.url}"
         try:
             return cls(registry.refresh(subject), True, where)
         except RegistryUnreachable:
+            if must_answer:
+                raise
             return cls(dict(registry.cache), False, where)
 
 

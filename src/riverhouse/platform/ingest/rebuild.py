@@ -136,12 +136,9 @@ def parse_bronze(spec: PipelineSpec, source: str, bronze: Any) -> Any:
     )
     writers = None
     if src.schema_registry is not None:  # every version the registry has (it must answer)
-        from riverhouse.platform.ingest.avro import WriterSchemas, subject_of
+        from riverhouse.platform.ingest.avro import WriterSchemas
 
-        registry = src.schema_registry.client()
-        writers = WriterSchemas(
-            registry.refresh(subject_of(src)), True, f"subject {subject_of(src)!r} at {registry.url}"
-        )
+        writers = WriterSchemas.fetch(src, src.schema_registry.client(), must_answer=True)
     parsed = parse_records(kafka_rows, src, writers).where(F.col("_status") == "ok")
     # A record a replayed stream appended twice counts from its first arrival.
     first_batch = bronze.groupBy(*KAFKA_IDENTITY).agg(F.min("_batch_id").alias("_batch_id"))
