@@ -172,6 +172,15 @@ def test_allowed_settings_reach_their_clients_and_never_replace_the_servers() ->
     assert "kafka.linger.ms" not in java and java["kafka.bootstrap.servers"] == "broker.internal:9092"
 
 
+def test_executor_fetches_wait_briefly_unless_the_spec_says_otherwise() -> None:
+    """Spark's tasks read ranges Kafka already holds; the Java default (500 ms) made each task wait
+    once after its range, 2 s of a small batch (bench/analysis.md). A spec's own value wins."""
+    data = base()
+    assert connector_options(parse_spec(data).kafka, "b:9092", ["orders"])["kafka.fetch.max.wait.ms"] == "10"
+    data["kafka"]["config"] = {"fetch.max.wait.ms": 250}
+    assert connector_options(parse_spec(data).kafka, "b:9092", ["orders"])["kafka.fetch.max.wait.ms"] == "250"
+
+
 # ----------------------------------------------------------------- item 3: secrets are bound to pipelines
 def sasl(password: str, username: str = "svc") -> dict[str, str]:
     return {"protocol": "SASL_SSL", "mechanism": "PLAIN", "username": username, "password": password}

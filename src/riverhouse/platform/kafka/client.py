@@ -113,10 +113,20 @@ def librdkafka_config(kafka: Any, bootstrap: str) -> dict[str, Any]:
     return config
 
 
+# Milliseconds the broker may hold an executor's fetch when no new record is there (see below).
+FETCH_MAX_WAIT_MS = 10
+
+
 def connector_options(kafka: Any, bootstrap: str, topics: list[str]) -> dict[str, str]:
     """Options for `spark.readStream.format("kafka")` from a spec's `kafka:` section."""
     options = {
-        # The spec's allowed settings for the Java client first: Riverhouse's own below win.
+        # The broker holds a fetch that finds no new record for up to fetch.max.wait.ms (Java
+        # default 500): each Spark task of a batch paid that once after reading its range, 2 s
+        # of a 7,000-record batch over 8 partitions on 2 cores (bench/analysis.md). Executors only
+        # fetch ranges the driver has already seen in Kafka, so a short wait costs no idle
+        # polling. The spec's `kafka.config` may set another value.
+        "kafka.fetch.max.wait.ms": str(FETCH_MAX_WAIT_MS),
+        # The spec's allowed settings for the Java client next: Riverhouse's own below win.
         **{f"kafka.{k}": java_value(v) for k, v in for_client(kafka.resolved_config(), JAVA).items()},
         "kafka.bootstrap.servers": bootstrap,
         "subscribe": ",".join(topics),
