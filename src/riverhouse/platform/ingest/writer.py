@@ -161,7 +161,8 @@ class BatchWriter:
         self.faults.hit("after_bronze_commit")
         if not metrics.read:
             return
-        rejected = rows.where(F.col("_status") == "rejected").select(*self.quarantine_columns)
+        # Rejected records are few: one task and one file per day, not one per Kafka partition.
+        rejected = rows.where(F.col("_status") == "rejected").select(*self.quarantine_columns).coalesce(1)
         quarantine = self._quarantine(rejected, batch_id, stage) if metrics.quarantined else None
         try:
             if metrics.valid:
