@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from riverhouse.platform.spec import PipelineSpec
-from riverhouse.platform.state.delta_log import DeltaLog
+from riverhouse.platform.state.delta_log import DeltaLog, files_overlapping
 from riverhouse.platform.state.settings import Settings
 from riverhouse.platform.state.tables import open_table
 
@@ -40,23 +40,33 @@ def duplicate_keys_within_window(
     """Rows whose key equals the previous row's (by `time_column`) within `window`, as a Spark job.
 
     Only rows that a duplicate of the checked `spans` (what the step wrote: a stream run's
-    files, a rebuild's window) can be are read: the spans widened by `window`, pruned by the
-    date partitions first. Returns (number of offending rows, a sample of at most `limit`);
-    only the count and the sample reach the driver. `emitted_only`: gold tables, rows that reach
+    files, a rebuild's window) can be are read: the spans widened by `window`. The files are
+    chosen from the Delta log (`delta_log.files_overlapping`: date partitions, then the time
+    column's statistics) and read by Spark as Parquet, as the ingest's silver lookup does: a
+    Delta read rebuilds the table's snapshot first ("Filtering files for query", a Spark job of
+    0.4-1.3 s per check). Returns (number of offending rows, a sample of at most `limit`); only
+    the count and the sample reach the driver. `emitted_only`: gold tables, rows that reach
     ClickHouse.
     """
     from pyspark.sql import Window as SparkWindow
     from pyspark.sql import functions as F
+    from pyspark.sql.types import StructType
 
     ranges = checked_ranges(spans, window)
-    if not ranges or not DeltaLog(path).exists():
+    log = DeltaLog(path)
+    if not ranges or not log.exists():
+        return 0, []
+    files = sorted({f for lo, hi in ranges for f in files_overlapping(path, time_column, lo, hi, date_column)})
+    if not files:
         return 0, []
     t = F.col(time_column)
     bound = None
     for lo, hi in ranges:
-        one = F.col(date_column).between(F.lit(lo.date()), F.lit(hi.date())) & t.between(F.lit(lo), F.lit(hi))
+        one = t.between(F.lit(lo), F.lit(hi))  # the files were chosen by day; the partition column is not in them
         bound = one if bound is None else bound | one
-    rows = spark.read.format("delta").load(path).where(bound)
+    wanted = [*key, time_column, *(["_status"] if emitted_only else [])]
+    schema = log.schema()
+    rows = spark.read.schema(StructType([schema[c] for c in wanted])).parquet(*files).where(bound)
     if emitted_only:
         rows = rows.where(F.col("_status") == F.lit("emitted"))
     previous = F.lag(t).over(SparkWindow.partitionBy(*[F.col(k) for k in key]).orderBy(t))
