@@ -136,8 +136,8 @@ def spark_schema(schema: pa.Schema) -> Any:
 # which costs every write); silver compacts its small per-batch files itself (auto compaction
 # writes with dataChange=false, so the change feed and the loader never see those rows again).
 # A Delta checkpoint (every 10 commits by default) is a Spark job inside the batch that tips it:
-# one batch in ten took seconds longer (every kind of table: quarantine's tipped a small batch
-# from ~2 s to 5.8 s). Riverhouse's own reads of the log start from the newest
+# one batch in ten took seconds longer (every kind of table: quarantine's took a small batch
+# to 7.6 s where the others took 3-4 s). Riverhouse's own reads of the log start from the newest
 # version they know, so a longer interval costs them nothing.
 CHECKPOINT_INTERVAL = {"delta.checkpointInterval": "100"}
 BRONZE_PROPERTIES = {"delta.dataSkippingStatsColumns": "_event_time", **CHECKPOINT_INTERVAL}
