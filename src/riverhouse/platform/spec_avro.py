@@ -74,6 +74,11 @@ class SchemaRegistrySpec(StrictModel):
             password = resolve_env_refs(self.auth.password, "schema_registry.auth.password")
         return Registry(self.url, username, password, dict(cache or {}))
 
+    def subject_for(self, topic: str) -> str:
+        """The subject a source's schemas are under: the spec's, or `<topic>-value` (the
+        TopicNameStrategy of Confluent's serializers)."""
+        return self.subject or f"{topic}-value"
+
     def references(self) -> list[tuple[str, str]]:
         if self.auth is None:
             return []
@@ -116,9 +121,8 @@ def _latest_schema(key: str, src: dict[str, Any], pipeline: str) -> str:
     for where, value in registry.references():
         if problems := scope_problems(value, pipeline):
             raise ValueError(f"sources.{key}.{where}: {'; '.join(problems)}")
-    subject = registry.subject or f"{src.get('topic')}-value"
     try:
-        return str(registry.client().latest(subject)[1])
+        return str(registry.client().latest(registry.subject_for(str(src.get("topic"))))[1])
     except RegistryError as exc:
         raise ValueError(f"sources.{key}: {exc}") from None
 

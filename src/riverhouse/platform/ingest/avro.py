@@ -53,7 +53,7 @@ class WriterSchemas:
 
 def subject_of(src: SourceSpec) -> str:
     assert src.schema_registry is not None
-    return src.schema_registry.subject or f"{src.topic}-value"
+    return src.schema_registry.subject_for(src.topic)
 
 
 def decode_avro(batch: DataFrame, src: SourceSpec, oversized: Column, writers: WriterSchemas | None) -> Decoded:
