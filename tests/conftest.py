@@ -41,6 +41,22 @@ ENGINE_DIR: list[Path] = []  # the shared engine's state folder (settings file, 
 SHARED_ENGINE_MEMORY = "3g"
 
 
+# The JVMs a single test starts (its own engine, broker, registry, Spark cluster, in-process
+# Spark, the CLI's subprocesses) compile with HotSpot's C1 only: they live for seconds to a
+# couple of minutes on kilobytes of data, and C2's optimizing compiler never earns back its
+# cost there (an engine's start and four 3,000-record runs: 109 CPU seconds with C2, 80 with C1
+# only; bench/analysis.md). The shared engine serves the whole run and keeps C2: with C1 only
+# it used 60% more CPU over a full run. Only how fast compiled code runs changes; the benchmarks
+# (bench/) keep the JVM's defaults. A JAVA_TOOL_OPTIONS of the caller's is kept.
+TEST_JIT = "-XX:TieredStopAtLevel=1"
+
+
+def _short_lived_jvms_use_c1() -> None:
+    current = os.environ.get("JAVA_TOOL_OPTIONS", "")
+    if "TieredStopAtLevel" not in current:
+        os.environ["JAVA_TOOL_OPTIONS"] = f"{current} {TEST_JIT}".strip()
+
+
 def _xdist_worker() -> bool:
     return bool(os.environ.get("PYTEST_XDIST_WORKER"))
 
@@ -82,6 +98,7 @@ def test_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str | None
     state_dir.mkdir(parents=True, exist_ok=True)
     with _locked(state_dir.parent / "shared-engine.lock"):
         url = engine.start(state_dir, memory=SHARED_ENGINE_MEMORY).url
+    _short_lived_jvms_use_c1()  # every JVM started from here on (not the shared engine above)
     ENGINE_DIR.append(state_dir)
     previous = os.environ.get(REMOTE_ENV)
     os.environ[REMOTE_ENV] = url

@@ -209,7 +209,11 @@ def check_java() -> str:
             "(Debian/Ubuntu: `apt-get install openjdk-17-jre-headless`) or set JAVA_HOME."
         )
     out = subprocess.run([java, "-version"], capture_output=True, text=True, check=False)
-    line = (out.stderr or out.stdout).splitlines()[0] if (out.stderr or out.stdout) else ""
+    # The JVM announces JAVA_TOOL_OPTIONS / JDK_JAVA_OPTIONS first ("Picked up ..."): not the version.
+    lines = [
+        ln for ln in (out.stderr or out.stdout).splitlines() if not ln.startswith(("Picked up", "NOTE: Picked up"))
+    ]
+    line = lines[0] if lines else ""
     try:
         major = int(line.split('"')[1].split(".")[0])
     except (IndexError, ValueError):
