@@ -40,6 +40,11 @@ SESSION_DEFAULTS: dict[str, str] = {
     # count instead compacts (the table's small files) once some partition gathered minNumFiles
     # (50) small files in this JVM's count.
     "spark.databricks.delta.autoCompact.modifiedPartitionsOnly.enabled": "false",
+    # The cache a micro-batch is read from by its writes (ingest/writer.py) holds one batch, which
+    # max_offsets_per_trigger bounds, for a second or two: compressing its columns cost 5.0 CPU
+    # microseconds per record, storing them as they are 1.6 (bench/analysis.md), for 2-3x the
+    # memory of a batch (MEMORY_AND_DISK spills what does not fit).
+    "spark.sql.inMemoryColumnarStorage.compressed": "false",
 }
 # Small-machine defaults, in local mode only: a cluster keeps its own (spark-defaults.conf,
 # spark-submit's flags, RIVERHOUSE_SPARK_CONF).
