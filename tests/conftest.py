@@ -46,7 +46,7 @@ SHARED_ENGINE_MEMORY = "3g"
 # couple of minutes on kilobytes of data, and C2's optimizing compiler never earns back its
 # cost there (an engine's start and four 3,000-record runs: 109 CPU seconds with C2, 80 with C1
 # only; bench/analysis.md). The shared engine serves the whole run and keeps C2: with C1 only
-# it used 60% more CPU over a full run. Only how fast compiled code runs changes; the benchmarks
+# it used twice the CPU over a full run. Only how fast compiled code runs changes; the benchmarks
 # (bench/) keep the JVM's defaults. A JAVA_TOOL_OPTIONS of the caller's is kept.
 TEST_JIT = "-XX:TieredStopAtLevel=1"
 
