@@ -28,6 +28,7 @@ from riverhouse.platform.errors import PipelineError
 from riverhouse.platform.gold.joins import GoldResult, gold_path, run_gold
 from riverhouse.platform.gold.rebuild import rebuild_gold
 from riverhouse.platform.ingest.rebuild import rebuild_silver
+from riverhouse.platform.ingest.resident import RESIDENT_FILE, applies, ingest_resident, stop_resident
 from riverhouse.platform.ingest.stream import IngestResult, ingest_sources, prepare_stream, start_queries
 from riverhouse.platform.ingest.writer import BatchMetrics
 from riverhouse.platform.kafka.bootstrap import resolve_bootstrap
@@ -43,7 +44,7 @@ from riverhouse.platform.sink.replace import replace_clickhouse_window as _repla
 from riverhouse.platform.sink.topic import ProduceResult, TopicSink, produce_topics
 from riverhouse.platform.sink.versions import LoadResult
 from riverhouse.platform.spec import PipelineSpec
-from riverhouse.platform.state.checkpoints import pipeline_lock
+from riverhouse.platform.state.checkpoints import checkpoint_dir, pipeline_lock
 from riverhouse.platform.state.delta_log import DeltaLog
 from riverhouse.platform.state.reset import ResetPlan, plan_reset, reset_pipeline
 from riverhouse.platform.state.settings import Settings
@@ -130,10 +131,19 @@ class Pipeline:
         source: str | None = None,
         on_batch: Callable[[BatchMetrics], None] | None = None,
         lock_wait_s: float = 0.0,
+        resident: bool = False,
     ) -> IngestResult:
-        """One triggered (availableNow) query of one source (default: the sink's): everything now in Kafka."""
-        sources = [source or self.spec.sink_source_name]
-        return ingest_sources(self.spark, self.spec, self.settings, sources, on_batch, lock_wait_s, self.log)[0]
+        """One triggered (availableNow) query of one source (default: the sink's): everything now in Kafka.
+
+        `resident` (a Dagster stream run of a spec with `orchestration.resident_query`): on an engine,
+        attach to the source's query kept running there instead (ingest/resident.py).
+        """
+        source = source or self.spec.sink_source_name
+        if resident and applies(self.spec, self.spark):
+            return ingest_resident(self.spark, self.spec, self.settings, source, on_batch, lock_wait_s, self.log)
+        if resident:
+            self.log("resident_query: Spark runs in this process (no engine), so this run starts its own query")
+        return ingest_sources(self.spark, self.spec, self.settings, [source], on_batch, lock_wait_s, self.log)[0]
 
     def gold(self, window: Window | None = None, drain: bool = False) -> GoldResult | RebuildResult:
         """Join pipelines: join what arrived (`drain`: close every pending window), or rebuild `window`'s gold."""
@@ -179,7 +189,23 @@ class Pipeline:
 
     def reset(self) -> ResetPlan:
         """Forget everything this pipeline wrote (Delta, checkpoints, ClickHouse table and ledger rows)."""
-        return reset_pipeline(self.spec, self.settings, log=self.log)
+        return reset_pipeline(self.spec, self.settings, log=self.log, before_delete=self._stop_resident_queries)
+
+    def _stop_resident_queries(self) -> None:
+        """Stop the sources' resident queries, if any (the caller holds their run locks)."""
+        marked = [
+            s for s in self.spec.sources if (checkpoint_dir(self.settings, self.name, s) / RESIDENT_FILE).exists()
+        ]
+        if not marked:
+            return
+        try:
+            spark = self.spark
+        except Exception as exc:  # the engine is down, and its queries with it
+            self.log(f"the engine cannot be reached ({exc}); a query it still keeps writes nothing once reset")
+            spark = None
+        for source in marked:
+            if stop_resident(spark, self.spec, self.settings, source):
+                self.log(f"stopped the resident query of source {source!r}")
 
     # ------------------------------------------------------------ what it holds
     def silver_rows(self, source: str | None = None) -> int:
@@ -211,7 +237,14 @@ class Pipeline:
         expectations.preload()  # the checks that follow need GX: its import overlaps the query
         lag_before = self.lag([source]).total
         silver_before = DeltaLog(TableLayout(self.settings.warehouse, self.name).silver(source)).latest_version()
-        result = self.ingest(source, on_batch=lambda m: self.log(batch_line(self.spec, m)), lock_wait_s=lock_wait_s)
+        result = self.ingest(
+            source,
+            on_batch=lambda m: self.log(batch_line(self.spec, m)),
+            lock_wait_s=lock_wait_s,
+            resident=self.spec.orchestration.resident_query,
+        )
+        if result.silver_version_before is not None:  # a resident query's batches, some before this run
+            silver_before = result.silver_version_before
         return publish.ingest(self.spec, self.settings, source, result, lag_before, silver_before)
 
     def publish_silver(

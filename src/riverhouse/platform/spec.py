@@ -250,8 +250,10 @@ class OrchestrationSpec(StrictModel):
     partitions_start: date = date(2026, 1, 1)
     sensor: SensorSpec = SensorSpec()
     schedule: str | None = None  # cron, e.g. "*/15 * * * *"
-    # Continuous mode (`riverhouse run --continuous`): how often a micro-batch starts.
+    # Continuous mode (`riverhouse run --continuous`) and a resident query: how often a micro-batch starts.
     trigger_interval: Window = timedelta(seconds=1)
+    # Triggered runs on an engine attach to a query kept running there (ingest/resident.py).
+    resident_query: bool = False
 
     @field_validator("schedule")
     @classmethod
@@ -351,6 +353,10 @@ class PipelineSpec(PipelineSinks, StrictModel):
     def _check_join(self, stated: dict[str, str]) -> PipelineSpec:
         if self.join is not None and self.query is not None:
             raise ValueError("give either join: (a temporal join) or query: (SQL), not both")
+        if self.orchestration.resident_query:
+            raise ValueError(
+                "orchestration.resident_query is for single-source pipelines: a join's runs start their queries"
+            )
         if stated:
             where = next(iter(stated))
             raise ValueError(f"{where}.source is not used by join pipelines: the sink receives the join output")

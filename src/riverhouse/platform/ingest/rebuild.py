@@ -169,6 +169,11 @@ def rebuild_silver(
     with pipeline_lock(checkpoint_dir(settings, spec.name, source), spec.name, wait_s=LOCK_WAIT_S, log=log):
         from pyspark.sql import functions as F
 
+        from riverhouse.platform.ingest.resident import stop_resident
+
+        if stop_resident(spark, spec, settings, source) and log is not None:
+            log(f"stopped the resident query of source {source!r} (the next stream run starts it again)")
+
         silver = read_at(spark, layout.silver(source), table_version(layout.silver(source)))
         bronze = read_at(spark, layout.bronze(source), table_version(layout.bronze(source)))
         # The window by bronze's event time, and again after parsing: replaceWhere refuses rows outside it.

@@ -34,6 +34,7 @@ from riverhouse.platform.ingest.parse import parse_records
 from riverhouse.platform.ingest.writer import BatchMetrics, BatchWriter
 from riverhouse.platform.kafka.bootstrap import resolve_bootstrap
 from riverhouse.platform.kafka.client import (
+    batch_offsets,
     check_data_loss,
     commit_group_offsets,
     committed_offsets,
@@ -45,7 +46,14 @@ from riverhouse.platform.runtime import metrics
 from riverhouse.platform.runtime.engine import engine_lost
 from riverhouse.platform.runtime.spark import REMOTE_ENV, is_connect, own_session, release_session
 from riverhouse.platform.spec import PipelineSpec
-from riverhouse.platform.state.checkpoints import BatchChannel, checkpoint_dir, pipeline_lock, stream_app_id
+from riverhouse.platform.state.checkpoints import (
+    BatchChannel,
+    checkpoint_dir,
+    pipeline_lock,
+    read_published,
+    stream_app_id,
+    write_published,
+)
 from riverhouse.platform.state.delta_log import DeltaLog
 from riverhouse.platform.state.settings import Settings
 from riverhouse.platform.state.tables import (
@@ -71,6 +79,9 @@ class IngestResult:
     seconds: float
     silver_version: int | None
     end_offsets: dict[str, dict[str, int]]
+    # Silver's version before the run's first batch, when that is not the version at the run's
+    # start (a resident query's batches may land before the run that reports them).
+    silver_version_before: int | None = None
 
     def total(self, name: str) -> int:
         return sum(getattr(b, name) for b in self.batches)
@@ -212,6 +223,10 @@ class SourceStream:
             with contextlib.suppress(Exception):
                 release_session(self._own_session)
             self._own_session = None
+
+    def report_after(self, batch_id: int) -> None:
+        """Report (collect_reports) the batches after `batch_id`, not only those after the run's start."""
+        self._seen = batch_id
 
     def collect_reports(self) -> list[BatchMetrics]:
         """Batches reported since the last look (oldest first); each is passed to `on_batch` once."""
@@ -427,6 +442,10 @@ def stream_result(stream: SourceStream, query: Any, started: float) -> IngestRes
     stream.collect_reports()
     stream.publish_offsets()  # the last batch's, committed by Spark after its report
     silver_version = DeltaLog(stream.layout.silver(stream.source)).latest_version()
+    if stream.batches and read_published(stream.checkpoint) is not None:
+        # A run of its own on a resident query's source: its batches are reported (ingest/resident.py).
+        last = stream.batches[-1].batch_id
+        write_published(stream.checkpoint, last, batch_offsets(stream.checkpoint / "spark", last), silver_version)
     return IngestResult(
         stream.spec.name, stream.source, stream.batches, time.monotonic() - started, silver_version, end_offsets
     )

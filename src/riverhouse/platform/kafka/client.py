@@ -309,22 +309,29 @@ def lost_offsets(
 
 
 def committed_offsets(spark_checkpoint: Path) -> Offsets | None:
-    """The source offsets of the last batch Spark committed, or None before the first batch.
-
-    Spark's Kafka source writes `offsets/<n>`: a version line, the batch metadata, then
-    one line of `{topic: {partition: offset}}` per source.
-    """
+    """The source offsets of the last batch Spark committed, or None before the first batch."""
     commits = spark_checkpoint / "commits"
     if not commits.is_dir():
         return None
     done = sorted((int(p.name) for p in commits.iterdir() if p.name.isdigit()), reverse=True)
     for batch in done:
-        try:
-            lines = (spark_checkpoint / "offsets" / str(batch)).read_text().splitlines()
-        except OSError:
-            continue
-        if len(lines) >= 3 and lines[2].strip().startswith("{"):
-            return {t: {str(p): int(o) for p, o in parts.items()} for t, parts in json.loads(lines[2]).items()}
+        if (offsets := batch_offsets(spark_checkpoint, batch)) is not None:
+            return offsets
+    return None
+
+
+def batch_offsets(spark_checkpoint: Path, batch_id: int) -> Offsets | None:
+    """The source end offsets Spark recorded for batch `batch_id` (None if it has none).
+
+    Spark's Kafka source writes `offsets/<n>`: a version line, the batch metadata, then
+    one line of `{topic: {partition: offset}}` per source.
+    """
+    try:
+        lines = (spark_checkpoint / "offsets" / str(batch_id)).read_text().splitlines()
+    except OSError:
+        return None
+    if len(lines) >= 3 and lines[2].strip().startswith("{"):
+        return {t: {str(p): int(o) for p, o in parts.items()} for t, parts in json.loads(lines[2]).items()}
     return None
 
 

@@ -3,6 +3,10 @@
 The committed position is what Spark's checkpoint records for the last batch it
 committed (`offsets/<n>` of the highest `commits/<n>`): the same offsets a
 restart resumes from, so lag here is exactly the work the next run will do.
+
+A pipeline with a resident query (`orchestration.resident_query`) reads Kafka between runs, so
+its position is the last batch a run reported (`published.json`, ingest/resident.py): records
+the query already wrote still count until a run has checked and loaded them.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from typing import Any
 from riverhouse.platform.kafka.bootstrap import resolve_bootstrap
 from riverhouse.platform.kafka.client import committed_offsets, librdkafka_config, watermarks
 from riverhouse.platform.spec import PipelineSpec
-from riverhouse.platform.state.checkpoints import checkpoint_dir
+from riverhouse.platform.state.checkpoints import checkpoint_dir, read_published
 from riverhouse.platform.state.settings import Settings
 
 Offsets = dict[str, dict[str, int]]
@@ -58,7 +62,10 @@ def pipeline_lag(spec: PipelineSpec, settings: Settings, sources: list[str] | No
     for name in sources or list(spec.sources):
         src = spec.sources[name]
         marks = watermarks(librdkafka_config(spec.kafka, bootstrap), [src.topic]).get(src.topic, {})
-        committed = (committed_offsets(checkpoint_dir(settings, spec.name, name) / "spark") or {}).get(src.topic, {})
+        checkpoint = checkpoint_dir(settings, spec.name, name)
+        published = read_published(checkpoint) if spec.orchestration.resident_query else None
+        reached = published.get("offsets") if published else committed_offsets(checkpoint / "spark")
+        committed = (reached or {}).get(src.topic, {})
         end = {str(p): hi for p, (_, hi) in marks.items()}
         lag = 0
         for p, (lo, hi) in marks.items():

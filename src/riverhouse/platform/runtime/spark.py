@@ -476,6 +476,13 @@ def own_session(spark: Any) -> Any | None:
     return _attach(session_url(remote, None), remote, settings, fresh=True)
 
 
+def attach_named_session(spark: Any, session_id: str) -> Any:
+    """The session `session_id` of `spark`'s engine, with `spark`'s settings (a resident query's own
+    session, ingest/resident.py). Leaving it only closes the connection: the session stays."""
+    remote, settings = _ATTACHED[spark.session_id]
+    return _attach(session_url(remote, session_id), remote, settings)
+
+
 # The engine and settings each Connect session of this process was attached with (`own_session`).
 _ATTACHED: dict[str, tuple[str, dict[str, str]]] = {}
 

@@ -9,6 +9,8 @@
   that started the query;
 - `tables/<table>.json`: the last batch each Delta table received from this stream (a hint that
   spares reading the Delta log back; the log is the truth);
+- `published.json`: the last batch a triggered run reported (its id, offsets and silver's version):
+  where the next run's reports begin when batches land between runs (ingest/resident.py);
 - `owner`: the run whose batch bodies may write (none after a clean stop); `writing/<run>.json`:
   the batch a run's body is writing. Under Spark Connect a run's query outlives a client that
   dies (the engine keeps it), so the next run makes itself the owner, and waits for the older
@@ -127,6 +129,22 @@ def gold_lock(settings: Settings, pipeline: str, log: Callable[[str], None] | No
         yield
 
 
+PUBLISHED_FILE = "published.json"
+
+
+def read_published(checkpoint: Path) -> dict[str, Any] | None:
+    """The last batch a run reported: {"batch_id", "offsets", "silver_version", "at"}, or None."""
+    mark = read_json(checkpoint / PUBLISHED_FILE)
+    return mark if isinstance(mark, dict) else None
+
+
+def write_published(checkpoint: Path, batch_id: int, offsets: Any, silver_version: int | None) -> None:
+    write_json(
+        checkpoint / PUBLISHED_FILE,
+        {"batch_id": batch_id, "offsets": offsets, "silver_version": silver_version, "at": time.time()},
+    )
+
+
 class BatchChannel:
     """What a stream's batches tell the run that started the query, through files in the checkpoint.
 
@@ -171,9 +189,10 @@ class BatchChannel:
             self._marker(self.run).unlink()
 
     def may_write(self) -> bool:
-        """Does this body's run own the checkpoint? (No after a clean stop, or once a newer run took over.)"""
+        """Does this body's run own the checkpoint? (No after a clean stop, once a newer run took over,
+        or once the checkpoint is gone: a reset while the engine kept a query of it.)"""
         owner = read_json(self.owner_marker)
-        return owner is None or owner.get("run") == self.run
+        return owner is not None and owner.get("run") == self.run
 
     # -- the run's side
     def take_over(self) -> None:

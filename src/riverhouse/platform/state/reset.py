@@ -72,8 +72,16 @@ def plan_reset(spec: PipelineSpec, settings: Settings) -> ResetPlan:
     )
 
 
-def reset_pipeline(spec: PipelineSpec, settings: Settings, log: Callable[[str], None] = print) -> ResetPlan:
-    """Remove what `plan_reset` lists; refuses while a run of the pipeline holds one of its locks."""
+def reset_pipeline(
+    spec: PipelineSpec,
+    settings: Settings,
+    log: Callable[[str], None] = print,
+    before_delete: Callable[[], None] | None = None,
+) -> ResetPlan:
+    """Remove what `plan_reset` lists; refuses while a run of the pipeline holds one of its locks.
+
+    `before_delete` runs once the locks are held (Pipeline.reset: stop resident queries on the engine).
+    """
     plan = plan_reset(spec, settings)
     with ExitStack() as locks:
         # The locks runs take: a running pipeline is never reset under its feet.
@@ -82,6 +90,8 @@ def reset_pipeline(spec: PipelineSpec, settings: Settings, log: Callable[[str], 
         pipeline_root = Path(settings.checkpoints) / spec.name
         for name in ("gold.lock", "sink.lock"):
             locks.enter_context(pipeline_lock(pipeline_root, spec.name, name=name))
+        if before_delete is not None:
+            before_delete()
         plan = plan_reset(spec, settings)  # again: taking the locks may have created the checkpoint folders
         for sink in spec.topic_sinks:  # first: while the tables are there, the sink refuses a re-created one
             if reset_topic_sink(spec, sink, settings, log):
