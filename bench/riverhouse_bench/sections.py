@@ -118,13 +118,15 @@ def engine_notes(name: str, r: dict[str, Any], s: dict[str, Any]) -> list[str]:
             f"{_f(r.get('seconds'), '{:.1f}')} s end to end, load {_f(r.get('load_seconds'), '{:.1f}')} s"
         )
     if name == "triggered_start":
-        for which in ("warm", "cold"):
+        for which in ("warm", "cold", "resident"):
             spread = (r.get(which) or {}).get("spread") or {}
             first, loaded = spread.get("first_batch_s") or {}, spread.get("clickhouse_s") or {}
-            if first:
+            covered = spread.get("covered_s") or {}
+            if first or covered:
                 notes.append(
                     f"{which} ({r[which]['runs']} runs): first batch in silver p50 {_f(first.get('p50'))} s, p95 "
-                    f"{_f(first.get('p95'))} s; rows in ClickHouse p50 {_f(loaded.get('p50'))} s"
+                    f"{_f(first.get('p95'))} s; silver holds the run's records p50 {_f(covered.get('p50'))} s; "
+                    f"rows in ClickHouse p50 {_f(loaded.get('p50'))} s, p95 {_f(loaded.get('p95'))} s"
                 )
         if r.get("warm_skipped"):
             notes.append(f"warm not measured: {r['warm_skipped']}")
@@ -191,6 +193,7 @@ TRIGGERED_FIGURES = (
     ("ingest_step_s", "trigger -> ingest step started"),
     ("engine_s", "engine: ingest step -> first batch in silver (session, query start, batch)"),
     ("first_batch_s", "trigger -> first batch committed in silver"),
+    ("covered_s", "trigger -> silver holds the run's records (resident: <= 0 when it read them before)"),
     ("clickhouse_s", "trigger -> rows in ClickHouse"),
     ("run_s", "trigger -> run succeeded"),
 )
@@ -202,6 +205,7 @@ def triggered_lines(s: dict[str, Any]) -> list[str]:
     if not (r.get("cold") or r.get("warm")):
         return []
     cold, warm = (r.get("cold") or {}).get("spread") or {}, (r.get("warm") or {}).get("spread") or {}
+    resident = (r.get("resident") or {}).get("spread") or {}
     lines = [
         "",
         "## From a trigger to the data (triggered_start)",
@@ -212,14 +216,18 @@ def triggered_lines(s: dict[str, Any]) -> list[str]:
             f" (`riverhouse engine start` for these runs took {r['engine_start_s']:.1f} s), after one unmeasured run."
             if r.get("engine_start_s") is not None
             else ", after one unmeasured run."
-        ),
+        )
+        + " Resident: warm, with `orchestration.resident_query` (the runs attach to a query kept on the engine).",
         "",
-        "| figure | cold p50 | cold p95 | warm p50 | warm p95 |",
-        "|---|---:|---:|---:|---:|",
+        "| figure | cold p50 | cold p95 | warm p50 | warm p95 | resident p50 | resident p95 |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for key, label in TRIGGERED_FIGURES:
-        c, w = cold.get(key) or {}, warm.get(key) or {}
-        lines.append(f"| {label} | {_f(c.get('p50'))} | {_f(c.get('p95'))} | {_f(w.get('p50'))} | {_f(w.get('p95'))} |")
+        c, w, x = cold.get(key) or {}, warm.get(key) or {}, resident.get(key) or {}
+        lines.append(
+            f"| {label} | {_f(c.get('p50'))} | {_f(c.get('p95'))} | {_f(w.get('p50'))} | {_f(w.get('p95'))} "
+            f"| {_f(x.get('p50'))} | {_f(x.get('p95'))} |"
+        )
     if r.get("warm_skipped"):
         lines += ["", f"Warm runs not measured: {r['warm_skipped']}."]
     return lines

@@ -14,13 +14,16 @@ bench starts the process. From the run's event log and silver's Delta log:
   (the commit's timestamp in the Delta log);
   engine_s = first_batch_s - ingest_step_s: the Spark session (or attaching to the engine),
   the streaming query's start and the first batch;
+- covered_s: trigger -> the last silver commit before the ingest step succeeded: silver holds
+  every record of the run (with a resident query it may be at or before the trigger: <= 0);
 - clickhouse_s: trigger -> the ClickHouse asset's materialization (the load has returned, so
   the rows are visible); run_s: trigger -> RUN_SUCCESS.
 
 Cold first: `triggered_cold_runs` runs with no engine, each starting its own Spark. Then warm:
 the engine RIVERHOUSE_SPARK_REMOTE=sc://host:port names, or else one the bench starts for the
 runs' home with `riverhouse engine start` (timed: `engine_start_s`) and stops after; one
-unmeasured run first, then `triggered_runs` measured.
+unmeasured run first, then `triggered_runs` measured. Then the same against the warm engine with
+`orchestration.resident_query` (ingest/resident.py): the runs attach to a query kept running there.
 """
 
 from __future__ import annotations
@@ -44,9 +47,9 @@ if TYPE_CHECKING:
 REMOTE_VARIABLE = "RIVERHOUSE_SPARK_REMOTE"
 RUN_TAG = "riverhouse/bench_run"
 # DagsterEventType values (a run's start and success keep their old "PIPELINE_" names).
-RUN_START, RUN_SUCCESS, STEP_START = "PIPELINE_START", "PIPELINE_SUCCESS", "STEP_START"
+RUN_START, RUN_SUCCESS, STEP_START, STEP_SUCCESS = "PIPELINE_START", "PIPELINE_SUCCESS", "STEP_START", "STEP_SUCCESS"
 MATERIALIZATION, CHECK = "ASSET_MATERIALIZATION", "ASSET_CHECK_EVALUATION"
-FIGURES = ("launch_s", "ingest_step_s", "first_batch_s", "engine_s", "clickhouse_s", "run_s")
+FIGURES = ("launch_s", "ingest_step_s", "first_batch_s", "engine_s", "covered_s", "clickhouse_s", "run_s")
 
 
 def run_timeline(
@@ -74,13 +77,16 @@ def run_timeline(
 
     started = first(RUN_START)
     ingest = first(STEP_START, step=f"ingest_{spec_name}_")
+    ingested = first(STEP_SUCCESS, step=f"ingest_{spec_name}_")
     loaded = first(MATERIALIZATION, asset=f"clickhouse/{spec_name}/{spec_name}")
     succeeded = first(RUN_SUCCESS)
     commit = next((at for _, at in sorted(silver_commits) if at >= triggered_at), None)
+    covered = max((at for _, at in silver_commits if ingested and at <= ingested["at"]), default=None)
     out: dict[str, Any] = {
         "launch_s": after(started),
         "ingest_step_s": after(ingest),
         "first_batch_s": round(commit - triggered_at, 3) if commit is not None else None,
+        "covered_s": round(covered - triggered_at, 3) if covered is not None else None,
         "clickhouse_s": after(loaded),
         "run_s": after(succeeded),
         "success": succeeded is not None,
@@ -156,10 +162,13 @@ class TriggeredRuns:
             folder.mkdir(parents=True, exist_ok=True)
         self.produced: dict[str, int] = {}
 
-    def add_pipeline(self, name: str) -> Any:
+    def add_pipeline(self, name: str, resident: bool = False) -> Any:
         import yaml
 
         spec = orders_spec(name, name)
+        if resident:
+            orchestration = spec.orchestration.model_copy(update={"resident_query": True})
+            spec = spec.model_copy(update={"orchestration": orchestration})
         (self.specs / f"{name}.yaml").write_text(yaml.safe_dump(spec.model_dump(mode="json", by_alias=True)))
         return spec
 
@@ -232,16 +241,21 @@ class TriggeredRuns:
 
     def engine(self, command: str) -> subprocess.CompletedProcess[str]:
         """`riverhouse engine <command>` for the runs' home (the CLI, as a user starts the engine)."""
+        ran = self.riverhouse(f"engine {command}", None, check=command != "stop")
+        return ran
+
+    def riverhouse(self, command: str, remote: str | None, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """`riverhouse <command>` for the runs' home (the CLI, as a user runs it)."""
         home = str(self.home / "riverhouse")
         ran = subprocess.run(
-            [sys.executable, "-m", "riverhouse.cli", "engine", *command.split(), "--home", home],
+            [sys.executable, "-m", "riverhouse.cli", *command.split(), "--home", home],
             capture_output=True,
             text=True,
-            env=self.env(None),
+            env=self.env(remote),
             timeout=600,
         )
-        if ran.returncode != 0 and command != "stop":
-            raise RuntimeError(f"riverhouse engine {command} failed: {(ran.stderr or ran.stdout).strip()[-800:]}")
+        if ran.returncode != 0 and check:
+            raise RuntimeError(f"riverhouse {command} failed: {(ran.stderr or ran.stdout).strip()[-800:]}")
         return ran
 
     def silver_commits(self, spec: Any) -> list[tuple[int, float]]:
@@ -256,9 +270,11 @@ class TriggeredRuns:
 
         return delta_row_count(TableLayout(str(self.home / "riverhouse" / "warehouse"), spec.name).silver("orders"))
 
-    def series(self, name: str, count: int, remote: str | None, warmup: bool, seed: int) -> dict[str, Any]:
+    def series(
+        self, name: str, count: int, remote: str | None, warmup: bool, seed: int, resident: bool = False
+    ) -> dict[str, Any]:
         """`count` measured runs of a pipeline of its own (after one unmeasured run when `warmup`)."""
-        spec = self.add_pipeline(name)
+        spec = self.add_pipeline(name, resident)
         first = self.trigger(spec, f"{name}-warmup", remote, seed) if warmup else None
         runs = [self.trigger(spec, f"{name}-{i + 1}", remote, seed + 1 + i) for i in range(count)]
         every = [*(r for r in [first] if r), *runs]
@@ -268,6 +284,8 @@ class TriggeredRuns:
             and loaded == self.produced[spec.name]
             and self.silver_rows(spec) == self.produced[spec.name]
         )
+        if resident:  # its query must not outlive the bench on the engine
+            self.riverhouse(f"reset {name} --yes", remote)
         return {
             "runs": len(runs),
             "spread": spread(runs),
@@ -294,6 +312,7 @@ def triggered_start(bench: Bench) -> dict[str, Any]:
             out.update(warm=None, warm_skipped=problem)
         else:
             out["warm"] = runs.series("bench_trig_warm", cfg.triggered_runs, remote, True, 200)
+            out["resident"] = runs.series("bench_trig_res", cfg.triggered_runs, remote, True, 300, resident=True)
     else:
         # No engine named: the runs' home gets its own local engine, started as a user would.
         started = time.monotonic()
@@ -303,12 +322,15 @@ def triggered_start(bench: Bench) -> dict[str, Any]:
             status = json.loads(runs.engine("status --json").stdout)
             out["engine"] = status["engine"]
             out["warm"] = runs.series("bench_trig_warm", cfg.triggered_runs, status["engine"], True, 200)
+            out["resident"] = runs.series(
+                "bench_trig_res", cfg.triggered_runs, status["engine"], True, 300, resident=True
+            )
         finally:
             runs.engine("stop")
-    series = [s for s in (out["cold"], out["warm"]) if s]
+    series = [s for s in (out["cold"], out.get("warm"), out.get("resident")) if s]
 
     def figure(which: str, name: str, stat: str) -> float | None:
-        return (((out[which] or {}).get("spread") or {}).get(name) or {}).get(stat)
+        return (((out.get(which) or {}).get("spread") or {}).get(name) or {}).get(stat)
 
     out.update(
         events=cfg.triggered_events * sum(s["runs"] for s in series),
@@ -316,6 +338,10 @@ def triggered_start(bench: Bench) -> dict[str, Any]:
         p50_first_batch_s=figure("warm", "first_batch_s", "p50"),
         p95_first_batch_s=figure("warm", "first_batch_s", "p95"),
         p50_clickhouse_s=figure("warm", "clickhouse_s", "p50"),
+        resident_p50_covered_s=figure("resident", "covered_s", "p50"),
+        resident_p95_covered_s=figure("resident", "covered_s", "p95"),
+        resident_p50_clickhouse_s=figure("resident", "clickhouse_s", "p50"),
+        resident_p95_clickhouse_s=figure("resident", "clickhouse_s", "p95"),
         cold_p50_first_batch_s=figure("cold", "first_batch_s", "p50"),
         cold_p50_clickhouse_s=figure("cold", "clickhouse_s", "p50"),
         exact=bool(series) and all(s["exact"] for s in series),
