@@ -391,6 +391,7 @@ def demo(
     Each run resets its own state under <home>/demo, so every run prints the same figures.
     """
     from riverhouse.demo import run_demo
+    from riverhouse.platform.runtime.spark import close_connect_sessions
 
     spec = load_spec_or_fail(spec_file)
     join_spec = None if skip_join else load_spec_or_fail(join_spec_file)
@@ -416,6 +417,7 @@ def demo(
         )
     finally:
         if engine_started:
+            close_connect_sessions()  # before their engine goes: pyspark's exit hook would wait for it
             engine.stop(base.engine_state_dir)
     if as_json:
         print(json.dumps(result["summary"]))

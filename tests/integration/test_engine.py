@@ -255,3 +255,36 @@ def test_processes_with_the_same_settings_share_one_engine_session_and_a_closed_
     # The machine remembers the generation it found open: later processes start there.
     [remembered] = cache.glob("riverhouse/session-*")
     assert remembered.read_text() == "1"
+
+
+_CLOSING_CLIENT = textwrap.dedent(
+    """
+    from riverhouse.platform.runtime.spark import close_connect_sessions, get_spark, own_session
+    from riverhouse.platform.state.settings import Settings
+
+    settings = Settings.from_env()
+    shared = get_spark(conf=settings.spark_conf)
+    own = own_session(shared)
+    shared.range(3).count(), own.range(3).count()
+    close_connect_sessions()
+    print(shared.client.is_closed, own.client.is_closed)
+    """
+)
+
+
+def test_a_process_that_stops_its_engine_closes_its_sessions_first(tmp_path: Path, test_engine: str | None) -> None:
+    """`riverhouse demo` stops the engine it started: pyspark's exit hook asks each open client's
+    engine to clear its ML cache, and with the engine gone it retried for ~25 s before the process
+    could exit. Every session the process attached is closed first, so the hook skips them."""
+    if not test_engine:
+        pytest.skip("runs through the shared test engine (RIVERHOUSE_TEST_ENGINE=local turns it off)")
+    settings = Settings.from_env(tmp_path / "home")
+    proc = subprocess.run(
+        [sys.executable, "-c", _CLOSING_CLIENT],
+        env=subprocess_env(settings),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["True", "True"]

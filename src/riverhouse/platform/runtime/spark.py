@@ -485,6 +485,7 @@ def attach_named_session(spark: Any, session_id: str) -> Any:
 
 # The engine and settings each Connect session of this process was attached with (`own_session`).
 _ATTACHED: dict[str, tuple[str, dict[str, str]]] = {}
+_SESSIONS: list[Any] = []  # every Connect session this process attached (close_connect_sessions)
 
 
 def _attach(url: str, remote: str, settings: dict[str, str], fresh: bool = False) -> Any:
@@ -529,7 +530,17 @@ def _attach(url: str, remote: str, settings: dict[str, str], fresh: bool = False
                 f"setting is the engine's, given when it starts ({CONF_ENV} of `riverhouse engine start`)"
             ) from None
     _ATTACHED[spark.session_id] = (remote, settings)
+    _SESSIONS.append(spark)
     return spark
+
+
+def close_connect_sessions() -> None:
+    """End this process's use of every Spark Connect session it attached, before it stops the
+    engine they live on (`riverhouse demo`). pyspark's exit hook otherwise asks the stopped engine
+    to clear its ML cache, and retries for ~25 s before the process can exit."""
+    while _SESSIONS:
+        with contextlib.suppress(Exception):
+            release_session(_SESSIONS.pop())
 
 
 def _forget(spark: Any) -> None:
