@@ -89,7 +89,9 @@ class Stub(Pipeline):
     def lag(self, sources: list[str] | None = None) -> PipelineLag:
         return PipelineLag(self.name)
 
-    def ingest(self, source: str | None = None, on_batch: Any = None, lock_wait_s: float = 0.0) -> IngestResult:
+    def ingest(
+        self, source: str | None = None, on_batch: Any = None, lock_wait_s: float = 0.0, resident: bool = False
+    ) -> IngestResult:
         batch = BatchMetrics(batch_id=3, read=4, quarantined=1, inserted=3)
         return IngestResult(self.name, "orders", [batch], 2.0, None, {"t": {"0": 4}})
 

@@ -45,7 +45,7 @@ def test_join_pipelines_cannot_keep_a_resident_query() -> None:
     for name in ("orders_enriched.yaml", "orders_sql.yaml"):
         data = yaml.safe_load((PIPELINES / name).read_text())
         data.setdefault("orchestration", {})["resident_query"] = True
-        with pytest.raises(SpecError, match="resident_query is for single-source pipelines"):
+        with pytest.raises(SpecError, match="resident_query is for single-source pipelines, not joins"):
             parse_spec(data)
     single = yaml.safe_load((PIPELINES / "orders_dedup.yaml").read_text())
     single.setdefault("orchestration", {})["resident_query"] = True

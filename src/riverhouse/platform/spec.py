@@ -250,10 +250,9 @@ class OrchestrationSpec(StrictModel):
     partitions_start: date = date(2026, 1, 1)
     sensor: SensorSpec = SensorSpec()
     schedule: str | None = None  # cron, e.g. "*/15 * * * *"
-    # Continuous mode (`riverhouse run --continuous`) and a resident query: how often a micro-batch starts.
+    # How often a micro-batch starts in continuous mode (`run --continuous`) and in a resident query.
     trigger_interval: Window = timedelta(seconds=1)
-    # Triggered runs on an engine attach to a query kept running there (ingest/resident.py).
-    resident_query: bool = False
+    resident_query: bool = False  # stream runs on an engine attach to a query kept there (ingest/resident.py)
 
     @field_validator("schedule")
     @classmethod
@@ -354,9 +353,7 @@ class PipelineSpec(PipelineSinks, StrictModel):
         if self.join is not None and self.query is not None:
             raise ValueError("give either join: (a temporal join) or query: (SQL), not both")
         if self.orchestration.resident_query:
-            raise ValueError(
-                "orchestration.resident_query is for single-source pipelines: a join's runs start their queries"
-            )
+            raise ValueError("orchestration.resident_query is for single-source pipelines, not joins")
         if stated:
             where = next(iter(stated))
             raise ValueError(f"{where}.source is not used by join pipelines: the sink receives the join output")
