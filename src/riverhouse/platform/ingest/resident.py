@@ -39,7 +39,7 @@ import riverhouse
 from riverhouse.platform.errors import PipelineError
 from riverhouse.platform.ingest.stream import IngestResult, SourceStream, prepare_stream, stream_result
 from riverhouse.platform.ingest.writer import BatchMetrics
-from riverhouse.platform.kafka.client import batch_offsets, committed_offsets
+from riverhouse.platform.kafka.client import committed_offsets
 from riverhouse.platform.kafka.lag import pipeline_lag
 from riverhouse.platform.runtime import metrics
 from riverhouse.platform.runtime.spark import attach_named_session, is_connect
@@ -112,7 +112,7 @@ def ingest_resident(
             stream.report_after(int(mark.get("batch_id", -1)))
             _wait_covered(stream, query, target)
             result = stream_result(stream, query, started)
-            _publish(stream, result, mark)
+            _publish(result, mark)
     finally:
         stream._own_session = None  # a resident query's session stays on the engine (never released here)
     result.end_offsets = target
@@ -220,14 +220,10 @@ def _wait_covered(stream: SourceStream, query: Any, target: Offsets) -> None:
         time.sleep(POLL_S)
 
 
-def _publish(stream: SourceStream, result: IngestResult, mark: dict[str, Any]) -> None:
-    """Record the run's last batch as published, and give the result silver's versions before and after."""
+def _publish(result: IngestResult, mark: dict[str, Any]) -> None:
+    """Give the result silver's versions before and after its batches (their reports moved the mark
+    as they landed: SourceStream.collect_reports)."""
     before = mark.get("silver_version")
     result.silver_version_before = before
     versions = [b.silver_version for b in result.batches if b.silver_version is not None]
     result.silver_version = max([*versions, *([] if before is None else [before])], default=None)
-    if result.batches:
-        last = max(b.batch_id for b in result.batches)
-        write_published(
-            stream.checkpoint, last, batch_offsets(stream.checkpoint / "spark", last), result.silver_version
-        )

@@ -237,8 +237,21 @@ class SourceStream:
             if self.on_batch is not None:
                 self.on_batch(batch)
         if new:
+            self._mark_published(new)
             self.publish_offsets()
         return new
+
+    def _mark_published(self, new: list[BatchMetrics]) -> None:
+        """Once a source has had a resident query (`published.json` exists), every mode's reported
+        batches move its mark: the next resident run reports the batches after them, and the lag
+        sensor counts from them (ingest/resident.py)."""
+        mark = read_published(self.checkpoint)
+        if mark is None:
+            return
+        last = new[-1].batch_id
+        silver = max((b.silver_version for b in new if b.silver_version is not None), default=None)
+        silver = mark.get("silver_version") if silver is None else silver
+        write_published(self.checkpoint, last, batch_offsets(self.checkpoint / "spark", last), silver)
 
     def publish_offsets(self) -> None:
         """Commit the offsets of the last batch Spark committed to the pipeline's consumer group
@@ -442,10 +455,6 @@ def stream_result(stream: SourceStream, query: Any, started: float) -> IngestRes
     stream.collect_reports()
     stream.publish_offsets()  # the last batch's, committed by Spark after its report
     silver_version = DeltaLog(stream.layout.silver(stream.source)).latest_version()
-    if stream.batches and read_published(stream.checkpoint) is not None:
-        # A run of its own on a resident query's source: its batches are reported (ingest/resident.py).
-        last = stream.batches[-1].batch_id
-        write_published(stream.checkpoint, last, batch_offsets(stream.checkpoint / "spark", last), silver_version)
     return IngestResult(
         stream.spec.name, stream.source, stream.batches, time.monotonic() - started, silver_version, end_offsets
     )
