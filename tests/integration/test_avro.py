@@ -219,9 +219,12 @@ def test_the_registry_down_mid_run_keeps_cached_schemas_and_a_new_id_fails_the_b
     spec = parse_spec(avro_spec_data(topic, state.api, avro_schema=ORDER))  # the same tables, readable offline
     bronze = TableLayout(settings.warehouse, spec.name).bronze("orders")
     try:
+        # The stall must outlast noticing batch 0 in bronze and stopping the registry's JVM, on a
+        # machine busy with the rest of the suite: 10 s was not always enough (the run then read
+        # every batch with the registry still up, and ended well).
         proc = subprocess.Popen(
             [*riverhouse_cmd(), "run", str(spec_path), "--json"],
-            env=subprocess_env(settings, RIVERHOUSE_STALL_AT="after_bronze_commit", RIVERHOUSE_STALL_S="10"),
+            env=subprocess_env(settings, RIVERHOUSE_STALL_AT="after_bronze_commit", RIVERHOUSE_STALL_S="20"),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

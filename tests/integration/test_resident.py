@@ -13,6 +13,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -86,100 +88,106 @@ def expected(*prefixed: tuple[str, int]) -> list[str]:
     return sorted(f"{prefix}-{i}" for prefix, count in prefixed for i in range(count))
 
 
-def test_triggered_runs_attach_to_one_resident_query_and_report_each_batch_once(
-    kafka: str, topic: str, settings: Settings, spark: Any
-) -> None:
-    spec = resident_spec(topic)
-    messages: list[str] = []
+@dataclass
+class Resident:
+    spec: PipelineSpec
+    pipeline: Pipeline
+    messages: list[str]
+
+
+@pytest.fixture
+def resident(topic: str, settings: Settings, spark: Any) -> Iterator[Resident]:
+    """A resident-query pipeline on the test's topic, reset (its query stopped) at the end."""
+    spec, messages = resident_spec(topic), []
     pipeline = Pipeline(spec, settings, spark=spark, log=messages.append)
-    try:
-        produce(kafka, topic, orders("a", 300, copies=2))
-        first = pipeline.publish_ingest("orders").metadata
-        started = marker(settings, spec)
-        assert started is not None and any("started its resident query" in m for m in messages), messages
-        assert (first["records_in"], first["inserted"], first["duplicates_dropped"]) == (601, 300, 300)
-        assert first["quarantined"] == 1
-        assert silver_ids(settings, spec) == expected(("a", 300))
+    yield Resident(spec, pipeline, messages)
+    pipeline.reset()
 
-        # Records that land between runs are read by the query at once, and still count as lag:
-        # no run has checked and loaded them yet.
-        produce(kafka, topic, orders("b", 100))
-        silver = DeltaLog(TableLayout(settings.warehouse, spec.name).silver("orders"))
-        wait_for(lambda: len(silver_ids(settings, spec)) == 400, "the resident query to read batch b")
-        assert pipeline.lag().total == 101
-        second = pipeline.publish_ingest("orders").metadata
-        assert marker(settings, spec)["run_id"] == started["run_id"]  # attached, not started again
-        assert sum("started its resident query" in m for m in messages) == 1, messages
-        assert (second["records_in"], second["inserted"]) == (101, 100)
-        assert second["silver_version_before"] == first["silver_version_after"]
-        assert second["silver_version_after"] == silver.latest_version()
-        assert pipeline.lag().total == 0
 
-        # A run with nothing new reports no batch, and still leaves silver covering Kafka.
-        idle = pipeline.publish_ingest("orders").metadata
-        assert (idle["records_in"], idle["batches"]) == (0, 0)
+def test_triggered_runs_attach_to_one_resident_query_and_report_each_batch_once(
+    kafka: str, topic: str, settings: Settings, spark: Any, resident: Resident
+) -> None:
+    spec, pipeline, messages = resident.spec, resident.pipeline, resident.messages
+    produce(kafka, topic, orders("a", 300, copies=2))
+    first = pipeline.publish_ingest("orders").metadata
+    started = marker(settings, spec)
+    assert started is not None and any("started its resident query" in m for m in messages), messages
+    assert (first["records_in"], first["inserted"], first["duplicates_dropped"]) == (601, 300, 300)
+    assert first["quarantined"] == 1
+    assert silver_ids(settings, spec) == expected(("a", 300))
 
-        pipeline.publish_clickhouse(None)
-        assert clickhouse_ids(settings, spec) == expected(("a", 300), ("b", 100))
+    # Records that land between runs are read by the query at once, and still count as lag:
+    # no run has checked and loaded them yet.
+    produce(kafka, topic, orders("b", 100))
+    silver = DeltaLog(TableLayout(settings.warehouse, spec.name).silver("orders"))
+    wait_for(lambda: len(silver_ids(settings, spec)) == 400, "the resident query to read batch b")
+    assert pipeline.lag().total == 101
+    second = pipeline.publish_ingest("orders").metadata
+    assert marker(settings, spec)["run_id"] == started["run_id"]  # attached, not started again
+    assert sum("started its resident query" in m for m in messages) == 1, messages
+    assert (second["records_in"], second["inserted"]) == (101, 100)
+    assert second["silver_version_before"] == first["silver_version_after"]
+    assert second["silver_version_after"] == silver.latest_version()
+    assert pipeline.lag().total == 0
 
-        # A changed spec restarts the query: its body was built from the old one.
-        changed = Pipeline(
-            spec.model_copy(update={"description": "changed"}), settings, spark=spark, log=messages.append
-        )
-        produce(kafka, topic, orders("c", 50))
-        third = changed.publish_ingest("orders").metadata
-        assert any("restarting its resident query (the spec or release changed)" in m for m in messages), messages
-        restarted = marker(settings, spec)
-        assert restarted["run_id"] != started["run_id"]
-        assert str(spark.streams.get(restarted["query_id"]).runId) == restarted["run_id"]  # the old one stopped
-        assert third["inserted"] == 50
-        assert silver_ids(settings, spec) == expected(("a", 300), ("b", 100), ("c", 50))
-    finally:
-        pipeline.reset()
+    # A run with nothing new reports no batch, and still leaves silver covering Kafka.
+    idle = pipeline.publish_ingest("orders").metadata
+    assert (idle["records_in"], idle["batches"]) == (0, 0)
+
+    pipeline.publish_clickhouse(None)
+    assert clickhouse_ids(settings, spec) == expected(("a", 300), ("b", 100))
+
+    # A changed spec restarts the query: its body was built from the old one.
+    changed = Pipeline(spec.model_copy(update={"description": "changed"}), settings, spark=spark, log=messages.append)
+    produce(kafka, topic, orders("c", 50))
+    third = changed.publish_ingest("orders").metadata
+    assert any("restarting its resident query (the spec or release changed)" in m for m in messages), messages
+    restarted = marker(settings, spec)
+    assert restarted["run_id"] != started["run_id"]
+    assert str(spark.streams.get(restarted["query_id"]).runId) == restarted["run_id"]  # the old one stopped
+    assert third["inserted"] == 50
+    assert silver_ids(settings, spec) == expected(("a", 300), ("b", 100), ("c", 50))
+    pipeline.reset()
     assert any("stopped the resident query" in m for m in messages), messages
-    assert not [q for q in spark.streams.active if q.name and "_resident_" in q.name]
+    # Other tests' resident queries may run in the same engine session: this one's is gone.
+    assert not [q for q in spark.streams.active if str(q.runId) == restarted["run_id"]]
 
 
 def test_a_backfill_and_a_run_of_its_own_stop_the_resident_query_and_the_next_trigger_restarts_it(
-    kafka: str, topic: str, settings: Settings, spark: Any
+    kafka: str, topic: str, settings: Settings, spark: Any, resident: Resident
 ) -> None:
     from datetime import UTC, datetime, timedelta
 
     from riverhouse.platform.state.windows import Window
 
-    spec = resident_spec(topic)
-    messages: list[str] = []
-    pipeline = Pipeline(spec, settings, spark=spark, log=messages.append)
-    try:
-        produce(kafka, topic, orders("a", 200))
-        pipeline.publish_ingest("orders")
-        first = marker(settings, spec)
-        day = datetime(2026, 1, 1, tzinfo=UTC)
-        pipeline.rebuild_silver("orders", Window(day, day + timedelta(days=1)))
-        assert marker(settings, spec) is None
-        assert (query := spark.streams.get(first["query_id"])) is None or not query.isActive
-        produce(kafka, topic, orders("b", 50))
-        assert pipeline.publish_ingest("orders").metadata["inserted"] == 50
-        second = marker(settings, spec)["run_id"]
-        assert second != first["run_id"]
+    spec, pipeline, messages = resident.spec, resident.pipeline, resident.messages
+    produce(kafka, topic, orders("a", 200))
+    pipeline.publish_ingest("orders")
+    first = marker(settings, spec)
+    day = datetime(2026, 1, 1, tzinfo=UTC)
+    pipeline.rebuild_silver("orders", Window(day, day + timedelta(days=1)))
+    assert marker(settings, spec) is None
+    assert (query := spark.streams.get(first["query_id"])) is None or not query.isActive
+    produce(kafka, topic, orders("b", 50))
+    assert pipeline.publish_ingest("orders").metadata["inserted"] == 50
+    second = marker(settings, spec)["run_id"]
+    assert second != first["run_id"]
 
-        # `riverhouse run` (a query of its own) takes the checkpoint over; its batches are published.
-        produce(kafka, topic, orders("c", 30))
-        summary = pipeline.run()
-        assert summary["inserted"] == 30
-        assert pipeline.lag().total == 0
-        produce(kafka, topic, orders("d", 20))
-        fourth = pipeline.publish_ingest("orders").metadata
-        assert (fourth["records_in"], fourth["inserted"]) == (21, 20)
-        assert any("restarting its resident query (another run took over)" in m for m in messages) or (
-            marker(settings, spec)["run_id"] != second
-        ), messages
-        assert silver_ids(settings, spec) == expected(("a", 200), ("b", 50), ("c", 30), ("d", 20))
-        assert clickhouse_ids(settings, spec) == expected(("a", 200), ("b", 50), ("c", 30))  # run loaded c
-        pipeline.publish_clickhouse(None)
-        assert clickhouse_ids(settings, spec) == expected(("a", 200), ("b", 50), ("c", 30), ("d", 20))
-    finally:
-        pipeline.reset()
+    # `riverhouse run` (a query of its own) takes the checkpoint over; its batches are published.
+    produce(kafka, topic, orders("c", 30))
+    summary = pipeline.run()
+    assert summary["inserted"] == 30
+    assert pipeline.lag().total == 0
+    produce(kafka, topic, orders("d", 20))
+    fourth = pipeline.publish_ingest("orders").metadata
+    assert (fourth["records_in"], fourth["inserted"]) == (21, 20)
+    assert any("restarting its resident query (another run took over)" in m for m in messages) or (
+        marker(settings, spec)["run_id"] != second
+    ), messages
+    assert silver_ids(settings, spec) == expected(("a", 200), ("b", 50), ("c", 30), ("d", 20))
+    assert clickhouse_ids(settings, spec) == expected(("a", 200), ("b", 50), ("c", 30))  # run loaded c
+    pipeline.publish_clickhouse(None)
+    assert clickhouse_ids(settings, spec) == expected(("a", 200), ("b", 50), ("c", 30), ("d", 20))
 
 
 CLIENT = """
