@@ -114,17 +114,15 @@ def test_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str | None
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """The xdist controller, once every worker is done: stop the engine and the broker the workers shared."""
-    if hasattr(session.config, "workerinput"):
+    """The xdist controller, once every worker is done: stop the engine the workers shared."""
+    if not TEST_ENGINE or hasattr(session.config, "workerinput"):
         return
     factory = getattr(session.config, "_tmp_path_factory", None)
     if factory is None or getattr(session.config.option, "numprocesses", None) in (None, 0):
         return
-    local_kafka.stop(shared_kafka_dir(factory.getbasetemp()))
-    if TEST_ENGINE:
-        from riverhouse.platform.runtime import engine
+    from riverhouse.platform.runtime import engine
 
-        engine.stop(shared_engine_dir(factory.getbasetemp()))
+    engine.stop(shared_engine_dir(factory.getbasetemp()))
 
 
 @pytest.fixture(scope="session")
@@ -155,27 +153,13 @@ def own_spark(spark: Any) -> Any:
     release_session(session)
 
 
-def shared_kafka_dir(basetemp: Path) -> Path:
-    """The session broker's state folder, in the run's temporary root that every xdist worker shares."""
-    return basetemp / "shared-kafka"
-
-
 @pytest.fixture(scope="session")
 def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Bootstrap address of the real local broker (Apache Kafka from jvm/lib/broker), one for the run.
-
-    Like the engine, the xdist workers share it (the first to need it starts it, the controller
-    stops it: `pytest_sessionfinish`): every test reads and writes topics of its own (`topic`),
-    and the tests that stop or restart a broker start their own.
-    """
-    base = tmp_path_factory.getbasetemp()
-    state_dir = shared_kafka_dir(base.parent if _xdist_worker() else base)
-    state_dir.mkdir(parents=True, exist_ok=True)
-    with _locked(state_dir.parent / "shared-kafka.lock"):
-        state = local_kafka.start(state_dir)
+    """Bootstrap address of the real local broker (Apache Kafka from jvm/lib/broker, one JVM for the session)."""
+    state_dir = tmp_path_factory.mktemp("kafka")
+    state = local_kafka.start(state_dir)
     yield state.bootstrap
-    if not _xdist_worker():
-        local_kafka.stop(state_dir)
+    local_kafka.stop(state_dir)
 
 
 @pytest.fixture

@@ -235,8 +235,8 @@ def test_the_registry_down_mid_run_keeps_cached_schemas_and_a_new_id_fails_the_b
             assert time.monotonic() < deadline, "the first batch never reached bronze"
             time.sleep(0.1)
         local_registry.stop(state_dir)
-        _, stderr = proc.communicate(timeout=300)
-        assert proc.returncode == 1
+        stdout, stderr = proc.communicate(timeout=300)
+        assert proc.returncode == 1, f"{stdout[-2000:]}\n{stderr[-3000:]}"
         assert f"schema id {other} is not among the cached schemas of subject '{subject}'" in stderr, stderr[-3000:]
         assert "the registry cannot be reached" in stderr
         written = silver_ids(settings, spec)
