@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -81,8 +82,11 @@ EngineOption = Annotated[
 ]
 
 
-def start_local_engine(settings: Settings, wanted: bool) -> tuple[str, bool]:
-    """Where runs get Spark, and whether this command started the engine (it then stops it)."""
+def start_local_engine(settings: Settings, wanted: bool, short_lived: bool = False) -> tuple[str, bool]:
+    """Where runs get Spark, and whether this command started the engine (it then stops it).
+
+    `short_lived`: the engine serves this command only (its JVM gets SHORT_LIVED_JAVA_OPTIONS).
+    """
     if os.environ.get(REMOTE_ENV):
         return f"Spark Connect at {redact_remote(os.environ[REMOTE_ENV])} ({REMOTE_ENV})", False
     running = engine.status(settings.engine_state_dir)
@@ -93,7 +97,8 @@ def start_local_engine(settings: Settings, wanted: bool) -> tuple[str, bool]:
     err.print("starting the engine (a Spark Connect server)...", highlight=False)
     started = time.monotonic()
     try:
-        state = engine.start(settings.engine_state_dir)
+        options = engine.SHORT_LIVED_JAVA_OPTIONS if short_lived else ""
+        state = engine.start(settings.engine_state_dir, java_options=options)
     except (engine.EngineError, JavaMissingError, SparkConfError) as exc:
         fail(str(exc))
         raise AssertionError("unreachable") from None
@@ -398,9 +403,17 @@ def demo(
     base = settings_for(home)
     log = (lambda m: None) if as_json else (lambda m: err.print(m, highlight=False))
     # The engine of the base home (kept running if it was): the demo's own home is reset each run.
-    where, engine_started = start_local_engine(base, use_engine)
-    running = engine.status(base.engine_state_dir)
-    log(f"engine: {where}")
+    # It starts in the background while the demo starts Kafka and produces: runs wait for it.
+    pool = ThreadPoolExecutor(1, thread_name_prefix="engine-start")
+    starting = pool.submit(start_local_engine, base, use_engine, True)
+    pool.shutdown(wait=False)
+
+    def engine_url() -> str | None:
+        where, _ = starting.result()
+        log(f"engine: {where}")
+        running = engine.status(base.engine_state_dir)
+        return running.url if running and not os.environ.get(REMOTE_ENV) else None
+
     try:
         result = _guarded(
             lambda: run_demo(
@@ -412,10 +425,11 @@ def demo(
                 log=log,
                 progress_console=None if as_json else err,
                 join_spec=join_spec,
-                spark_remote=running.url if running and not os.environ.get(REMOTE_ENV) else None,
+                engine_url=engine_url,
             )
         )
     finally:
+        engine_started = starting.exception() is None and starting.result()[1]  # waits for a start under way
         if engine_started:
             close_connect_sessions()  # before their engine goes: pyspark's exit hook would wait for it
             engine.stop(base.engine_state_dir)
@@ -439,6 +453,7 @@ def demo(
         f"(Kafka -> Delta -> ClickHouse, including Spark start-up)",
         highlight=False,
     )
+    where = starting.result()[0]
     stopped = " (started for the demo, stopped again)" if engine_started else ""
     out.print(f"engine: {where}{stopped}", highlight=False)
     out.print(

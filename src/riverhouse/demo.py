@@ -113,16 +113,17 @@ def run_demo(
     log: Callable[[str], None] = print,
     progress_console: Any = None,
     join_spec: PipelineSpec | None = None,
-    spark_remote: str | None = None,
+    engine_url: Callable[[], str | None] = lambda: None,
 ) -> dict[str, Any]:
-    """`spark_remote`: the Spark Connect engine the runs attach to (None: as the home's settings say)."""
+    """`engine_url`: waits for the Spark Connect engine the runs attach to (None: as the home's settings say).
+
+    Called once the topics are produced, so an engine may start while Kafka does.
+    """
     started = time.monotonic()
     home = home.resolve()
     log(f"resetting demo state in {home}")
     reset_state(home)
     settings = Settings.from_env(home).with_(kafka_bootstrap=None)
-    if spark_remote:
-        settings = settings.with_(spark_conf={**settings.spark_conf, "spark.remote": spark_remote})
     state = local_kafka.start(settings.kafka_state_dir)
     log(f"local Kafka started at {state.bootstrap}")
     # The runs go to the Dagster instance `riverhouse ui --home <home>` opens, so the UI shows
@@ -153,6 +154,8 @@ def run_demo(
                 f"produced {user_stats.messages:,} user events: {user_stats.unique:,} distinct, "
                 f"{user_stats.duplicates:,} duplicates, {user_stats.malformed} malformed"
             )
+        if spark_remote := engine_url():
+            settings = settings.with_(spark_conf={**settings.spark_conf, "spark.remote": spark_remote})
         log("materializing the dedup pipeline's assets through Dagster (Spark start-up takes a few seconds)...")
         pipeline_started = time.monotonic()
         result = materialize_pipeline(spec, settings, instance=instance)

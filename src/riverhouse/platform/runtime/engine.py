@@ -58,6 +58,9 @@ MEMORY_ENV = "RIVERHOUSE_ENGINE_MEMORY"
 # Set in the engine's environment to its JVM's pid: its Python workers (foreachBatch) read it.
 PID_ENV = "RIVERHOUSE_ENGINE_PID"
 DEFAULT_MEMORY = os.environ.get(MEMORY_ENV, "2g")
+# For an engine that lives for one command (`riverhouse demo`): HotSpot's C2 compiler costs such a
+# JVM more CPU than its code gives back on 2 cores (bench/analysis.md, "The demo on a new engine").
+SHORT_LIVED_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
 # What makes a Python process a Spark Connect client or a spark-submit child: the server and
 # the Python workers it starts must not inherit them (they would attach to themselves).
 _CLIENT_ENV = (
@@ -169,8 +172,13 @@ def _spark_home(master: str) -> Path:
     return overlay_spark_home(master) or Path(pyspark.__file__).parent
 
 
-def server_command(state_dir: Path, master: str, memory: str, host: str, port: int) -> tuple[list[str], dict[str, str]]:
-    """spark-submit's command line and environment for the engine; writes its settings file."""
+def server_command(
+    state_dir: Path, master: str, memory: str, host: str, port: int, java_options: str = ""
+) -> tuple[list[str], dict[str, str]]:
+    """spark-submit's command line and environment for the engine; writes its settings file.
+
+    `java_options`: added to the driver JVM's options (the settings' own are kept).
+    """
     import pyspark
 
     from riverhouse.platform.runtime.jars import spark_jar_files
@@ -179,6 +187,9 @@ def server_command(state_dir: Path, master: str, memory: str, host: str, port: i
     conf.pop("spark.jars", None)  # --jars below replaces it: one list, spark-connect included
     packages = conf.pop("spark.jars.packages", None)
     conf.update({"spark.connect.grpc.binding.address": host, "spark.connect.grpc.binding.port": str(port)})
+    if java_options:
+        key = "spark.driver.extraJavaOptions"
+        conf[key] = f"{conf.get(key, '')} {java_options}".strip()
     conf_file = state_dir / CONF_FILE
     conf_file.touch(mode=0o600)
     os.chmod(conf_file, 0o600)
@@ -212,8 +223,12 @@ def start(
     host: str = "127.0.0.1",
     port: int | None = None,
     timeout_s: float = 180.0,
+    java_options: str = "",
 ) -> EngineState:
-    """Start the engine in the background (or return the running one); wait for a session round trip."""
+    """Start the engine in the background (or return the running one); wait for a session round trip.
+
+    `java_options`: added to its JVM's options (SHORT_LIVED_JAVA_OPTIONS for one command's engine).
+    """
     state_dir = Path(state_dir).resolve()
     running = status(state_dir)
     if running:
@@ -230,7 +245,7 @@ def start(
             f"the engine's port {port} (kept in {state_dir / ENGINE_FILE} since its first start) is taken by "
             "another process: stop that process, or start the engine with --port"
         )
-    argv, env = server_command(state_dir, master, memory, host, port)
+    argv, env = server_command(state_dir, master, memory, host, port, java_options)
     log = open(state_dir / "logs" / LOG_FILE, "ab")  # noqa: SIM115 - handed to the child
     proc = subprocess.Popen(
         argv,
