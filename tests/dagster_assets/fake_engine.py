@@ -36,12 +36,21 @@ class FakePipeline:
         passed = name not in self.failing
         return CheckOutcome(passed, {"fake": True}, None if passed else f"{name} failed (fake)")
 
-    def publish_ingest(self, source: str, lock_wait_s: float = 0.0) -> Published:
-        return Published(
-            "stream",
-            {"records_in": 10, "quarantined": 1, "duplicates_dropped": 2, "silver_version_after": 7, "source": source},
-            related={"quarantine": {"quarantined": 1}},
-        )
+    def publish_ingests(self, sources: list[str], lock_wait_s: float = 0.0) -> dict[str, Published]:
+        return {
+            source: Published(
+                "stream",
+                {
+                    "records_in": 10,
+                    "quarantined": 1,
+                    "duplicates_dropped": 2,
+                    "silver_version_after": 7,
+                    "source": source,
+                },
+                related={"quarantine": {"quarantined": 1}},
+            )
+            for source in sources
+        }
 
     def publish_silver(self, source: str, window: Window | None, ingested: dict[str, Any] | None = None) -> Published:
         metadata = {"window": window_label(window), "ingested_records": int((ingested or {}).get("records_in", -1))}

@@ -95,6 +95,30 @@ def test_a_partition_without_the_ingest_rebuilds_its_window_and_config_reaches_t
     assert meta[f"clickhouse/{spec.name}/{spec.sink.table}"]["window"] == DAY
 
 
+def test_a_joins_sources_are_ingested_in_one_step_and_a_selection_reads_its_sources_only() -> None:
+    spec = load_spec(JOIN)
+    result = run(spec, FakeRiverhouse(), tags={MODE_TAG: "stream"})
+    assert result.success
+    ingest_steps = {e.step_key for e in result.all_events if e.is_step_start and e.step_key.startswith("ingest_")}
+    assert ingest_steps == {f"ingest_{spec.name}"}  # both sources, side by side in one step
+    meta = materialization_metadata(result)
+    for source in spec.sources:
+        assert meta[f"bronze/{spec.name}/{source}"]["source"] == source
+        assert meta[f"silver/{spec.name}/{source}"]["ingested_records"] == 10
+    assert {f"{s}_rejected_rate_is_below_0_05" for s in spec.sources} <= set(check_results(result))
+    # One source's bronze alone: only that source is read, and only its check runs.
+    bronze = dg.AssetKey(["bronze", spec.name, "user_events"])
+    alone = dg.materialize(
+        build_pipeline_assets(spec),
+        resources={"riverhouse": FakeRiverhouse()},
+        selection=[bronze],
+        raise_on_error=False,
+    )
+    assert alone.success
+    assert set(materialization_metadata(alone)) == {f"bronze/{spec.name}/user_events"}
+    assert set(check_results(alone)) == {"user_events_rejected_rate_is_below_0_05"}
+
+
 def test_the_rebuild_tag_rebuilds_even_with_the_ingest_in_the_run() -> None:
     spec = load_spec(DEDUP)
     result = run(spec, FakeRiverhouse(), partition_key="2026-01-02", tags={MODE_TAG: "rebuild"})

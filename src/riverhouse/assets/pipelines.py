@@ -219,8 +219,8 @@ def build_pipeline_assets(spec: PipelineSpec, settings: Settings | None = None) 
                 metadata={"topic": src.topic, **table_metadata(spec, f"kafka.{src.topic}", "sources")},
             )
         )
-        assets.append(_ingest_asset(spec, source_name, layout))
         assets.append(_silver_asset(spec, source_name, parts, layout))
+    assets.append(_ingest_asset(spec, layout))
 
     upstream = asset_key("silver", spec, spec.sink_source_name)
     if spec.is_join:
@@ -235,13 +235,16 @@ def build_pipeline_assets(spec: PipelineSpec, settings: Settings | None = None) 
     return assets
 
 
-def _ingest_asset(spec: PipelineSpec, source_name: str, layout: TableLayout) -> dg.AssetsDefinition:
+def _rate_check_name(spec: PipelineSpec, source_name: str) -> str:
+    return f"{source_name}_rejected_rate_is_below_{spec.quality.max_rejected_rate:g}".replace(".", "_")
+
+
+def _ingest_specs(spec: PipelineSpec, source_name: str, layout: TableLayout) -> list[dg.AssetSpec]:
+    """A source's bronze and quarantine tables."""
     src = spec.sources[source_name]
     bronze_key = asset_key("bronze", spec, source_name)
-    quarantine_key = asset_key("quarantine", spec, source_name)
     owners = list(spec.owners)
-    rate_check = f"{source_name}_rejected_rate_is_below_{spec.quality.max_rejected_rate:g}".replace(".", "_")
-    specs = [
+    return [
         dg.AssetSpec(
             key=bronze_key,
             deps=[asset_key("kafka", spec, source_name)],
@@ -258,7 +261,7 @@ def _ingest_asset(spec: PipelineSpec, source_name: str, layout: TableLayout) -> 
             },
         ),
         dg.AssetSpec(
-            key=quarantine_key,
+            key=asset_key("quarantine", spec, source_name),
             deps=[bronze_key],
             group_name=spec.name,
             kinds={"spark", "delta"},
@@ -268,36 +271,59 @@ def _ingest_asset(spec: PipelineSpec, source_name: str, layout: TableLayout) -> 
         ),
     ]
 
+
+def _ingest_asset(spec: PipelineSpec, layout: TableLayout) -> dg.AssetsDefinition:
+    """One step reads every source (a join's side by side, one query each); a selection reads its sources only."""
+    sources = list(spec.sources)
+    check_specs = [
+        dg.AssetCheckSpec(
+            _rate_check_name(spec, name),
+            asset=asset_key("bronze", spec, name),
+            blocking=True,
+            description=(
+                f"Great Expectations: at most {spec.quality.max_rejected_rate:.1%} of this run's records "
+                "were quarantined (quality.max_rejected_rate)."
+            ),
+        )
+        for name in sources
+    ]
+    topics = ", ".join(f"`{spec.sources[name].topic}`" for name in sources)
+
     @dg.multi_asset(
-        name=f"ingest_{spec.name}_{source_name}",
-        specs=specs,
-        check_specs=[
-            dg.AssetCheckSpec(
-                rate_check,
-                asset=bronze_key,
-                blocking=True,
-                description=(
-                    f"Great Expectations: at most {spec.quality.max_rejected_rate:.1%} of this run's records "
-                    "were quarantined (quality.max_rejected_rate)."
-                ),
-            )
-        ],
-        description=f"Read `{src.topic}` up to its current end (Spark availableNow) into bronze, quarantine and silver.",
+        name=f"ingest_{spec.name}_{sources[0]}" if len(sources) == 1 else f"ingest_{spec.name}",
+        specs=[s for name in sources for s in _ingest_specs(spec, name, layout)],
+        check_specs=check_specs,
+        can_subset=len(sources) > 1,
+        description=f"Read {topics} up to the current end (Spark availableNow) into bronze, quarantine and silver.",
     )
     def ingest_source(context: dg.AssetExecutionContext, riverhouse: Riverhouse):
         pipeline = riverhouse.pipeline(spec, context.log.info)
+        selected = context.selected_asset_keys
+        wanted = [
+            name
+            for name in sources
+            if {asset_key("bronze", spec, name), asset_key("quarantine", spec, name)} & selected
+        ]
         # Runs launched from the UI are not queued per pipeline: wait for the one in progress.
-        ingested = pipeline.publish_ingest(source_name, lock_wait_s=600)
-        yield dg.MaterializeResult(asset_key=bronze_key, metadata=ingested.metadata)
-        yield dg.MaterializeResult(asset_key=quarantine_key, metadata=ingested.related["quarantine"])
-        rate = pipeline.check_rejected_rate(ingested.metadata["records_in"], ingested.metadata["quarantined"])
-        yield dg.AssetCheckResult(
-            asset_key=bronze_key,
-            check_name=rate_check,
-            passed=rate.passed,
-            metadata=rate.metadata,
-            description=rate.description,
-        )
+        ingested = pipeline.publish_ingests(wanted, lock_wait_s=600)
+        for name in wanted:
+            bronze_key, quarantine_key = asset_key("bronze", spec, name), asset_key("quarantine", spec, name)
+            if bronze_key in selected:
+                yield dg.MaterializeResult(asset_key=bronze_key, metadata=ingested[name].metadata)
+            if quarantine_key in selected:
+                yield dg.MaterializeResult(asset_key=quarantine_key, metadata=ingested[name].related["quarantine"])
+            check = dg.AssetCheckKey(bronze_key, _rate_check_name(spec, name))
+            if check not in context.selected_asset_check_keys:
+                continue
+            meta = ingested[name].metadata
+            rate = pipeline.check_rejected_rate(meta["records_in"], meta["quarantined"])
+            yield dg.AssetCheckResult(
+                asset_key=bronze_key,
+                check_name=check.name,
+                passed=rate.passed,
+                metadata=rate.metadata,
+                description=rate.description,
+            )
 
     return ingest_source
 

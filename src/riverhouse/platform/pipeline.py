@@ -233,19 +233,32 @@ class Pipeline:
     # ------------------------------------------------- publishing (orchestrators)
     # What a Dagster asset shows: metadata and check outcomes (riverhouse.platform.publish).
     def publish_ingest(self, source: str, lock_wait_s: float = 0.0) -> publish.Published:
+        return self.publish_ingests([source], lock_wait_s)[source]
+
+    def publish_ingests(self, sources: list[str], lock_wait_s: float = 0.0) -> dict[str, publish.Published]:
+        """A stream run's ingest of `sources`: a join's sources are read side by side (ingest_sources)."""
         _ = self.spark  # the session first (GX imports pyspark's modules too)
         expectations.preload()  # the checks that follow need GX: its import overlaps the query
-        lag_before = self.lag([source]).total
-        silver_before = DeltaLog(TableLayout(self.settings.warehouse, self.name).silver(source)).latest_version()
-        result = self.ingest(
-            source,
-            on_batch=lambda m: self.log(batch_line(self.spec, m)),
-            lock_wait_s=lock_wait_s,
-            resident=self.spec.orchestration.resident_query,
-        )
-        if result.silver_version_before is not None:  # a resident query's batches, some before this run
-            silver_before = result.silver_version_before
-        return publish.ingest(self.spec, self.settings, source, result, lag_before, silver_before)
+        lag = self.lag(sources)
+        layout = TableLayout(self.settings.warehouse, self.name)
+        silver_before = {s: DeltaLog(layout.silver(s)).latest_version() for s in sources}
+
+        def on_batch(m: BatchMetrics) -> None:
+            self.log(batch_line(self.spec, m))
+
+        if len(sources) == 1:
+            resident = self.spec.orchestration.resident_query
+            results = [self.ingest(sources[0], on_batch=on_batch, lock_wait_s=lock_wait_s, resident=resident)]
+        else:
+            results = ingest_sources(self.spark, self.spec, self.settings, sources, on_batch, lock_wait_s, self.log)
+        published = {}
+        for source, result in zip(sources, results, strict=True):
+            before = silver_before[source]
+            if result.silver_version_before is not None:  # a resident query's batches, some before this run
+                before = result.silver_version_before
+            waiting = sum(s.lag for s in lag.sources if s.source == source)
+            published[source] = publish.ingest(self.spec, self.settings, source, result, waiting, before)
+        return published
 
     def publish_silver(
         self, source: str, window: Window | None, ingested: dict[str, Any] | None = None
