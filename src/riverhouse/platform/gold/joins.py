@@ -59,7 +59,8 @@ from riverhouse.platform.state.tables import (
     KAFKA_IDENTITY,
     SILVER_PROPERTIES,
     TableLayout,
-    ensure_delta_table,
+    ensure_delta_tables,
+    new_table,
     silver_schema,
     spark_schema,
 )
@@ -135,10 +136,13 @@ def read_state(path: str) -> GoldState:
 def ensure_gold_tables(spark: Any, spec: PipelineSpec, layout: TableLayout) -> Any:
     """Create gold (change data feed on: the loader reads it), its quarantine and the silver tables it reads."""
     schema = gold_schema(spark, spec)
-    ensure_delta_table(spark, gold_path(layout, spec), schema, ["_left_event_date"], GOLD_PROPERTIES)
-    ensure_delta_table(spark, gold_quarantine_path(layout, spec), schema, ["_left_event_date"], GOLD_PROPERTIES)
+    tables = [
+        new_table(p, schema, ["_left_event_date"], GOLD_PROPERTIES)
+        for p in (gold_path(layout, spec), gold_quarantine_path(layout, spec))
+    ]
     for name, src in spec.sources.items():
-        ensure_delta_table(spark, layout.silver(name), silver_schema(src), ["_event_date"], SILVER_PROPERTIES)
+        tables.append(new_table(layout.silver(name), silver_schema(src), ["_event_date"], SILVER_PROPERTIES))
+    ensure_delta_tables(spark, tables)
     return spark_schema(schema)
 
 
@@ -270,7 +274,9 @@ def _run_gold(spark: Any, spec: PipelineSpec, settings: Settings, drain: bool) -
         return result
 
     closed = candidates.where("_closed").drop("_closed")
-    fresh = not_processed(closed, read_at(spark, path, gold_version), counts["first_day"])
+    fresh = closed
+    if _holds_rows(path, gold_version):  # a new gold table: no Spark job reads its empty snapshot
+        fresh = not_processed(closed, read_at(spark, path, gold_version), counts["first_day"])
     lo, hi = spark_time(counts["lo"]), spark_time(counts["hi"])
     assert lo is not None and hi is not None  # some events are closed, so both bounds exist
     lookups = lookup_frames(spark, spec, layout, versions, lo, hi)
@@ -308,6 +314,13 @@ def _run_gold(spark: Any, spec: PipelineSpec, settings: Settings, drain: bool) -
     result.gold_version = table_version(path)
     result.seconds = time.monotonic() - started
     return result
+
+
+def _holds_rows(path: str, version: int) -> bool:
+    """Whether the table may hold rows at `version`: false only for its creation commit without files."""
+    if version > 0:
+        return True
+    return bool(DeltaLog(path).commit(version).adds)
 
 
 def _quarantine_batch(path: str, spec: PipelineSpec, run: int) -> int:
