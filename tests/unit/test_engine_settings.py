@@ -255,3 +255,16 @@ def test_the_engine_command_gives_one_jar_list_to_executors_and_the_driver(
     assert conf["spark.connect.grpc.binding.port"] == "15555"
     assert {k: conf[k] for k in REDACTION_CONF} == REDACTION_CONF  # backslashes survive the file
     assert "spark.jars" not in conf  # --jars is the one list
+
+
+def test_an_engine_for_one_command_adds_its_java_options_to_the_settings_ones(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`riverhouse demo`'s own engine compiles with C1 only; the log settings stay, and a user's too."""
+    monkeypatch.setenv("RIVERHOUSE_SPARK_CONF", json.dumps({"spark.driver.extraJavaOptions": "-Dmine=1"}))
+    argv, _ = engine.server_command(tmp_path, "local[2]", "1g", "127.0.0.1", 15555, engine.SHORT_LIVED_JAVA_OPTIONS)
+    conf = java_properties(Path(argv[argv.index("--properties-file") + 1]).read_text())
+    assert conf["spark.driver.extraJavaOptions"].split() == ["-Dmine=1", "-XX:TieredStopAtLevel=1"]
+    argv, _ = engine.server_command(tmp_path, "local[2]", "1g", "127.0.0.1", 15555)  # `riverhouse engine start`
+    conf = java_properties(Path(argv[argv.index("--properties-file") + 1]).read_text())
+    assert conf["spark.driver.extraJavaOptions"] == "-Dmine=1"
