@@ -47,8 +47,10 @@ SHARED_ENGINE_MEMORY = "3g"
 # cost there (an engine's start and four 3,000-record runs: 109 CPU seconds with C2, 80 with C1
 # only; bench/analysis.md). The shared engine serves the whole run and keeps C2: with C1 only
 # it used twice the CPU over a full run. Only how fast compiled code runs changes; the benchmarks
-# (bench/) keep the JVM's defaults. A JAVA_TOOL_OPTIONS of the caller's is kept.
-TEST_JIT = "-XX:TieredStopAtLevel=1"
+# (bench/) keep the JVM's defaults. A JAVA_TOOL_OPTIONS of the caller's is kept. The code cache
+# keeps its tiered size: with C1 only HotSpot reserves 48 MB, which Spark's generated code can
+# fill (runtime/engine.py, SHORT_LIVED_JAVA_OPTIONS).
+TEST_JIT = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
 
 
 def _short_lived_jvms_use_c1() -> None:

@@ -125,6 +125,9 @@ def test_engine_lifecycle_serves_dataframes_delta_and_foreach_batch(tmp_path: Pa
         assert "foreach_batch_worker" in seen["cmd"]
         assert seen["ppid"] == pid and seen["engine_pid"] == pid
     assert engine.engine_pid(home / "engine") == pid
+    archive = engine.class_archive()  # made by `make install` (make class-archive)
+    if archive.is_file():
+        assert str(archive) in Path(f"/proc/{pid}/maps").read_text()  # the JVM mapped its classes from it
 
     stopped = cli("engine", "stop", "--home", str(home), env=clean_env())
     assert stopped.returncode == 0 and "engine stopped" in stopped.stdout

@@ -264,7 +264,27 @@ def test_an_engine_for_one_command_adds_its_java_options_to_the_settings_ones(
     monkeypatch.setenv("RIVERHOUSE_SPARK_CONF", json.dumps({"spark.driver.extraJavaOptions": "-Dmine=1"}))
     argv, _ = engine.server_command(tmp_path, "local[2]", "1g", "127.0.0.1", 15555, engine.SHORT_LIVED_JAVA_OPTIONS)
     conf = java_properties(Path(argv[argv.index("--properties-file") + 1]).read_text())
-    assert conf["spark.driver.extraJavaOptions"].split() == ["-Dmine=1", "-XX:TieredStopAtLevel=1"]
+    options = conf["spark.driver.extraJavaOptions"].split()
+    assert options[:3] == ["-Dmine=1", "-XX:TieredStopAtLevel=1", "-XX:ReservedCodeCacheSize=240m"]
     argv, _ = engine.server_command(tmp_path, "local[2]", "1g", "127.0.0.1", 15555)  # `riverhouse engine start`
     conf = java_properties(Path(argv[argv.index("--properties-file") + 1]).read_text())
-    assert conf["spark.driver.extraJavaOptions"] == "-Dmine=1"
+    assert conf["spark.driver.extraJavaOptions"].split()[0] == "-Dmine=1"
+    assert "TieredStopAtLevel" not in conf["spark.driver.extraJavaOptions"]
+
+
+def test_the_class_archive_is_named_for_its_class_path_and_used_only_when_made(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from riverhouse.platform.runtime import class_archive
+
+    monkeypatch.setenv("RIVERHOUSE_JARS", str(tmp_path))
+    monkeypatch.delenv(class_archive.DISABLE_ENV, raising=False)
+    archive = class_archive.archive_path(Path("/spark"), ["/a.jar", "/b.jar"])
+    assert archive.parent == tmp_path and archive.suffix == ".jsa"
+    assert class_archive.archive_path(Path("/spark"), ["/a.jar", "/c.jar"]) != archive  # another class path
+    assert class_archive.archive_path(Path("/other"), ["/a.jar", "/b.jar"]) != archive  # another Spark home
+    assert class_archive.java_options(archive) == ""  # not made: engines start as before
+    archive.write_bytes(b"x")
+    assert class_archive.java_options(archive) == f"-XX:SharedArchiveFile={archive}"
+    monkeypatch.setenv(class_archive.DISABLE_ENV, "1")
+    assert class_archive.java_options(archive) == ""

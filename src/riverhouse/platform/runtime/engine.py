@@ -35,6 +35,8 @@ from typing import Any, NoReturn
 
 from riverhouse.platform.errors import EngineUnavailable
 from riverhouse.platform.runtime import processes
+from riverhouse.platform.runtime.class_archive import archive_path
+from riverhouse.platform.runtime.class_archive import java_options as class_archive_options
 from riverhouse.platform.runtime.spark import (
     CONNECT_PORT,  # noqa: F401  (engine's API: the address parts live beside the session code)
     DEFAULT_MASTER,
@@ -60,7 +62,10 @@ PID_ENV = "RIVERHOUSE_ENGINE_PID"
 DEFAULT_MEMORY = os.environ.get(MEMORY_ENV, "2g")
 # For an engine that lives for one command (`riverhouse demo`): HotSpot's C2 compiler costs such a
 # JVM more CPU than its code gives back on 2 cores (bench/analysis.md, "The demo on a new engine").
-SHORT_LIVED_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
+# With C1 only, HotSpot sizes the code cache at 48 MB instead of 240: Spark's generated classes
+# filled it in one demo ("Out of space in CodeCache for adapters" failed a query), so it keeps 240.
+SHORT_LIVED_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
+ARCHIVE_WRITE_OPTION = "-XX:ArchiveClassesAtExit"
 # What makes a Python process a Spark Connect client or a spark-submit child: the server and
 # the Python workers it starts must not inherit them (they would attach to themselves).
 _CLIENT_ENV = (
@@ -172,21 +177,36 @@ def _spark_home(master: str) -> Path:
     return overlay_spark_home(master) or Path(pyspark.__file__).parent
 
 
+def _launch_parts(master: str) -> tuple[Path, list[str]]:
+    """The engine's Spark home and its class path's jars (pinned ones, then Spark Connect's)."""
+    import pyspark
+
+    from riverhouse.platform.runtime.jars import spark_jar_files
+
+    connect_jar = sorted((Path(pyspark.__file__).parent / "jars").glob("spark-connect_*.jar"))
+    return _spark_home(master), [str(j) for j in [*spark_jar_files(), *connect_jar]]
+
+
+def class_archive(master: str | None = None) -> Path:
+    """Where the class-data archive of an engine on `master` is (runtime/class_archive.py); may not exist."""
+    return archive_path(*_launch_parts(master or configured_master() or DEFAULT_MASTER))
+
+
 def server_command(
     state_dir: Path, master: str, memory: str, host: str, port: int, java_options: str = ""
 ) -> tuple[list[str], dict[str, str]]:
     """spark-submit's command line and environment for the engine; writes its settings file.
 
-    `java_options`: added to the driver JVM's options (the settings' own are kept).
+    `java_options`: added to the driver JVM's options (the settings' own are kept), beside the
+    class-data archive's when there is one (runtime/class_archive.py).
     """
-    import pyspark
-
-    from riverhouse.platform.runtime.jars import spark_jar_files
-
     conf = session_conf(master)
     conf.pop("spark.jars", None)  # --jars below replaces it: one list, spark-connect included
     packages = conf.pop("spark.jars.packages", None)
     conf.update({"spark.connect.grpc.binding.address": host, "spark.connect.grpc.binding.port": str(port)})
+    home, jars = _launch_parts(master)
+    if ARCHIVE_WRITE_OPTION not in java_options:  # the engine that writes the archive cannot also map one
+        java_options = f"{java_options} {class_archive_options(archive_path(home, jars))}".strip()
     if java_options:
         key = "spark.driver.extraJavaOptions"
         conf[key] = f"{conf.get(key, '')} {java_options}".strip()
@@ -194,9 +214,6 @@ def server_command(
     conf_file.touch(mode=0o600)
     os.chmod(conf_file, 0o600)
     conf_file.write_text(_properties(conf))
-    home = _spark_home(master)
-    connect_jar = sorted((Path(pyspark.__file__).parent / "jars").glob("spark-connect_*.jar"))
-    jars = [str(j) for j in [*spark_jar_files(), *connect_jar]]
     argv = [str(home / "bin" / "spark-submit"), "--class", SERVER_CLASS, "--name", "riverhouse-engine"]
     argv += ["--master", master, "--driver-memory", memory, "--properties-file", str(conf_file)]
     argv += ["--load-spark-defaults"]  # a cluster's spark-defaults.conf still applies; ours wins
