@@ -409,6 +409,8 @@ def demo(
     pool.shutdown(wait=False)
 
     def engine_url() -> str | None:
+        if not starting.done():
+            log("waiting for the engine to answer...")
         where, _ = starting.result()
         log(f"engine: {where}")
         running = engine.status(base.engine_state_dir)
