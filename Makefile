@@ -58,7 +58,7 @@ $(JARS_STAMP): jvm/pom.xml | $(STAMP) mvn-check
 # effort: without it engines start as before.
 class-archive: | $(STAMP)
 	@echo "==> a class-data archive for the engine's JVM (an engine is started and stopped once, ~30 s)"
-	@$(BIN)/python -m riverhouse.platform.runtime.class_archive || echo "no class-data archive: engines start without one"
+	@$(BIN)/riverhouse engine archive || echo "no class-data archive: engines start without one"
 
 jars: $(JARS_STAMP) ## the JVM jars only
 

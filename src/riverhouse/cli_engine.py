@@ -1,4 +1,4 @@
-"""`riverhouse engine start|stop|status`: the warm Spark engine (a Spark Connect server)."""
+"""`riverhouse engine start|stop|status|archive`: the warm Spark engine (a Spark Connect server)."""
 
 from __future__ import annotations
 
@@ -119,3 +119,21 @@ def engine_status(
         )
     if not report["running"]:
         raise typer.Exit(1)
+
+
+@engine_app.command("archive")
+def engine_archive() -> None:
+    """Write the class-data archive engines start from (~6 s instead of ~9); `make install` runs it.
+
+    Starts an engine in a scratch folder and stops it: its JVM writes the classes its start loaded
+    (~30 s, ~180 MB in the jars folder). Run it again after changing the JDK or the jars.
+    """
+    err.print("writing the class-data archive: an engine is started and stopped once (~30 s)...", highlight=False)
+    started = time.monotonic()
+    try:
+        made = engine.make_class_archive()
+    except (engine.EngineError, EngineUnavailable, JavaMissingError, SparkConfError) as exc:
+        fail(f"no class-data archive: {exc}")
+    if made is None:
+        fail("no class-data archive: the engine's JVM wrote none (see its log); engines start without one")
+    out.print(f"class-data archive: {made} ({time.monotonic() - started:.0f}s)", highlight=False)

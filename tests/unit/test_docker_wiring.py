@@ -46,6 +46,7 @@ NOT_FOR_PRODUCTION = {
     "RIVERHOUSE_METRICS_LAG_INTERVAL": "has a default (15 s)",
     "RIVERHOUSE_SPARK_CONF": "optional extra Spark settings; the image's spark-defaults.conf holds the cluster's",
     "RIVERHOUSE_ENGINE_PID": "set by the engine itself for the Python workers it starts",
+    "RIVERHOUSE_NO_CLASS_ARCHIVE": "turns the engine's class-data archive off; the image makes none",
 }
 # Per service: variables only another role reads.
 EXCUSED = {

@@ -3,7 +3,7 @@
 HotSpot maps the classes an archive holds instead of reading, parsing and verifying them from
 the jars again (AppCDS: a JVM started with `-XX:ArchiveClassesAtExit` writes one when it exits,
 `-XX:SharedArchiveFile` uses it). `make jars` builds it once, right after fetching the jars
-(`python -m riverhouse.platform.runtime.class_archive`): an engine started and stopped in a
+(`riverhouse engine archive`, `engine.make_class_archive`): an engine started and stopped in a
 scratch folder, so the archive holds what an engine's start loads (Spark, its Connect server,
 Delta's catalog). It is valid for one JDK and one class path, so its name carries a digest of
 both: another JDK, Spark home or jar set finds no archive and starts as before. The JVM also
@@ -16,10 +16,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import sys
-import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 from riverhouse.platform.runtime.jars import jars_root
@@ -50,34 +46,13 @@ def java_options(archive: Path) -> str:
     return f"-XX:SharedArchiveFile={archive}"
 
 
-def build(log: Callable[[str], None] = print) -> Path | None:
-    """Start an engine that writes the archive when it exits, stop it; the archive's path (None: none made)."""
-    from riverhouse.platform.runtime import engine
-
-    target = engine.class_archive()
-    partial = target.with_suffix(f".{os.getpid()}.tmp")
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="riverhouse-archive-") as scratch:
-        state_dir = Path(scratch) / "engine"
-        options = f"{engine.SHORT_LIVED_JAVA_OPTIONS} -XX:ArchiveClassesAtExit={partial}"
-        engine.start(state_dir, java_options=options)
-        engine.stop(state_dir)  # the JVM writes the archive as it exits
-        if not partial.is_file() or partial.stat().st_size == 0:
-            partial.unlink(missing_ok=True)
-            return None
-        partial.replace(target)  # whole or not at all: a start never maps half an archive
+def install(partial: Path, target: Path) -> bool:
+    """Move a freshly written archive into place (whole or not at all), dropping the folder's older ones."""
+    if not partial.is_file() or partial.stat().st_size == 0:
+        partial.unlink(missing_ok=True)
+        return False
+    partial.replace(target)  # a start never maps half an archive
     for stale in target.parent.glob("engine-*.jsa"):
         if stale != target:
             stale.unlink(missing_ok=True)
-    log(f"class-data archive for the engine's JVM: {target} ({time.monotonic() - started:.0f}s)")
-    return target
-
-
-if __name__ == "__main__":
-    try:
-        made = build()
-    except Exception as exc:  # the archive only speeds engines up: an install goes on without it
-        print(f"no class-data archive for the engine ({exc}); engines start without one", file=sys.stderr)
-        sys.exit(0)
-    if made is None:
-        print("no class-data archive for the engine: the JVM wrote none; engines start without one", file=sys.stderr)
+    return True

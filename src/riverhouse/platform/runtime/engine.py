@@ -35,7 +35,7 @@ from typing import Any, NoReturn
 
 from riverhouse.platform.errors import EngineUnavailable
 from riverhouse.platform.runtime import processes
-from riverhouse.platform.runtime.class_archive import archive_path
+from riverhouse.platform.runtime.class_archive import archive_path, install
 from riverhouse.platform.runtime.class_archive import java_options as class_archive_options
 from riverhouse.platform.runtime.spark import (
     CONNECT_PORT,  # noqa: F401  (engine's API: the address parts live beside the session code)
@@ -190,6 +190,19 @@ def _launch_parts(master: str) -> tuple[Path, list[str]]:
 def class_archive(master: str | None = None) -> Path:
     """Where the class-data archive of an engine on `master` is (runtime/class_archive.py); may not exist."""
     return archive_path(*_launch_parts(master or configured_master() or DEFAULT_MASTER))
+
+
+def make_class_archive() -> Path | None:
+    """Start an engine that writes the class-data archive as it exits, and stop it; the archive (None: none written)."""
+    import tempfile
+
+    target = class_archive()
+    partial = target.with_suffix(f".{os.getpid()}.tmp")
+    with tempfile.TemporaryDirectory(prefix="riverhouse-archive-") as scratch:
+        state_dir = Path(scratch) / "engine"
+        start(state_dir, java_options=f"{SHORT_LIVED_JAVA_OPTIONS} {ARCHIVE_WRITE_OPTION}={partial}")
+        stop(state_dir)  # the JVM writes the archive as it exits
+    return target if install(partial, target) else None
 
 
 def server_command(
