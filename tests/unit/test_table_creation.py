@@ -1,4 +1,4 @@
-"""`ensure_delta_tables` on tables that exist: their columns come from the Delta log, without Spark."""
+"""`ensure_delta_table` on tables that exist: their columns come from the Delta log, without Spark."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from riverhouse.platform.state.tables import ensure_delta_tables, new_table
+from riverhouse.platform.state.tables import ensure_delta_table
 
 pytestmark = pytest.mark.unit
 
@@ -26,6 +26,6 @@ def test_existing_tables_are_checked_from_their_log_and_a_missing_column_is_name
     full, narrow = str(tmp_path / "full"), str(tmp_path / "narrow")
     write_deltalake(full, pa.table({"order_id": ["a"], "amount": [1]}, schema=SCHEMA))
     write_deltalake(narrow, pa.table({"order_id": ["a"]}))
-    ensure_delta_tables(NoSpark(), [new_table(full, SCHEMA, [])])  # exists with every column: nothing to do
+    ensure_delta_table(NoSpark(), full, SCHEMA, [])  # exists with every column: nothing to do
     with pytest.raises(RuntimeError, match=r"lacks column\(s\) amount: it was written by another spec"):
-        ensure_delta_tables(NoSpark(), [new_table(full, SCHEMA, []), new_table(narrow, SCHEMA, [])])
+        ensure_delta_table(NoSpark(), narrow, SCHEMA, [])

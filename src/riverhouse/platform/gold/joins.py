@@ -59,8 +59,7 @@ from riverhouse.platform.state.tables import (
     KAFKA_IDENTITY,
     SILVER_PROPERTIES,
     TableLayout,
-    ensure_delta_tables,
-    new_table,
+    ensure_delta_table,
     silver_schema,
     spark_schema,
 )
@@ -136,13 +135,10 @@ def read_state(path: str) -> GoldState:
 def ensure_gold_tables(spark: Any, spec: PipelineSpec, layout: TableLayout) -> Any:
     """Create gold (change data feed on: the loader reads it), its quarantine and the silver tables it reads."""
     schema = gold_schema(spark, spec)
-    tables = [
-        new_table(p, schema, ["_left_event_date"], GOLD_PROPERTIES)
-        for p in (gold_path(layout, spec), gold_quarantine_path(layout, spec))
-    ]
+    ensure_delta_table(spark, gold_path(layout, spec), schema, ["_left_event_date"], GOLD_PROPERTIES)
+    ensure_delta_table(spark, gold_quarantine_path(layout, spec), schema, ["_left_event_date"], GOLD_PROPERTIES)
     for name, src in spec.sources.items():
-        tables.append(new_table(layout.silver(name), silver_schema(src), ["_event_date"], SILVER_PROPERTIES))
-    ensure_delta_tables(spark, tables)
+        ensure_delta_table(spark, layout.silver(name), silver_schema(src), ["_event_date"], SILVER_PROPERTIES)
     return spark_schema(schema)
 
 

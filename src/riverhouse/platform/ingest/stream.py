@@ -62,8 +62,7 @@ from riverhouse.platform.state.tables import (
     SILVER_PROPERTIES,
     TableLayout,
     bronze_schema,
-    ensure_delta_tables,
-    new_table,
+    ensure_delta_table,
     quarantine_schema,
     silver_schema,
 )
@@ -118,14 +117,9 @@ class IngestResult:
 def ensure_source_tables(spark: Any, spec: PipelineSpec, layout: TableLayout, source: str) -> None:
     """Bronze, quarantine and silver of one source, created with their properties unless they exist."""
     src = spec.sources[source]
-    ensure_delta_tables(
-        spark,
-        [
-            new_table(layout.bronze(source), bronze_schema(src), ["_event_date"], BRONZE_PROPERTIES),
-            new_table(layout.quarantine(source), quarantine_schema(src), ["_event_date"], QUARANTINE_PROPERTIES),
-            new_table(layout.silver(source), silver_schema(src), ["_event_date"], SILVER_PROPERTIES),
-        ],
-    )
+    ensure_delta_table(spark, layout.bronze(source), bronze_schema(src), ["_event_date"], BRONZE_PROPERTIES)
+    ensure_delta_table(spark, layout.quarantine(source), quarantine_schema(src), ["_event_date"], QUARANTINE_PROPERTIES)
+    ensure_delta_table(spark, layout.silver(source), silver_schema(src), ["_event_date"], SILVER_PROPERTIES)
 
 
 _QUERY_START = threading.Lock()

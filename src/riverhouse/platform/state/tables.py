@@ -151,82 +151,38 @@ SILVER_PROPERTIES = {
 GOLD_PROPERTIES = {"delta.dataSkippingStatsColumns": "_left_event_time", **CHECKPOINT_INTERVAL}
 
 
-@dataclass(frozen=True)
-class NewTable:
-    """A Delta table to create unless it exists: where, its columns, partitioning and properties."""
-
-    path: str
-    schema: pa.Schema
-    partition_by: tuple[str, ...] = ("_event_date",)
-    properties: tuple[tuple[str, str], ...] = ()
-
-
-def new_table(
-    path: str, schema: pa.Schema, partition_by: list[str], properties: dict[str, str] | None = None
-) -> NewTable:
-    return NewTable(path, schema, tuple(partition_by), tuple((properties or {}).items()))
-
-
 def ensure_delta_table(
     spark: Any, path: str, schema: pa.Schema, partition_by: list[str], properties: dict[str, str] | None = None
 ) -> None:
-    """Create the table with delta-spark unless it exists; an existing one must have every column."""
-    ensure_delta_tables(spark, [new_table(path, schema, partition_by, properties)])
-
-
-def ensure_delta_tables(spark: Any, tables: list[NewTable]) -> None:
-    """`ensure_delta_table` for each; the missing ones are created side by side.
+    """Create the table with delta-spark unless it exists; an existing one must have every column.
 
     An existing table's columns come from its Delta log (no Spark request). A missing one is
     created by appending no rows (version 0 holds the schema, partitioning and properties): a
     plain DataFrame write, which works the same on a local session and through Spark Connect
     (Delta's Python `DeltaTable` API needs Delta's Connect server plugin; SQL `CREATE TABLE
-    delta.`path`` needs SQL on files, which Riverhouse sessions turn off). Each creation is a
-    Spark job and a commit, mostly waiting on a new engine's first Delta writes, so a source's
-    three tables (or gold's two) are created at once.
+    delta.`path`` needs SQL on files, which Riverhouse sessions turn off).
     """
     from riverhouse.platform.state.delta_log import DeltaLog
 
-    missing = []
-    for table in tables:
-        log = DeltaLog(table.path)
-        if not log.exists():
-            missing.append(table)
-            continue
+    log = DeltaLog(path)
+    if log.exists():
         existing = set(log.schema().fieldNames())
-        lacking = [f.name for f in table.schema if f.name not in existing]
-        if lacking:
+        missing = [f.name for f in schema if f.name not in existing]
+        if missing:
             raise RuntimeError(
-                f"Delta table {table.path} exists but lacks column(s) {', '.join(lacking)}: it was written "
+                f"Delta table {path} exists but lacks column(s) {', '.join(missing)}: it was written "
                 "by another spec. Point the pipeline at a new warehouse or reset it (riverhouse reset)."
             )
-    if len(missing) == 1:
-        _create_delta_table(spark, missing[0])
-    elif missing:
-        from concurrent.futures import ThreadPoolExecutor
-
-        from pyspark import inheritable_thread_target
-
-        create = inheritable_thread_target(spark)(lambda table: _create_delta_table(spark, table))
-        with ThreadPoolExecutor(max_workers=len(missing), thread_name_prefix="riverhouse-create") as pool:
-            futures = [pool.submit(create, table) for table in missing]
-        for future in futures:
-            future.result()
-
-
-def _create_delta_table(spark: Any, table: NewTable) -> None:
-    from riverhouse.platform.state.delta_log import DeltaLog
-
-    empty = spark.createDataFrame([], spark_schema(table.schema))
-    writer = empty.write.format("delta").partitionBy(*table.partition_by)
-    for key, value in table.properties:
+        return
+    writer = spark.createDataFrame([], spark_schema(schema)).write.format("delta").partitionBy(*partition_by)
+    for key, value in (properties or {}).items():
         writer = writer.option(key, value)
     # Two processes creating the same table at once: Delta lets one commit version 0 and fails
     # the other with a concurrent-append error; the loser finds the table made.
     try:
-        writer.mode("append").save(table.path)
+        writer.mode("append").save(path)
     except Exception:
-        if not DeltaLog(table.path).exists():
+        if not DeltaLog(path).exists():
             raise
 
 
