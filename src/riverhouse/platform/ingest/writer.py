@@ -233,9 +233,14 @@ def batch_row(spark: Any, batch_id: int) -> Any:
     Spark writes a literal's value into the code it generates, so a literal that changes every
     batch makes it generate and compile the batch's whole write stages anew (measured: 13
     compilations per batch instead of 6, about half the JVM's CPU going to the JIT); a broadcast
-    row is data, and the generated code stays the same from batch to batch.
+    row is data, and the generated code stays the same from batch to batch. Made from an Arrow
+    table, it is a local relation in both kinds of session (Spark Connect's and an in-process
+    one), so broadcasting it runs no Spark job; a Python list became an RDD in an in-process
+    session, and each write of the batch ran a job to broadcast it.
     """
-    return spark.createDataFrame([(batch_id,)], "_batch_id long")
+    import pyarrow as pa
+
+    return spark.createDataFrame(pa.table({"_batch_id": pa.array([batch_id], pa.int64())}))
 
 
 class _SilverHint:
