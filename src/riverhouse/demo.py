@@ -156,7 +156,7 @@ def run_demo(
             )
         if spark_remote := engine_url():
             settings = settings.with_(spark_conf={**settings.spark_conf, "spark.remote": spark_remote})
-        log("materializing the dedup pipeline's assets through Dagster (Spark start-up takes a few seconds)...")
+        log("materializing the dedup pipeline's assets through Dagster...")
         pipeline_started = time.monotonic()
         result = materialize_pipeline(spec, settings, instance=instance)
         pipeline_seconds = time.monotonic() - pipeline_started

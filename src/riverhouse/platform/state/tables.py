@@ -174,7 +174,10 @@ def ensure_delta_table(
                 "by another spec. Point the pipeline at a new warehouse or reset it (riverhouse reset)."
             )
         return
-    writer = spark.createDataFrame([], spark_schema(schema)).write.format("delta").partitionBy(*partition_by)
+    # No rows, from Arrow: a local relation in every kind of session (a Python list is an RDD in
+    # an in-process one, and writing it ran a Spark job).
+    empty = spark.createDataFrame(schema.empty_table(), spark_schema(schema))
+    writer = empty.write.format("delta").partitionBy(*partition_by)
     for key, value in (properties or {}).items():
         writer = writer.option(key, value)
     # Two processes creating the same table at once: Delta lets one commit version 0 and fails
