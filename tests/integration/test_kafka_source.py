@@ -88,3 +88,30 @@ def test_producing_to_fewer_partitions_keeps_a_key_in_one_and_the_rest_empty(kaf
             read += 1
     consumer.close()
     assert len(seen) == 40 and all(len(parts) == 1 for parts in seen.values())
+
+
+def test_a_batch_runs_no_more_tasks_than_the_engine_has_slots(
+    spark: Any, kafka: str, topic: str, settings: Settings
+) -> None:
+    """A task per Kafka partition paid each task's fixed cost per partition: the batch is read in at most
+    as many tasks as the engine runs at once (narrowly merged), so bronze gets at most that many files."""
+    from confluent_kafka import Producer
+
+    from riverhouse.platform.ingest.writer import task_slots
+    from riverhouse.platform.state.delta_log import DeltaLog
+
+    partitions = 4  # the local Kafka's topics have four
+    producer = Producer({"bootstrap.servers": kafka, "log_level": 3})
+    for i in range(40):
+        key, value = order(f"o{i}", f"2026-01-01T10:00:{i:02d}Z")
+        producer.produce(topic, key=key, value=value, partition=i % partitions)
+    assert producer.flush(30) == 0
+    assert len(watermarks({"bootstrap.servers": kafka}, [topic])[topic]) == partitions
+    slots = task_slots(spark)
+    assert slots < partitions, f"the test needs fewer task slots ({slots}) than partitions ({partitions})"
+    spec = orders_spec(topic)
+    result = ingest(spark, spec, settings)
+    assert result.read == 40 and len({r["_partition"] for r in bronze(settings, spec)}) == partitions
+    log = DeltaLog(TableLayout(settings.warehouse, spec.name).bronze("orders"))
+    commit = log.commit(log.latest_version())
+    assert 1 <= len(commit.adds) <= slots, commit.adds  # one day: a file per task

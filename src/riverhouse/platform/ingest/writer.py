@@ -88,6 +88,7 @@ class BatchWriter:
         # decodes each batch with the writer schemas it fetches (ingest/avro.py).
         registry = self.src.schema_registry
         self.registry = registry.client() if registry is not None else None
+        self.slots: int | None = None  # tasks the engine runs at once: found at the first batch
 
     def __call__(self, batch_df: Any, batch_id: int) -> None:
         self.channel.begin(int(batch_id))
@@ -118,6 +119,13 @@ class BatchWriter:
             from riverhouse.platform.ingest.parse import parse_records
 
             batch_df = parse_records(batch_df, self.src, WriterSchemas.fetch(self.src, self.registry))
+        # No more tasks than the engine runs at once: a task per Kafka partition paid each task's
+        # fixed cost (its plan, consumer, Parquet file) once per partition, and a small batch was
+        # mostly that. Merging partitions is narrow (no shuffle), so the read, the parse and
+        # the cache still happen in one pass.
+        if self.slots is None:
+            self.slots = task_slots(batch_df.sparkSession)
+        batch_df = batch_df.coalesce(self.slots)
         rows = fill_missing_dates(batch_df, datetime.datetime.now(datetime.UTC).date())
         rows = rows.select(*[c for c in self.bronze_columns if c != "_batch_id"], *self._silver_only())
         # Read by every write: Kafka read + parse happen once, in the first write.
@@ -225,6 +233,23 @@ class BatchWriter:
             return int(previous["max_event_micros"])
         mark = DeltaLog(self.silver_path).latest_mark(MARK_MAX_EVENT_TIME)
         return int(mark[MARK_MAX_EVENT_TIME]) if mark else 0
+
+
+def task_slots(spark: Any) -> int:
+    """How many tasks the session's Spark runs at once (its default parallelism: the cores of
+    local mode, the executors' cores of a cluster).
+
+    An in-process session knows it; a Spark Connect client does not, so it is read from how
+    Spark splits a range by default, in one small job (once per query: the body keeps it).
+    """
+    from pyspark.sql import functions as F
+
+    try:
+        return max(1, int(spark.sparkContext.defaultParallelism))
+    except Exception:  # Spark Connect has no SparkContext
+        parts = spark.range(0, 1 << 16).select(F.spark_partition_id().alias("part"))
+        row = parts.agg(F.max("part").alias("last")).first()
+        return max(1, int(row["last"]) + 1)
 
 
 def batch_row(spark: Any, batch_id: int) -> Any:
