@@ -35,7 +35,12 @@ WARMUP_KEYS = 10_000
 
 
 def dedup_state(bench: Bench, keys: int, batch_rows: int = 200_000) -> dict[str, Any]:
-    """Build a silver of `keys` keys, then measure one batch's silver step against it in a fresh JVM."""
+    """Build a silver of `keys` keys, then measure one batch's silver step against it in a fresh JVM.
+
+    The batch is at most ten times the stored keys (a tenth of it repeats stored keys, each a
+    different one), so a small key count measures a small batch.
+    """
+    batch_rows = min(batch_rows, 10 * keys)
     spec = orders_spec(f"bench_state_{keys}", f"bench_state_{keys}")
     silver = TableLayout(bench.settings.warehouse, spec.name).silver("orders")
     warmup = TableLayout(bench.settings.warehouse, f"{spec.name}_warmup").silver("orders")
