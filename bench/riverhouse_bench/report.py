@@ -336,7 +336,7 @@ def method_lines() -> list[str]:
         "Python client reaches it.",
         "- `kafka_read_limit`: one librdkafka consumer reading the topic from the broker, with a deep "
         "prefetch (`queued.min.messages` 1,000,000): the broker's read limit as one Python client reaches "
-        "it. Riverhouse reads with Spark's Kafka connector (the Java client, one task per partition).",
+        "it. Riverhouse reads with Spark's Kafka connector (the Java client; a batch's partitions are read in at most as many tasks as Spark runs at once).",
         "- `clickhouse_insert_limit`: the same number of rows inserted from prebuilt Arrow batches "
         "of 100,000 (the sink's limit).",
         "- `baseline_consumer`: confluent-kafka (the same prefetch) -> `json.loads` -> an in-memory "
