@@ -8,6 +8,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.riverhouse-installed
 JARS := jvm/lib
 JARS_STAMP := $(JARS)/.installed
+# Riverhouse's own JVM classes (Hadoop's local file system without child processes:
+# runtime/local_fs.py), compiled into jvm/lib/spark/ with the fetched jars.
+JAVA_SRC := $(wildcard jvm/src/riverhouse/hadoop/*.java)
 MVN ?= mvn
 PYTEST_ARGS ?=
 # Two test processes (pytest-xdist): a test mostly waits on a JVM, a subprocess or the broker,
@@ -36,8 +39,8 @@ mvn-check:
 # The jars of each jvm/pom.xml profile in a folder of its own (the broker's kafka-clients 4.x
 # must not meet the connector's 3.9.x); Spark's folder then loses what pyspark/jars ships.
 # Fetched into a new folder and swapped in whole: a running session never sees half of them.
-# Only jvm/pom.xml triggers a new fetch (it moves with pyspark's pin in pyproject.toml).
-$(JARS_STAMP): jvm/pom.xml | $(STAMP) mvn-check
+# jvm/pom.xml (it moves with pyspark's pin in pyproject.toml) or a Java source triggers a new fetch.
+$(JARS_STAMP): jvm/pom.xml $(JAVA_SRC) | $(STAMP) mvn-check
 	@echo "==> fetching the pinned JVM jars from Maven Central into $(JARS)/ (first run takes a minute)"
 	@rm -rf $(JARS).new
 	@for profile in spark broker; do \
@@ -45,6 +48,7 @@ $(JARS_STAMP): jvm/pom.xml | $(STAMP) mvn-check
 	    -DoutputDirectory=$(CURDIR)/$(JARS).new/$$profile || { echo "Maven could not fetch the $$profile jars (see above)"; exit 1; }; \
 	done
 	@$(BIN)/python -m riverhouse.platform.runtime.jars prune $(JARS).new/spark
+	@$(BIN)/python -m riverhouse.platform.runtime.local_fs build $(JARS).new/spark
 	@$(MVN) -B -q -Dstyle.color=never -f jvm/pom.xml -P registry dependency:copy-dependencies -DincludeScope=runtime \
 	    -DoutputDirectory=$(CURDIR)/$(JARS).new/registry-dist || { echo "Maven could not fetch the schema registry (see above)"; exit 1; }
 	@mkdir -p $(JARS).new/registry && tar -xzf $(JARS).new/registry-dist/apicurio-registry-app-*-all.tar.gz -C $(JARS).new/registry && rm -rf $(JARS).new/registry-dist

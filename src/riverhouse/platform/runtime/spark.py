@@ -174,16 +174,18 @@ def is_local(master: str) -> bool:
 def session_conf(master: str, conf: dict[str, str] | None = None) -> dict[str, str]:
     """Every setting of a Riverhouse session (or engine) on `master`, lowest precedence first.
 
-    Defaults (small-machine ones in local mode only) < the pinned jars, Delta and quiet logs <
-    RIVERHOUSE_SPARK_CONF < `conf` (the caller's: settings, the Dagster resource) < the fixed ones.
+    Defaults (small-machine ones and Riverhouse's local file system in local mode only) < the
+    pinned jars, Delta and quiet logs < RIVERHOUSE_SPARK_CONF < `conf` (the caller's: settings,
+    the Dagster resource) < the fixed ones.
     """
-    from riverhouse.platform.runtime.jars import spark_conf
+    from riverhouse.platform.runtime import local_fs
+    from riverhouse.platform.runtime.jars import spark_conf, spark_jar_files
     from riverhouse.platform.state.storage import s3a_conf
 
     quiet = {"spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG_CONFIG}"}
-    local = LOCAL_DEFAULTS if is_local(master) else {}
+    local = {**LOCAL_DEFAULTS, **local_fs.conf(spark_jar_files())} if is_local(master) else {}
     storage = s3a_conf()  # object storage (S3A) from RIVERHOUSE_STORAGE_OPTIONS; the keys: _launch_env
-    return {
+    merged = {
         **SESSION_DEFAULTS,
         **local,
         **spark_conf(),
@@ -193,6 +195,7 @@ def session_conf(master: str, conf: dict[str, str] | None = None) -> dict[str, s
         **(conf or {}),
         **FIXED_CONF,
     }
+    return local_fs.on_class_path(merged)
 
 
 def connect_session_conf(conf: dict[str, str]) -> dict[str, str]:
