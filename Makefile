@@ -57,12 +57,13 @@ $(JARS_STAMP): jvm/pom.xml $(JAVA_SRC) | $(STAMP) mvn-check
 	@$(MAKE) --no-print-directory class-archive
 
 # The engine's JVM maps the classes its start loads from an archive (class-data sharing): it
-# answers in ~6 s instead of ~9 (runtime/class_archive.py). Made once after the jars (~30 s, an
-# engine started and stopped); again with `make class-archive` after changing the JDK. Best
-# effort: without it engines start as before.
+# answers in ~6 s instead of ~9 (runtime/class_archive.py); the local broker's JVM has one too.
+# Made once after the jars (an engine, then a broker, started and stopped); again with
+# `make class-archive` after changing the JDK. Best effort: without them JVMs start as before.
 class-archive: | $(STAMP)
-	@echo "==> a class-data archive for the engine's JVM (an engine is started and stopped once, ~30 s)"
+	@echo "==> class-data archives for the engine's and the local broker's JVMs (each started and stopped once, ~40 s)"
 	@$(BIN)/riverhouse engine archive || echo "no class-data archive: engines start without one"
+	@$(BIN)/riverhouse kafka archive || echo "no class-data archive: local brokers start without one"
 
 jars: $(JARS_STAMP) ## the JVM jars only
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from riverhouse.platform.kafka import local_kafka
+from riverhouse.platform.runtime.jars import broker_classpath
 from tests.conftest import CONNECT_CLIENT_ENV, REPO, riverhouse_cmd
 
 pytestmark = pytest.mark.integration
@@ -42,6 +43,9 @@ def test_local_kafka_lifecycle_and_generate(tmp_path: Path) -> None:
         state = local_kafka.status(tmp_path / "home" / "kafka")
         assert state is not None and state.bootstrap in started.stdout
         assert (tmp_path / "home" / "kafka" / "data" / "meta.properties").exists()  # formatted KRaft storage
+        archive = local_kafka.class_archive(broker_classpath())  # made by `make install` (make class-archive)
+        if archive.is_file():
+            assert str(archive) in Path(f"/proc/{state.pid}/maps").read_text()  # the JVM mapped its classes from it
         assert "already running" in cli("kafka", "start", "--home", home).stdout  # idempotent
         status = cli("kafka", "status", "--home", home)
         assert status.returncode == 0 and state.bootstrap in status.stdout

@@ -288,3 +288,27 @@ def test_the_class_archive_is_named_for_its_class_path_and_used_only_when_made(
     assert class_archive.java_options(archive) == f"-XX:SharedArchiveFile={archive}"
     monkeypatch.setenv(class_archive.DISABLE_ENV, "1")
     assert class_archive.java_options(archive) == ""
+
+
+def test_installing_an_archive_replaces_only_older_ones_of_its_kind(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from riverhouse.platform.runtime import class_archive
+
+    monkeypatch.setenv("RIVERHOUSE_JARS", str(tmp_path))
+    engine_old = class_archive.archive_path(Path("/spark"), ["/a.jar"])
+    broker_old = class_archive.archive_path(Path("kafka.Kafka"), ["/k1.jar"], kind="broker")
+    assert engine_old.name.startswith("engine-") and broker_old.name.startswith("broker-")
+    for old in (engine_old, broker_old):
+        old.write_bytes(b"old")
+    broker_new = class_archive.archive_path(Path("kafka.Kafka"), ["/k2.jar"], kind="broker")
+    partial = tmp_path / "broker.partial"
+    partial.write_bytes(b"new")
+    assert class_archive.install(partial, broker_new)
+    # The broker's new archive replaces its old one; the engine's stays.
+    assert sorted(p.name for p in tmp_path.glob("*.jsa")) == sorted([engine_old.name, broker_new.name])
+    assert broker_new.read_bytes() == b"new" and not partial.exists()
+    empty = tmp_path / "empty.partial"
+    empty.write_bytes(b"")
+    assert not class_archive.install(empty, broker_new)  # a JVM that wrote nothing installs nothing
+    assert broker_new.read_bytes() == b"new" and not empty.exists()

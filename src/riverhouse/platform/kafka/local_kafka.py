@@ -34,6 +34,7 @@ DEFAULT_HEAP = os.environ.get("RIVERHOUSE_KAFKA_HEAP", "1g")
 DEFAULT_PARTITIONS = 4  # auto-created topics; `riverhouse generate --partitions N` chooses
 CREATE_TOPIC_TIMEOUT_S = 30.0
 LOG_CONFIG = Path(__file__).with_name("kafka_log4j2.properties")
+ARCHIVE_WRITE_OPTION = "-XX:ArchiveClassesAtExit"
 
 
 class LocalKafkaError(RuntimeError):
@@ -147,12 +148,34 @@ def _java() -> str:
     return os.path.join(java_home, "bin", "java") if java_home else "java"
 
 
-def _format_storage(state_dir: Path, java: str, classpath: str, cluster_id: str) -> None:
+def class_archive(classpath: str) -> Path:
+    """Where the class-data archive of a broker on this class path is (runtime/class_archive.py); may not exist."""
+    from riverhouse.platform.runtime.class_archive import archive_path
+
+    return archive_path(Path("kafka.Kafka"), classpath.split(os.pathsep), kind="broker")
+
+
+def make_class_archive() -> Path | None:
+    """Start a broker that writes its class-data archive as it exits, and stop it; the archive (None: none written)."""
+    import tempfile
+
+    from riverhouse.platform.runtime.class_archive import install
+    from riverhouse.platform.runtime.jars import broker_classpath
+
+    target = class_archive(broker_classpath())
+    partial = target.with_suffix(f".{os.getpid()}.tmp")
+    with tempfile.TemporaryDirectory(prefix="riverhouse-archive-") as scratch:
+        start(Path(scratch) / "kafka", java_options=f"{ARCHIVE_WRITE_OPTION}={partial}")
+        stop(Path(scratch) / "kafka")  # the JVM writes the archive as it exits
+    return target if install(partial, target) else None
+
+
+def _format_storage(state_dir: Path, java: str, classpath: str, cluster_id: str, share: list[str]) -> None:
     if (state_dir / "data" / "meta.properties").exists():
         return
     (state_dir / "data").mkdir(parents=True, exist_ok=True)
     done = subprocess.run(
-        [java, "-Xmx256m", "-cp", classpath, f"-Dlog4j2.configurationFile=file:{LOG_CONFIG}",
+        [java, "-Xmx256m", *share, "-cp", classpath, f"-Dlog4j2.configurationFile=file:{LOG_CONFIG}",
          f"-Dkafka.logs.dir={state_dir / 'logs'}", "kafka.tools.StorageTool", "format", "--standalone",
          "-t", cluster_id, "-c", str(state_dir / "server.properties")],
         capture_output=True, text=True, check=False, timeout=120,
@@ -164,9 +187,18 @@ def _format_storage(state_dir: Path, java: str, classpath: str, cluster_id: str)
 
 
 def start(
-    state_dir: Path, brokers: int = 1, timeout_s: float = 90.0, secure: bool = False, heap: str = DEFAULT_HEAP
+    state_dir: Path,
+    brokers: int = 1,
+    timeout_s: float = 90.0,
+    secure: bool = False,
+    heap: str = DEFAULT_HEAP,
+    java_options: str = "",
 ) -> LocalKafkaState:
-    """Start the broker in the background (or return the running one) and wait until it answers."""
+    """Start the broker in the background (or return the running one) and wait until it answers.
+
+    `java_options`: added to the broker JVM's options (`make_class_archive`'s archive writer).
+    """
+    from riverhouse.platform.runtime.class_archive import java_options as class_archive_options
     from riverhouse.platform.runtime.jars import JarsMissingError, broker_classpath
 
     if brokers != 1:
@@ -201,10 +233,15 @@ def start(
 
         ensure_tls_material(state_dir / "secure")
     (state_dir / "server.properties").write_text(_server_properties(state_dir, ports, secure))
-    _format_storage(state_dir, java, classpath, record["cluster_id"])
+    # The class-data archive, when made: the format tool and the broker map the classes it holds
+    # (the JVM that writes an archive cannot also map one).
+    writing = ARCHIVE_WRITE_OPTION in java_options
+    share = [] if writing else class_archive_options(class_archive(classpath)).split()
+    _format_storage(state_dir, java, classpath, record["cluster_id"], share)
     log = open(state_dir / "logs" / "kafka.out", "ab")  # noqa: SIM115 - handed to the child
     proc = subprocess.Popen(
         [java, f"-Xmx{heap}", f"-Xms{min(heap, '256m', key=_bytes)}", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+         *share, *java_options.split(),
          "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile=file:{LOG_CONFIG}",
          f"-Dkafka.logs.dir={state_dir / 'logs'}", f"-Dkafka.log.level={os.environ.get('KAFKA_LOG_LEVEL', 'WARN')}",
          "-cp", classpath, "kafka.Kafka", str(state_dir / "server.properties")],

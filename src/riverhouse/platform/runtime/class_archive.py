@@ -1,4 +1,4 @@
-"""The engine JVM's class-data-sharing archive: an engine answers in ~5 s instead of ~9.
+"""The class-data-sharing archives of the engine's and the local broker's JVMs: they start faster.
 
 HotSpot maps the classes an archive holds instead of reading, parsing and verifying them from
 the jars again (AppCDS: a JVM started with `-XX:ArchiveClassesAtExit` writes one when it exits,
@@ -9,6 +9,10 @@ Delta's catalog). It is valid for one JDK and one class path, so its name carrie
 both: another JDK, Spark home or jar set finds no archive and starts as before. The JVM also
 checks the jars' sizes and times itself, and ignores an archive that does not match them (a
 warning in the engine's log). Measured: bench/analysis.md, "The demo on a new engine".
+
+The local Kafka broker's JVM has one of its own (`broker-<digest>.jsa`, `riverhouse kafka
+archive`, `local_kafka.make_class_archive`), made the same way from a broker started and
+stopped; the storage-format tool, run on the same class path, maps it too.
 """
 
 from __future__ import annotations
@@ -33,10 +37,10 @@ def _jvm_identity() -> str:
     return f"{real}:{stat.st_size}:{int(stat.st_mtime)}" if stat else str(real)
 
 
-def archive_path(spark_home: Path, jars: list[str]) -> Path:
-    """Where the archive of this JDK, Spark home and class path lives (it may not exist)."""
+def archive_path(spark_home: Path, jars: list[str], kind: str = "engine") -> Path:
+    """Where the archive of this JDK, Spark home (or other launcher) and class path lives (it may not exist)."""
     key = "\n".join([_jvm_identity(), str(spark_home), *jars])
-    return jars_root() / f"engine-{hashlib.sha256(key.encode()).hexdigest()[:16]}.jsa"
+    return jars_root() / f"{kind}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.jsa"
 
 
 def java_options(archive: Path) -> str:
@@ -47,12 +51,13 @@ def java_options(archive: Path) -> str:
 
 
 def install(partial: Path, target: Path) -> bool:
-    """Move a freshly written archive into place (whole or not at all), dropping the folder's older ones."""
+    """Move a freshly written archive into place (whole or not at all), dropping the folder's older ones of its kind."""
     if not partial.is_file() or partial.stat().st_size == 0:
         partial.unlink(missing_ok=True)
         return False
     partial.replace(target)  # a start never maps half an archive
-    for stale in target.parent.glob("engine-*.jsa"):
+    kind = target.name.split("-", 1)[0]
+    for stale in target.parent.glob(f"{kind}-*.jsa"):
         if stale != target:
             stale.unlink(missing_ok=True)
     return True
