@@ -1,0 +1,133 @@
+"""An in-process Spark session (`riverhouse run` without an engine): what it shares with the engine's.
+
+One process for the module (a JVM of its own: this process's sessions are the shared engine's),
+its findings checked by the tests below.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from riverhouse.platform.runtime import local_fs
+from riverhouse.platform.runtime.jars import spark_jar_files
+from tests.spark.test_batch_row import IDS
+
+SCRIPT = """
+import json, re, sys
+from pathlib import Path
+from pyspark.sql import functions as F
+from riverhouse.platform.ingest.writer import batch_row
+from riverhouse.platform.runtime.spark import get_spark
+from riverhouse.platform.state.settings import Settings
+
+home = sys.argv[1]
+spark = get_spark("local[1]", conf=Settings.from_env(home).spark_conf)
+
+
+def batch_id_code():
+    def code(batch_id):
+        df = spark.range(0, 100).crossJoin(F.broadcast(batch_row(spark, batch_id)))
+        text = spark._jvm.PythonSQLUtils.explainString(df._jdf.queryExecution(), "codegen")
+        return re.sub(sys.argv[2], "", text)
+    first, second = code(123456789), code(987654321)
+    return {"same": first == second, "literal": "123456789" in first, "local": "LocalTableScan" in first,
+            "rdd": "ExistingRDD" in first}
+
+
+def local_fs():
+    jvm = spark._jvm
+    conf = spark._jsc.hadoopConfiguration()
+    root = Path(home) / "files"
+    root.mkdir()
+    uri = jvm.java.net.URI("file:///")
+    fc = jvm.org.apache.hadoop.fs.FileContext.getFileContext(uri, conf)
+    fs = jvm.org.apache.hadoop.fs.FileSystem.get(uri, conf)
+    found = {"context": fc.getDefaultFileSystem().getClass().getName(),
+             "filesystem": fs.getClass().getName(), "raw": fs.getRawFileSystem().getClass().getName()}
+
+    def rename(src, dst, overwrite):
+        options = spark.sparkContext._gateway.new_array(jvm.org.apache.hadoop.fs.Options.Rename, 1)
+        options[0] = jvm.org.apache.hadoop.fs.Options.Rename.OVERWRITE if overwrite else jvm.org.apache.hadoop.fs.Options.Rename.NONE
+        try:
+            fc.rename(jvm.org.apache.hadoop.fs.Path(str(root / src)), jvm.org.apache.hadoop.fs.Path(str(root / dst)), options)
+            return "renamed"
+        except Exception as exc:
+            text = str(exc)
+            return next((n for n in ("FileAlreadyExistsException", "FileNotFoundException") if n in text), text[:300])
+
+    (root / "a.tmp").write_text("A")
+    (root / "b.json").write_text("B")
+    found["onto_existing"] = rename("a.tmp", "b.json", False)
+    found["after_refusal"] = {p.name: p.read_text() for p in sorted(root.iterdir())}
+    found["to_new_name"] = rename("a.tmp", "c.json", False)
+    found["after_rename"] = {p.name: p.read_text() for p in sorted(root.iterdir())}
+    found["missing_source"] = rename("gone.tmp", "d.json", False)
+    (root / "e.tmp").write_text("E")
+    found["overwrite"] = rename("e.tmp", "b.json", True)
+    found["after_overwrite"] = {p.name: p.read_text() for p in sorted(root.iterdir())}
+
+    # Delta's log and a streaming checkpoint commit through it: versions in order, no file left over.
+    table = str(Path(home) / "table")
+    for n in range(3):
+        spark.range(n * 10, n * 10 + 10).write.format("delta").mode("append").save(table)
+    query = (spark.readStream.format("rate").option("rowsPerSecond", 100).load().selectExpr("value + 1000 AS id")
+             .writeStream.format("delta").option("checkpointLocation", str(Path(home) / "ckpt"))
+             .trigger(once=True).start(table))
+    query.awaitTermination()
+    log = sorted(p.name for p in (Path(table) / "_delta_log").iterdir() if not p.name.startswith("."))
+    found["log"] = [n for n in log if n.endswith(".json")]
+    found["leftovers"] = [n for n in log if n.endswith(".tmp")]
+    found["rows"] = spark.read.format("delta").load(table).where("id < 30").count()
+    found["offsets"] = sorted(p.name for p in (Path(home) / "ckpt" / "offsets").iterdir() if not p.name.startswith("."))
+    return found
+
+
+print(json.dumps({"batch_id": batch_id_code(), "local_fs": local_fs()}))
+"""
+
+
+@pytest.fixture(scope="module")
+def in_process(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    home = tmp_path_factory.mktemp("in_process")
+    env = {k: v for k, v in os.environ.items() if k not in ("RIVERHOUSE_SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED")}
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(home), IDS.pattern], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_in_process_the_batch_id_is_a_local_row_too(in_process: dict[str, Any]) -> None:
+    """A Python list became an RDD in an in-process session: each write of a batch ran a job to broadcast it."""
+    assert in_process["batch_id"] == {"same": True, "literal": False, "local": True, "rdd": False}
+
+
+@pytest.mark.skipif(
+    not any(j.name == local_fs.JAR_NAME for j in spark_jar_files()),
+    reason="riverhouse-hadoop.jar was not built (`make jars` needs a JDK's javac)",
+)
+def test_sessions_use_the_local_file_system_whose_rename_is_atomic(in_process: dict[str, Any]) -> None:
+    found = in_process["local_fs"]
+    # Hadoop resolves `file:` to Riverhouse's classes, under FileContext (checkpoints, Delta's
+    # log) and FileSystem (the files tasks write).
+    assert found["context"] == "riverhouse.hadoop.LocalFs"
+    assert found["filesystem"] == "riverhouse.hadoop.LocalFileSystem"
+    assert found["raw"] == "riverhouse.hadoop.RawLocalFileSystem"
+    # A commit never replaces a file that exists: the refused rename leaves both files as they were.
+    assert found["onto_existing"] == "FileAlreadyExistsException"
+    assert found["after_refusal"] == {"a.tmp": "A", "b.json": "B"}
+    assert found["to_new_name"] == "renamed"
+    assert found["after_rename"] == {"b.json": "B", "c.json": "A"}
+    assert found["missing_source"] == "FileNotFoundException"
+    assert found["overwrite"] == "renamed"
+    assert found["after_overwrite"] == {"b.json": "E", "c.json": "A"}
+    assert found["log"] == [f"{v:020d}.json" for v in range(4)]
+    assert found["leftovers"] == []
+    assert found["rows"] == 30
+    assert found["offsets"] == ["0"]
