@@ -64,3 +64,25 @@ def test_without_the_jar_nothing_changes(monkeypatch: pytest.MonkeyPatch, tmp_pa
     conf = session_conf("local[2]")
     assert not set(FS_KEYS) & set(conf)
     assert "spark.driver.extraClassPath" not in conf
+
+
+class _Context:
+    """A running SparkContext's py4j view, as far as `loadable` uses it."""
+
+    def __init__(self, loads: bool):
+        def for_name(name: str) -> str:
+            if not loads:
+                raise RuntimeError(f"py4j.protocol.Py4JJavaError: java.lang.ClassNotFoundException: {name}")
+            return name
+
+        lang = type("Lang", (), {"Class": type("Class", (), {"forName": staticmethod(for_name)})})
+        self._jvm = type("Jvm", (), {"java": type("Java", (), {"lang": lang})})
+
+
+def test_a_context_started_elsewhere_without_the_jar_keeps_hadoops_classes(built: Path) -> None:
+    conf = session_conf("local[2]")
+    kept = local_fs.loadable(conf, _Context(loads=False))
+    assert not set(FS_KEYS) & set(kept)
+    assert kept["spark.sql.extensions"] == conf["spark.sql.extensions"]  # the rest untouched
+    assert local_fs.loadable(conf, _Context(loads=True)) == conf
+    assert local_fs.loadable(conf, None) == conf  # no context yet: this process starts the JVM

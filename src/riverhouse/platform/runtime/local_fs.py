@@ -28,6 +28,7 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
+from typing import Any
 
 JAR_NAME = "riverhouse-hadoop.jar"
 SOURCES = Path(__file__).resolve().parents[4] / "jvm" / "src"
@@ -60,6 +61,19 @@ def on_class_path(settings: dict[str, str]) -> dict[str, str]:
     if jar not in entries:
         entries.append(jar)
     return {**settings, CLASS_PATH: os.pathsep.join(entries)}
+
+
+def loadable(settings: dict[str, str], context: Any) -> dict[str, str]:
+    """`settings` without the file system's, when `context` (a SparkContext already running in
+    this process, started by someone else) cannot load its classes: a session made on it keeps
+    Hadoop's, instead of failing at its first write."""
+    if context is None or not any(settings.get(k) == v for k, v in CONF.items()):
+        return settings
+    try:
+        context._jvm.java.lang.Class.forName(CONF["spark.hadoop.fs.AbstractFileSystem.file.impl"])
+    except Exception:  # py4j's ClassNotFoundException
+        return {k: v for k, v in settings.items() if k not in CONF}
+    return settings
 
 
 def _javac() -> str | None:

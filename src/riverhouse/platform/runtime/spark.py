@@ -337,7 +337,12 @@ def get_spark(master: str | None = None, app_name: str = "riverhouse", conf: dic
     builder = SparkSession.builder.appName(app_name)
     if master:  # "": spark-submit gave the master (and its settings) to the JVM already
         builder = builder.master(master)
-    for key, value in session_conf(master, conf).items():
+    from pyspark import SparkContext
+
+    from riverhouse.platform.runtime import local_fs
+
+    settings = local_fs.loadable(session_conf(master, conf), SparkContext._active_spark_context)
+    for key, value in settings.items():
         builder = builder.config(key, value)
     with _launch_env(master):
         spark = builder.getOrCreate()
