@@ -33,7 +33,7 @@ from riverhouse.cli_support import (
 from riverhouse.cli_validate import validate
 from riverhouse.platform.errors import EngineUnavailable
 from riverhouse.platform.kafka import local_kafka
-from riverhouse.platform.runtime import engine
+from riverhouse.platform.runtime import engine, processes
 from riverhouse.platform.runtime.spark import REMOTE_ENV, JavaMissingError, SparkConfError, redact_remote
 from riverhouse.platform.spec import SpecError
 from riverhouse.platform.state.settings import Settings, redact_dsn
@@ -534,6 +534,9 @@ def ui(
     if not dagster:
         fail("the dagster command was not found in this environment; reinstall riverhouse")
     assert dagster is not None
+    taken = f"port {port} is taken by another process: choose another with --port"
+    if not processes.port_free(port):
+        fail(taken)
     kafka_was_running = local_kafka.status(settings.kafka_state_dir) is not None
     try:
         state = local_kafka.start(settings.kafka_state_dir)
@@ -567,6 +570,9 @@ def ui(
         elif local_kafka.stop(settings.kafka_state_dir):
             err.print("local Kafka stopped", highlight=False)
 
+    if not processes.port_free(port):  # taken while Kafka and the engine started (one of theirs, even)
+        stop_started()
+        fail(taken)
     argv = [dagster, "dev", "-h", "127.0.0.1", "-p", str(port), "-m", "riverhouse.definitions"]
     raise typer.Exit(run_until_signalled(argv, env, keep=keep, finally_=stop_started))
 
