@@ -534,9 +534,8 @@ def ui(
     if not dagster:
         fail("the dagster command was not found in this environment; reinstall riverhouse")
     assert dagster is not None
-    taken = f"port {port} is taken by another process: choose another with --port"
     if not processes.port_free(port):
-        fail(taken)
+        fail(f"port {port} is taken by another process: choose another with --port")
     kafka_was_running = local_kafka.status(settings.kafka_state_dir) is not None
     try:
         state = local_kafka.start(settings.kafka_state_dir)
@@ -572,7 +571,7 @@ def ui(
 
     if not processes.port_free(port):  # taken while Kafka and the engine started (one of theirs, even)
         stop_started()
-        fail(taken)
+        fail(f"port {port} is taken by another process: choose another with --port")
     argv = [dagster, "dev", "-h", "127.0.0.1", "-p", str(port), "-m", "riverhouse.definitions"]
     raise typer.Exit(run_until_signalled(argv, env, keep=keep, finally_=stop_started))
 
