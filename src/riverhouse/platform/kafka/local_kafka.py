@@ -34,7 +34,6 @@ DEFAULT_HEAP = os.environ.get("RIVERHOUSE_KAFKA_HEAP", "1g")
 DEFAULT_PARTITIONS = 4  # auto-created topics; `riverhouse generate --partitions N` chooses
 CREATE_TOPIC_TIMEOUT_S = 30.0
 LOG_CONFIG = Path(__file__).with_name("kafka_log4j2.properties")
-ARCHIVE_WRITE_OPTION = "-XX:ArchiveClassesAtExit"
 
 
 class LocalKafkaError(RuntimeError):
@@ -157,17 +156,14 @@ def class_archive(classpath: str) -> Path:
 
 def make_class_archive() -> Path | None:
     """Start a broker that writes its class-data archive as it exits, and stop it; the archive (None: none written)."""
-    import tempfile
-
-    from riverhouse.platform.runtime.class_archive import install
+    from riverhouse.platform.runtime.class_archive import make
     from riverhouse.platform.runtime.jars import broker_classpath
 
-    target = class_archive(broker_classpath())
-    partial = target.with_suffix(f".{os.getpid()}.tmp")
-    with tempfile.TemporaryDirectory(prefix="riverhouse-archive-") as scratch:
-        start(Path(scratch) / "kafka", java_options=f"{ARCHIVE_WRITE_OPTION}={partial}")
-        stop(Path(scratch) / "kafka")  # the JVM writes the archive as it exits
-    return target if install(partial, target) else None
+    def run(scratch: Path, write: str) -> None:
+        start(scratch / "kafka", java_options=write)
+        stop(scratch / "kafka")  # the JVM writes the archive as it exits
+
+    return make(class_archive(broker_classpath()), run)
 
 
 def _format_storage(state_dir: Path, java: str, classpath: str, cluster_id: str, share: list[str]) -> None:
@@ -235,8 +231,7 @@ def start(
     (state_dir / "server.properties").write_text(_server_properties(state_dir, ports, secure))
     # The class-data archive, when made: the format tool and the broker map the classes it holds
     # (the JVM that writes an archive cannot also map one).
-    writing = ARCHIVE_WRITE_OPTION in java_options
-    share = [] if writing else class_archive_options(class_archive(classpath)).split()
+    share = class_archive_options(class_archive(classpath), java_options).split()
     _format_storage(state_dir, java, classpath, record["cluster_id"], share)
     log = open(state_dir / "logs" / "kafka.out", "ab")  # noqa: SIM115 - handed to the child
     proc = subprocess.Popen(

@@ -20,11 +20,14 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from riverhouse.platform.runtime.jars import jars_root
 
 DISABLE_ENV = "RIVERHOUSE_NO_CLASS_ARCHIVE"  # any value: engines start without the archive
+WRITE_OPTION = "-XX:ArchiveClassesAtExit"
 
 
 def _jvm_identity() -> str:
@@ -43,11 +46,21 @@ def archive_path(spark_home: Path, jars: list[str], kind: str = "engine") -> Pat
     return jars_root() / f"{kind}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.jsa"
 
 
-def java_options(archive: Path) -> str:
-    """The engine JVM's option for its archive: use it if it exists; none when turned off."""
-    if os.environ.get(DISABLE_ENV) or not archive.is_file():
+def java_options(archive: Path, alongside: str = "") -> str:
+    """A JVM's option for its archive: use it if it exists; none when turned off, or when the JVM's
+    other options (`alongside`) make it write one (a JVM that writes an archive cannot map one)."""
+    if os.environ.get(DISABLE_ENV) or not archive.is_file() or WRITE_OPTION in alongside:
         return ""
     return f"-XX:SharedArchiveFile={archive}"
+
+
+def make(target: Path, run: Callable[[Path, str], None]) -> Path | None:
+    """`run(scratch_folder, option)` starts and stops a JVM with `option`, which makes it write its
+    archive as it exits; the archive is installed at `target` (None: the JVM wrote none)."""
+    partial = target.with_suffix(f".{os.getpid()}.tmp")
+    with tempfile.TemporaryDirectory(prefix="riverhouse-archive-") as scratch:
+        run(Path(scratch), f"{WRITE_OPTION}={partial}")
+    return target if install(partial, target) else None
 
 
 def install(partial: Path, target: Path) -> bool:

@@ -35,7 +35,7 @@ from typing import Any, NoReturn
 
 from riverhouse.platform.errors import EngineUnavailable
 from riverhouse.platform.runtime import processes
-from riverhouse.platform.runtime.class_archive import archive_path, install
+from riverhouse.platform.runtime.class_archive import archive_path, make
 from riverhouse.platform.runtime.class_archive import java_options as class_archive_options
 from riverhouse.platform.runtime.spark import (
     CONNECT_PORT,  # noqa: F401  (engine's API: the address parts live beside the session code)
@@ -65,7 +65,6 @@ DEFAULT_MEMORY = os.environ.get(MEMORY_ENV, "2g")
 # With C1 only, HotSpot sizes the code cache at 48 MB instead of 240: Spark's generated classes
 # filled it in one demo ("Out of space in CodeCache for adapters" failed a query), so it keeps 240.
 SHORT_LIVED_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
-ARCHIVE_WRITE_OPTION = "-XX:ArchiveClassesAtExit"
 # What makes a Python process a Spark Connect client or a spark-submit child: the server and
 # the Python workers it starts must not inherit them (they would attach to themselves).
 _CLIENT_ENV = (
@@ -194,15 +193,12 @@ def class_archive(master: str | None = None) -> Path:
 
 def make_class_archive() -> Path | None:
     """Start an engine that writes the class-data archive as it exits, and stop it; the archive (None: none written)."""
-    import tempfile
 
-    target = class_archive()
-    partial = target.with_suffix(f".{os.getpid()}.tmp")
-    with tempfile.TemporaryDirectory(prefix="riverhouse-archive-") as scratch:
-        state_dir = Path(scratch) / "engine"
-        start(state_dir, java_options=f"{SHORT_LIVED_JAVA_OPTIONS} {ARCHIVE_WRITE_OPTION}={partial}")
-        stop(state_dir)  # the JVM writes the archive as it exits
-    return target if install(partial, target) else None
+    def run(scratch: Path, write: str) -> None:
+        start(scratch / "engine", java_options=f"{SHORT_LIVED_JAVA_OPTIONS} {write}")
+        stop(scratch / "engine")  # the JVM writes the archive as it exits
+
+    return make(class_archive(), run)
 
 
 def server_command(
@@ -218,8 +214,7 @@ def server_command(
     packages = conf.pop("spark.jars.packages", None)
     conf.update({"spark.connect.grpc.binding.address": host, "spark.connect.grpc.binding.port": str(port)})
     home, jars = _launch_parts(master)
-    if ARCHIVE_WRITE_OPTION not in java_options:  # the engine that writes the archive cannot also map one
-        java_options = f"{java_options} {class_archive_options(archive_path(home, jars))}".strip()
+    java_options = f"{java_options} {class_archive_options(archive_path(home, jars), java_options)}".strip()
     if java_options:
         key = "spark.driver.extraJavaOptions"
         conf[key] = f"{conf.get(key, '')} {java_options}".strip()
