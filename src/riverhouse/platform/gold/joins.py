@@ -50,6 +50,7 @@ from riverhouse.platform.state.delta_spark import (
     conform,
     inserts_between,
     read_at,
+    read_between,
     spark_time,
     table_version,
 )
@@ -165,11 +166,12 @@ def lookup_frames(
     """
     lookups: dict[str, DataFrame] = {}
     for step in spec.plan.steps:
-        rows = read_at(spark, layout.silver(step.source), versions[step.source])
+        path, version = layout.silver(step.source), versions[step.source]
         if step.window is None:
-            lookups[step.alias] = latest_per_key(rows, step)
+            lookups[step.alias] = latest_per_key(read_at(spark, path, version), step)
         else:
-            lookups[step.alias] = rows.where(between("_event_time", "_event_date", lo - step.window, hi + step.window))
+            start, end = lo - step.window, hi + step.window
+            lookups[step.alias] = read_between(spark, path, version, "_event_time", "_event_date", start, end)
     return lookups
 
 

@@ -304,29 +304,22 @@ def _stat_time(value: Any) -> datetime | None:
 _FILE_INDEX: dict[str, Any] = {}
 
 
-def files_overlapping(table_path: str, column: str, lo: Any, hi: Any, date_column: str) -> list[str]:
-    """Data files of the table's latest version whose `column` statistics overlap [lo, hi].
+def files_overlapping(
+    table_path: str, column: str, lo: Any, hi: Any, date_column: str, version: int | None = None
+) -> list[str]:
+    """Data files of the table (at `version`, default its latest) whose `column` statistics overlap [lo, hi].
 
     What Delta's own planner does before a scan (partition values, then min/max statistics),
     done on the driver from the log with delta-rs, which keeps the table's state between calls
     and reads only the commits since (`update_incremental`). Reading the table through Spark
-    instead rebuilds its snapshot state (a Spark job over the whole log) after every commit,
-    the largest fixed cost of a micro-batch that looks up silver (bench/analysis.md).
+    instead rebuilds its snapshot state (a Spark job over the whole log) for every version it
+    reads, the largest fixed cost of a micro-batch that looks up silver (bench/analysis.md).
     A file without statistics is kept (it may hold anything).
     """
-    import pyarrow.compute as pc
-    from deltalake import DeltaTable
-
-    from riverhouse.platform.state.storage import storage_options
-
-    table = _FILE_INDEX.get(table_path)
-    if table is None:
-        table = DeltaTable(table_path, storage_options=storage_options() or None)
-        _FILE_INDEX[table_path] = table
-    else:
-        table.update_incremental()
     import pyarrow as pa
+    import pyarrow.compute as pc
 
+    table = _table_at(table_path, version)
     adds = pa.table(table.get_add_actions(flatten=True))  # delta-rs hands out arro3 tables
     if adds.num_rows == 0:
         return []
@@ -339,5 +332,27 @@ def files_overlapping(table_path: str, column: str, lo: Any, hi: Any, date_colum
         hi_ok = pc.fill_null(pc.greater_equal(adds.column(f"max.{column}"), lo), True)
         keep = pc.and_(keep, pc.and_(lo_ok, hi_ok))
     chosen = adds.filter(keep).column("path").to_pylist()
-    root = table.table_uri.rstrip("/")
+    root = table_root(table_path)
     return [path if "://" in path else f"{root}/{path}" for path in chosen]
+
+
+def table_root(table_path: str) -> str:
+    """The table's folder as the URI its data files are named under (files_overlapping's paths)."""
+    return _table_at(table_path, None).table_uri.rstrip("/")
+
+
+def _table_at(table_path: str, version: int | None) -> Any:
+    """delta-rs's state of the table: the cached latest (brought up to date), or `version` when older."""
+    from deltalake import DeltaTable
+
+    from riverhouse.platform.state.storage import storage_options
+
+    table = _FILE_INDEX.get(table_path)
+    if table is None:
+        table = DeltaTable(table_path, storage_options=storage_options() or None)
+        _FILE_INDEX[table_path] = table
+    else:
+        table.update_incremental()
+    if version is None or table.version() == version:
+        return table
+    return DeltaTable(table_path, version=version, storage_options=storage_options() or None)

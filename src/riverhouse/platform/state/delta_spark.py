@@ -117,6 +117,28 @@ def read_at(spark: Any, path: str, version: int) -> Any:
     return spark.read.format("delta").option("versionAsOf", version).load(path)
 
 
+def read_between(spark: Any, path: str, version: int, time_col: str, date_col: str, lo: datetime, hi: datetime) -> Any:
+    """`read_at(...).where(between(time_col, date_col, lo, hi))` without Delta's snapshot job.
+
+    Delta's reader plans a filtered scan of a version by rebuilding that version's state in a
+    Spark job (every new version: 0.7 s warm, 2.3 s on a new engine, for a small silver table).
+    The files are chosen from the log on the driver instead (delta_log.files_overlapping: the
+    partition values and statistics Delta's planner uses) and read by Spark as Parquet, the
+    partition column from the files' folders (`basePath`). For tables Riverhouse writes:
+    appends and compactions, no deletion vectors or column mapping.
+    """
+    from pyspark.sql import functions as F
+
+    from riverhouse.platform.state.delta_log import files_overlapping, table_root
+
+    schema = DeltaLog(path).schema()
+    files = files_overlapping(path, time_col, lo, hi, date_col, version)
+    if not files:
+        return spark.createDataFrame([], schema)
+    rows = spark.read.schema(schema).option("basePath", table_root(path)).parquet(*files)
+    return rows.select(*[F.col(name) for name in schema.fieldNames()]).where(between(time_col, date_col, lo, hi))
+
+
 def inserts_between(spark: Any, path: str, start: int, end: int, columns: list[str]) -> Any:
     """Rows that versions start..end inserted (change data feed), with `columns`."""
     from pyspark.sql import functions as F
