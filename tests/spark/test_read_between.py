@@ -49,6 +49,7 @@ def test_read_between_returns_what_delta_reads_at_each_version(spark: Any, tmp_p
         (DAY0 + timedelta(hours=4), DAY0 + timedelta(hours=26)),  # cuts into two days
         (DAY0 + timedelta(hours=24), DAY0 + timedelta(hours=24, minutes=59)),  # one day, one file, no row
         (DAY0 - timedelta(days=1), DAY0 + timedelta(days=5)),  # everything
+        (DAY0 + timedelta(hours=26), None),  # no end
     ]
     for version in (0, 1, 2):
         delta = read_at(spark, path, version)

@@ -46,7 +46,6 @@ from riverhouse.platform.state.checkpoints import gold_lock
 from riverhouse.platform.state.delta_log import MARK_MAX_EVENT_TIME, DeltaLog
 from riverhouse.platform.state.delta_spark import (
     append_once,
-    between,
     conform,
     inserts_between,
     read_at,
@@ -194,6 +193,13 @@ def not_processed(
     return closed.join(done, identity, "left_anti")
 
 
+def held_since(spark: Any, path: str, version: int, first_day: date) -> DataFrame:
+    """A gold table's rows (or its quarantine's) from `first_day` on, at `version`: read from the files
+    the log chooses, without Delta's state job (delta_spark.read_between)."""
+    start = datetime.combine(first_day, datetime.min.time(), UTC)
+    return read_between(spark, path, version, "_left_event_time", "_left_event_date", start, None)
+
+
 def run_gold(spark: Any, spec: PipelineSpec, settings: Settings, drain: bool = False) -> GoldResult:
     """Emit every closed, not yet emitted driving event of a join pipeline into gold."""
     with gold_lock(settings, spec.name):
@@ -211,7 +217,7 @@ def _candidates(
     if state.left_version < current:
         parts.append(inserts_between(spark, path, state.left_version + 1, current, columns))
     if since is not None:
-        parts.append(read_at(spark, path, current).where(between("_event_time", "_event_date", since, None)))
+        parts.append(read_between(spark, path, current, "_event_time", "_event_date", since, None))
     if not parts:
         return None
     rows = parts[0].select(*columns)
@@ -274,7 +280,7 @@ def _run_gold(spark: Any, spec: PipelineSpec, settings: Settings, drain: bool) -
     closed = candidates.where("_closed").drop("_closed")
     fresh = closed
     if _holds_rows(path, gold_version):  # a new gold table: no Spark job reads its empty snapshot
-        fresh = not_processed(closed, read_at(spark, path, gold_version), counts["first_day"])
+        fresh = not_processed(closed, held_since(spark, path, gold_version, counts["first_day"]), counts["first_day"])
     lo, hi = spark_time(counts["lo"]), spark_time(counts["hi"])
     assert lo is not None and hi is not None  # some events are closed, so both bounds exist
     lookups = lookup_frames(spark, spec, layout, versions, lo, hi)
@@ -292,7 +298,7 @@ def _run_gold(spark: Any, spec: PipelineSpec, settings: Settings, drain: bool) -
         if result.rejected:
             # Insert-if-absent: a crash after this commit and before gold's replays these rows.
             quarantine = gold_quarantine_path(layout, spec)
-            held = read_at(spark, quarantine, table_version(quarantine))
+            held = held_since(spark, quarantine, table_version(quarantine), tally["first_day"])
             rejected = not_processed(rows.where("_status = 'rejected'"), held, tally["first_day"], IDENTITY)
             append_once(rejected, quarantine, gold_app_id(spec), _quarantine_batch(quarantine, spec, progress.run))
         crash_point("after_gold_quarantine")

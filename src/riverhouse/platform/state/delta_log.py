@@ -305,9 +305,11 @@ _FILE_INDEX: dict[str, Any] = {}
 
 
 def files_overlapping(
-    table_path: str, column: str, lo: Any, hi: Any, date_column: str, version: int | None = None
+    table_path: str, column: str, lo: Any, hi: Any | None, date_column: str, version: int | None = None
 ) -> list[str]:
     """Data files of the table (at `version`, default its latest) whose `column` statistics overlap [lo, hi].
+
+    `hi` None: no upper bound.
 
     What Delta's own planner does before a scan (partition values, then min/max statistics),
     done on the driver from the log with delta-rs, which keeps the table's state between calls
@@ -323,14 +325,14 @@ def files_overlapping(
     adds = pa.table(table.get_add_actions(flatten=True))  # delta-rs hands out arro3 tables
     if adds.num_rows == 0:
         return []
-    keep = pc.and_(
-        pc.greater_equal(adds.column(f"partition.{date_column}"), lo.date()),
-        pc.less_equal(adds.column(f"partition.{date_column}"), hi.date()),
-    )
+    day = adds.column(f"partition.{date_column}")
+    keep = pc.greater_equal(day, lo.date())
+    if hi is not None:
+        keep = pc.and_(keep, pc.less_equal(day, hi.date()))
     if f"min.{column}" in adds.column_names:
-        lo_ok = pc.fill_null(pc.less_equal(adds.column(f"min.{column}"), hi), True)
-        hi_ok = pc.fill_null(pc.greater_equal(adds.column(f"max.{column}"), lo), True)
-        keep = pc.and_(keep, pc.and_(lo_ok, hi_ok))
+        keep = pc.and_(keep, pc.fill_null(pc.greater_equal(adds.column(f"max.{column}"), lo), True))
+        if hi is not None:
+            keep = pc.and_(keep, pc.fill_null(pc.less_equal(adds.column(f"min.{column}"), hi), True))
     chosen = adds.filter(keep).column("path").to_pylist()
     root = table_root(table_path)
     return [path if "://" in path else f"{root}/{path}" for path in chosen]
