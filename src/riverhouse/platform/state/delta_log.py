@@ -334,13 +334,16 @@ def files_overlapping(
         if hi is not None:
             keep = pc.and_(keep, pc.fill_null(pc.less_equal(adds.column(f"min.{column}"), hi), True))
     chosen = adds.filter(keep).column("path").to_pylist()
-    root = table_root(table_path)
+    root = table.table_uri.rstrip("/")
     return [path if "://" in path else f"{root}/{path}" for path in chosen]
 
 
 def table_root(table_path: str) -> str:
-    """The table's folder as the URI its data files are named under (files_overlapping's paths)."""
-    return _table_at(table_path, None).table_uri.rstrip("/")
+    """The table's folder as the URI its data files are named under (files_overlapping's paths).
+
+    From the state files_overlapping keeps (no second look at the log); loaded if there is none."""
+    table = _FILE_INDEX.get(table_path) or _table_at(table_path, None)
+    return table.table_uri.rstrip("/")
 
 
 def _table_at(table_path: str, version: int | None) -> Any:
