@@ -67,8 +67,10 @@ from riverhouse.platform.state.tables import (
     silver_schema,
 )
 
-# How long a clean stop waits for the batch in flight to finish before stopping the query.
+# How long a clean stop waits for the batch in flight to finish before stopping the query, and
+# how often it checks meanwhile that the query still runs (a failed query's batch never ends).
 STOP_WAIT_S = 600.0
+STOP_POLL_S = 1.0
 
 
 @dataclass
@@ -276,10 +278,18 @@ class SourceStream:
             return
         self._offsets_published = offsets
 
-    def stop(self, query: Any) -> None:
-        """Clean stop: start no new batch, let the one in flight finish, stop the query."""
+    def stop(self, query: Any, wait: bool = True) -> None:
+        """Clean stop: start no new batch, let the one in flight finish, stop the query.
+
+        The wait ends early once the query is no longer active, and `wait=False` skips it (a query
+        that failed): a batch whose body died (a killed worker) leaves its in-flight marker behind,
+        and nothing would ever end it.
+        """
         self.channel.request_stop()
-        self.channel.wait_idle(STOP_WAIT_S)
+        deadline = time.monotonic() + STOP_WAIT_S
+        while wait and not self.channel.wait_idle(STOP_POLL_S) and time.monotonic() < deadline:
+            if not query.isActive:
+                break
         query.stop()
         self.collect_reports()
         self.publish_offsets()
@@ -381,6 +391,9 @@ def ingest_sources(
             queries = start_queries(spark, streams, {"availableNow": True})
             try:
                 await_all(streams, queries)
+            except QueryFailed as failed:
+                _stop_all(list(zip(streams, queries, strict=True)), failed.stream)
+                raise failed.error from failed.error.__cause__
             except BaseException:
                 _stop_all(list(zip(streams, queries, strict=True)))
                 raise
@@ -422,17 +435,30 @@ def _start_or_explain(spark: Any, stream: SourceStream, trigger: dict[str, Any])
         raise stream.failure(exc) from exc
 
 
-def _stop_all(running: list[tuple[SourceStream, Any]]) -> None:
+def _stop_all(running: list[tuple[SourceStream, Any]], failed: SourceStream | None = None) -> None:
+    """Stop the queries still running: the others cleanly, the one that `failed` at once (its
+    failure was raised while the engine may still list it as active: its batch will not end)."""
     for stream, query in running:
         try:
-            if query.isActive:
+            if stream is failed:
+                query.stop()
+            elif query.isActive:
                 stream.stop(query)
         except Exception:  # stopping is best effort: the first failure is the one to report
             pass
 
 
+class QueryFailed(Exception):
+    """`await_all`'s first failure: the stream whose query failed, and the error to raise."""
+
+    def __init__(self, stream: SourceStream, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.stream, self.error = stream, error
+
+
 def await_all(streams: list[SourceStream], queries: list[Any], poll_s: float = 0.05) -> None:
-    """Wait for every query to end, reporting batches as they land; the first failure is raised at once."""
+    """Wait for every query to end, reporting batches as they land; the first failure is raised at
+    once, as QueryFailed (which names its stream)."""
     pending = list(zip(streams, queries, strict=True))
     while pending:
         for stream, query in list(pending):
@@ -440,7 +466,7 @@ def await_all(streams: list[SourceStream], queries: list[Any], poll_s: float = 0
                 done = query.awaitTermination(poll_s)
             except Exception as exc:
                 stream.collect_reports()
-                raise stream.failure(exc) from exc
+                raise QueryFailed(stream, stream.failure(exc)) from exc
             stream.collect_reports()
             if done is None or done:
                 pending.remove((stream, query))
