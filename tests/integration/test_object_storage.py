@@ -283,7 +283,7 @@ def test_a_cluster_run_on_s3_equals_a_local_run_and_its_executors_get_the_keys_f
     (conf_dir / "spark-defaults.conf").write_text(
         # Uncompressed: Spark 4 compresses event logs with zstd by default.
         f"spark.eventLog.enabled true\nspark.eventLog.compress false\nspark.eventLog.dir file://{events_dir}\n"
-        "spark.cores.max 2\n"
+        "spark.cores.max 2\nspark.sql.shuffle.partitions 4\n"
     )
     monkeypatch.setenv("SPARK_CONF_DIR", str(conf_dir))
     monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")

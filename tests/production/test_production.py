@@ -97,6 +97,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory, kafka: str) -> Iterator[Stac
         spark_url, cluster = spark_cluster(folder, base)
         started.extend(cluster)
         os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+        # The engine's spark-defaults.conf, as compose gives it (docker/spark-conf): shuffles sized
+        # to the cluster's cores, not Spark's 200 tasks per shuffle of every micro-batch.
+        conf_dir = folder / "spark-conf"
+        conf_dir.mkdir()
+        (conf_dir / "spark-defaults.conf").write_text("spark.sql.shuffle.partitions 4\n")
+        os.environ["SPARK_CONF_DIR"] = str(conf_dir)
         driver = engine.start(folder / "engine", master=spark_url, memory="1g")
         engines.append(folder / "engine")
         env = {
