@@ -124,7 +124,9 @@ def run_demo(
     log(f"resetting demo state in {home}")
     reset_state(home)
     settings = Settings.from_env(home).with_(kafka_bootstrap=None)
-    state = local_kafka.start(settings.kafka_state_dir)
+    # The demo's broker lives for this command only: C1 alone, like the demo's engine (4-5 of its
+    # ~11 CPU seconds were C2's compilations; bench/analysis.md).
+    state = local_kafka.start(settings.kafka_state_dir, java_options=engine.SHORT_LIVED_JAVA_OPTIONS)
     log(f"local Kafka started at {state.bootstrap}")
     # The runs go to the Dagster instance `riverhouse ui --home <home>` opens, so the UI shows
     # the demo's runs, materializations, check results and plots.

@@ -60,8 +60,9 @@ MEMORY_ENV = "RIVERHOUSE_ENGINE_MEMORY"
 # Set in the engine's environment to its JVM's pid: its Python workers (foreachBatch) read it.
 PID_ENV = "RIVERHOUSE_ENGINE_PID"
 DEFAULT_MEMORY = os.environ.get(MEMORY_ENV, "2g")
-# For an engine that lives for one command (`riverhouse demo`): HotSpot's C2 compiler costs such a
-# JVM more CPU than its code gives back on 2 cores (bench/analysis.md, "The demo on a new engine").
+# For an engine (and the demo's broker) that lives for one command (`riverhouse demo`): HotSpot's C2
+# compiler costs such a JVM more CPU than its code gives back on 2 cores (bench/analysis.md, "The
+# demo on a new engine").
 # With C1 only, HotSpot sizes the code cache at 48 MB instead of 240: Spark's generated classes
 # filled it in one demo ("Out of space in CodeCache for adapters" failed a query), so it keeps 240.
 SHORT_LIVED_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
