@@ -278,16 +278,15 @@ class SourceStream:
             return
         self._offsets_published = offsets
 
-    def stop(self, query: Any, wait: bool = True) -> None:
+    def stop(self, query: Any) -> None:
         """Clean stop: start no new batch, let the one in flight finish, stop the query.
 
-        The wait ends early once the query is no longer active, and `wait=False` skips it (a query
-        that failed): a batch whose body died (a killed worker) leaves its in-flight marker behind,
-        and nothing would ever end it.
+        The wait ends early once the query is no longer active: a batch whose body died (a killed
+        worker) leaves its in-flight marker behind, and nothing would ever end it.
         """
         self.channel.request_stop()
         deadline = time.monotonic() + STOP_WAIT_S
-        while wait and not self.channel.wait_idle(STOP_POLL_S) and time.monotonic() < deadline:
+        while not self.channel.wait_idle(STOP_POLL_S) and time.monotonic() < deadline:
             if not query.isActive:
                 break
         query.stop()
