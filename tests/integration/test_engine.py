@@ -53,7 +53,9 @@ CLIENT = textwrap.dedent(
         batch.write.format("delta").mode("append").save(str(work / "sink"))
         with open(f"/proc/{os.getpid()}/cmdline") as f:
             cmd = f.read().replace("\\0", " ")
-        seen = {"pid": os.getpid(), "ppid": os.getppid(), "engine_pid": engine_pid(), "cmd": cmd}
+        with open(f"/proc/{os.getppid()}/stat") as f:
+            grandparent = int(f.read().rsplit(")", 1)[1].split()[1])
+        seen = {"ppid": os.getppid(), "grandparent": grandparent, "engine_pid": engine_pid(), "cmd": cmd}
         (work / f"batch-{batch_id}.json").write_text(json.dumps(seen))
 
     query = (
@@ -120,10 +122,11 @@ def test_engine_lifecycle_serves_dataframes_delta_and_foreach_batch(tmp_path: Pa
     batches = [json.loads(p.read_text()) for p in sorted(work.glob("batch-*.json"))]
     assert len(batches) == 3  # maxFilesPerTrigger 1: one batch a file
     for seen in batches:
-        # The foreachBatch body runs in a Python worker the engine's JVM starts directly, and it
-        # can name the JVM: what a crash point needs to SIGKILL the engine mid-batch.
-        assert "foreach_batch_worker" in seen["cmd"]
-        assert seen["ppid"] == pid and seen["engine_pid"] == pid
+        # The foreachBatch body runs in a Python worker forked by the engine's fork server, a
+        # child of its JVM (runtime/worker_fork.py), and it can name the JVM: what a crash point
+        # needs to SIGKILL the engine mid-batch.
+        assert "foreach_batch_worker" in seen["cmd"] and "worker_fork" in seen["cmd"]
+        assert seen["ppid"] != pid and seen["grandparent"] == pid and seen["engine_pid"] == pid
     assert engine.engine_pid(home / "engine") == pid
     archive = engine.class_archive()  # made by `make install` (make class-archive)
     if archive.is_file():
