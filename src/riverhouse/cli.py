@@ -85,7 +85,7 @@ EngineOption = Annotated[
 def start_local_engine(settings: Settings, wanted: bool, short_lived: bool = False) -> tuple[str, bool]:
     """Where runs get Spark, and whether this command started the engine (it then stops it).
 
-    `short_lived`: the engine serves this command only (its JVM gets SHORT_LIVED_JAVA_OPTIONS).
+    `short_lived`: the engine serves this command only (its JVM gets SHORT_LIVED_ENGINE_JAVA_OPTIONS).
     """
     if os.environ.get(REMOTE_ENV):
         return f"Spark Connect at {redact_remote(os.environ[REMOTE_ENV])} ({REMOTE_ENV})", False
@@ -97,7 +97,7 @@ def start_local_engine(settings: Settings, wanted: bool, short_lived: bool = Fal
     err.print("starting the engine (a Spark Connect server)...", highlight=False)
     started = time.monotonic()
     try:
-        options = engine.SHORT_LIVED_JAVA_OPTIONS if short_lived else ""
+        options = engine.SHORT_LIVED_ENGINE_JAVA_OPTIONS if short_lived else ""
         state = engine.start(settings.engine_state_dir, java_options=options)
     except (engine.EngineError, JavaMissingError, SparkConfError) as exc:
         fail(str(exc))

@@ -241,7 +241,12 @@ def test_the_engine_command_gives_one_jar_list_to_executors_and_the_driver(
     monkeypatch.setenv("RIVERHOUSE_SPARK_REMOTE", "sc://elsewhere:1")
     argv, env = engine.server_command(tmp_path, "local[2]", "1g", "127.0.0.1", 15555)
     assert "SPARK_CONNECT_MODE_ENABLED" not in env and "RIVERHOUSE_SPARK_REMOTE" not in env  # ... the server is not
-    assert env["PYSPARK_PYTHON"] == sys.executable  # foreachBatch workers import this riverhouse
+    # foreachBatch workers import this riverhouse: forked by the fork server started beside the
+    # JVM (same interpreter), through the launcher that is the local engine's PYSPARK_PYTHON
+    assert env["PYSPARK_DRIVER_PYTHON"] == sys.executable
+    assert env["PYSPARK_PYTHON"] == str(tmp_path / "worker-python")
+    assert f"exec {sys.executable} -I -S " in Path(env["PYSPARK_PYTHON"]).read_text()
+    assert f"{sys.executable} -m riverhouse.platform.runtime.worker_fork " in argv[2]
     assert argv[argv.index("--class") + 1] == engine.SERVER_CLASS
     assert argv[argv.index("--driver-memory") + 1] == "1g"
     jars = argv[argv.index("--jars") + 1].split(",")
@@ -257,15 +262,33 @@ def test_the_engine_command_gives_one_jar_list_to_executors_and_the_driver(
     assert "spark.jars" not in conf  # --jars is the one list
 
 
+def test_a_cluster_engine_keeps_the_plain_interpreter_and_no_fork_server(tmp_path: Path) -> None:
+    """A cluster's executors run the driver's PYSPARK_PYTHON: the launcher exists on this machine only."""
+    argv, env = engine.server_command(tmp_path, "spark://master:7077", "1g", "127.0.0.1", 15555)
+    assert env["PYSPARK_PYTHON"] == sys.executable
+    assert "worker_fork" not in argv[2] and not (tmp_path / "worker-python").exists()
+
+
 def test_an_engine_for_one_command_adds_its_java_options_to_the_settings_ones(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """`riverhouse demo`'s own engine compiles with C1 only; the log settings stay, and a user's too."""
+    """`riverhouse demo`'s own engine compiles with C1 only and collects with the serial collector;
+    the log settings stay, and a user's too; a collector the user chose is not joined by a second."""
+
+    def driver_options(user_options: str, java_tool_options: str = "") -> list[str]:
+        monkeypatch.setenv("JAVA_TOOL_OPTIONS", java_tool_options)
+        monkeypatch.setenv("RIVERHOUSE_SPARK_CONF", json.dumps({"spark.driver.extraJavaOptions": user_options}))
+        short = engine.SHORT_LIVED_ENGINE_JAVA_OPTIONS
+        argv, _ = engine.server_command(tmp_path, "local[2]", "1g", "127.0.0.1", 15555, short)
+        conf = java_properties(Path(argv[argv.index("--properties-file") + 1]).read_text())
+        return list(conf["spark.driver.extraJavaOptions"].split())
+
+    options = driver_options("-Dmine=1")
+    assert options[:4] == ["-Dmine=1", "-XX:TieredStopAtLevel=1", "-XX:ReservedCodeCacheSize=240m", "-XX:+UseSerialGC"]
+    for chosen in (driver_options("-XX:+UseG1GC"), driver_options("-Dmine=1", "-XX:+UseParallelGC")):
+        assert "-XX:+UseSerialGC" not in chosen and "-XX:TieredStopAtLevel=1" in chosen
+    monkeypatch.delenv("JAVA_TOOL_OPTIONS")
     monkeypatch.setenv("RIVERHOUSE_SPARK_CONF", json.dumps({"spark.driver.extraJavaOptions": "-Dmine=1"}))
-    argv, _ = engine.server_command(tmp_path, "local[2]", "1g", "127.0.0.1", 15555, engine.SHORT_LIVED_JAVA_OPTIONS)
-    conf = java_properties(Path(argv[argv.index("--properties-file") + 1]).read_text())
-    options = conf["spark.driver.extraJavaOptions"].split()
-    assert options[:3] == ["-Dmine=1", "-XX:TieredStopAtLevel=1", "-XX:ReservedCodeCacheSize=240m"]
     argv, _ = engine.server_command(tmp_path, "local[2]", "1g", "127.0.0.1", 15555)  # `riverhouse engine start`
     conf = java_properties(Path(argv[argv.index("--properties-file") + 1]).read_text())
     assert conf["spark.driver.extraJavaOptions"].split()[0] == "-Dmine=1"

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -68,6 +69,11 @@ DEFAULT_MEMORY = os.environ.get(MEMORY_ENV, "2g")
 # With C1 only, HotSpot sizes the code cache at 48 MB instead of 240: Spark's generated classes
 # filled it in one demo ("Out of space in CodeCache for adapters" failed a query), so it keeps 240.
 SHORT_LIVED_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
+# Such an engine also collects with the serial collector: G1's concurrent work cost the demo's
+# engine 5-7 of its ~49 CPU seconds (bench/analysis.md). Left out when the JVM's options already
+# choose a collector (two are an error); the broker's scripts choose G1 themselves.
+SHORT_LIVED_ENGINE_JAVA_OPTIONS = f"{SHORT_LIVED_JAVA_OPTIONS} -XX:+UseSerialGC"
+_COLLECTOR = re.compile(r"-XX:\+Use\w*GC\b")
 # What makes a Python process a Spark Connect client or a spark-submit child: the server and
 # the Python workers it starts must not inherit them (they would attach to themselves).
 _CLIENT_ENV = (
@@ -217,9 +223,12 @@ def server_command(
     packages = conf.pop("spark.jars.packages", None)
     conf.update({"spark.connect.grpc.binding.address": host, "spark.connect.grpc.binding.port": str(port)})
     home, jars = _launch_parts(master)
+    key = "spark.driver.extraJavaOptions"
+    if _COLLECTOR.search(f"{conf.get(key, '')} {os.environ.get('JAVA_TOOL_OPTIONS', '')}"):
+        java_options = _COLLECTOR.sub("", java_options)  # the user's collector, not a second one
     java_options = f"{java_options} {class_archive_options(archive_path(home, jars), java_options)}".strip()
+    java_options = " ".join(java_options.split())
     if java_options:
-        key = "spark.driver.extraJavaOptions"
         conf[key] = f"{conf.get(key, '')} {java_options}".strip()
     conf_file = state_dir / CONF_FILE
     conf_file.touch(mode=0o600)
@@ -260,7 +269,7 @@ def start(
 ) -> EngineState:
     """Start the engine in the background (or return the running one); wait for a session round trip.
 
-    `java_options`: added to its JVM's options (SHORT_LIVED_JAVA_OPTIONS for one command's engine).
+    `java_options`: added to its JVM's options (SHORT_LIVED_ENGINE_JAVA_OPTIONS for one command's engine).
     """
     state_dir = Path(state_dir).resolve()
     running = status(state_dir)
