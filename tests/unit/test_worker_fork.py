@@ -53,8 +53,7 @@ def base_env() -> dict[str, str]:
     return env
 
 
-@pytest.fixture
-def fork_server() -> Iterator[subprocess.Popen[bytes]]:
+def start_server() -> Iterator[subprocess.Popen[bytes]]:
     server = subprocess.Popen(
         [sys.executable, "-m", "riverhouse.platform.runtime.worker_fork", TARGET],
         env=base_env(),
@@ -68,6 +67,17 @@ def fork_server() -> Iterator[subprocess.Popen[bytes]]:
     finally:
         server.kill()
         server.wait()
+
+
+@pytest.fixture(scope="module")
+def fork_server() -> Iterator[subprocess.Popen[bytes]]:
+    """One server for the tests that leave it running (each start imports pyspark: ~1 CPU second)."""
+    yield from start_server()
+
+
+@pytest.fixture
+def own_fork_server() -> Iterator[subprocess.Popen[bytes]]:
+    yield from start_server()
 
 
 def launch(tmp_path: Path, module: str = TARGET, **env: str) -> subprocess.Popen[str]:
@@ -127,8 +137,9 @@ def test_stopping_the_launcher_stops_its_worker(
 
 
 def test_other_commands_and_a_missing_server_run_the_real_interpreter(
-    tmp_path: Path, fork_server: subprocess.Popen[bytes]
+    tmp_path: Path, own_fork_server: subprocess.Popen[bytes]
 ) -> None:
+    fork_server = own_fork_server
     launcher, _ = local_engine_python(tmp_path, sys.executable)
     assert subprocess.run([launcher, "-c", "print(6 * 7)"], capture_output=True, text=True, env=base_env()).stdout == (
         "42\n"
