@@ -75,11 +75,6 @@ def fork_server() -> Iterator[subprocess.Popen[bytes]]:
     yield from start_server()
 
 
-@pytest.fixture
-def own_fork_server() -> Iterator[subprocess.Popen[bytes]]:
-    yield from start_server()
-
-
 def launch(tmp_path: Path, module: str = TARGET, **env: str) -> subprocess.Popen[str]:
     launcher, _ = local_engine_python(tmp_path, sys.executable)
     work = tmp_path / "work"
@@ -137,9 +132,8 @@ def test_stopping_the_launcher_stops_its_worker(
 
 
 def test_other_commands_and_a_missing_server_run_the_real_interpreter(
-    tmp_path: Path, own_fork_server: subprocess.Popen[bytes]
+    tmp_path: Path, fork_server: subprocess.Popen[bytes]
 ) -> None:
-    fork_server = own_fork_server
     launcher, _ = local_engine_python(tmp_path, sys.executable)
     assert subprocess.run([launcher, "-c", "print(6 * 7)"], capture_output=True, text=True, env=base_env()).stdout == (
         "42\n"
@@ -147,9 +141,8 @@ def test_other_commands_and_a_missing_server_run_the_real_interpreter(
     other = launch(tmp_path, "tests.unit.fork_target_cold")  # a module the server did not import
     assert other.wait(timeout=30) == 1 and other.stderr and "No module named" in other.stderr.read()
 
-    fork_server.kill()
-    fork_server.wait()
-    cold = launch(tmp_path, FORK_TARGET_CODE="4")
+    no_server = str(2**22 + 1)  # above the largest pid Linux allows: no engine, so no server, has it
+    cold = launch(tmp_path, FORK_TARGET_CODE="4", **{PID_ENV: no_server})
     seen = first_line(cold)
     assert cold.wait(timeout=60) == 4
     assert seen["pid"] == cold.pid and seen["ppid"] == os.getpid()  # the launcher became the worker
