@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 
 if __name__ == "__main__":
     seen = {"pid": os.getpid(), "ppid": os.getppid(), "cwd": os.getcwd(), "value": os.environ.get("FORK_TARGET_VALUE")}
+    seen["sigint"] = signal.getsignal(signal.SIGINT) is signal.default_int_handler
     seen["stdin"] = sys.stdin.readline().strip()
     print(json.dumps(seen), flush=True)
     print("to stderr", file=sys.stderr, flush=True)

@@ -54,11 +54,13 @@ def base_env() -> dict[str, str]:
 
 
 def start_server() -> Iterator[subprocess.Popen[bytes]]:
+    # Started as the engine's shell starts it: in the background, so SIGINT and SIGQUIT ignored.
     server = subprocess.Popen(
         [sys.executable, "-m", "riverhouse.platform.runtime.worker_fork", TARGET],
         env=base_env(),
         cwd=ROOT,
         stdin=subprocess.DEVNULL,
+        preexec_fn=lambda: [signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGQUIT)],
     )
     try:
         wait_for(lambda: answers(os.getpid()) or server.poll() is not None)
@@ -106,6 +108,7 @@ def test_a_worker_is_forked_with_the_launchers_streams_environment_folder_and_ex
     assert seen["ppid"] == fork_server.pid and seen["pid"] != proc.pid  # forked by the server
     assert seen["value"] == "from the launcher" and seen["cwd"] == str(tmp_path / "work")
     assert seen["stdin"] == "hello"  # the launcher's stdin, stdout and stderr are the worker's
+    assert seen["sigint"]  # Ctrl-C raises KeyboardInterrupt, as in a new interpreter
     assert proc.stderr and "to stderr" in proc.stderr.read()
 
 

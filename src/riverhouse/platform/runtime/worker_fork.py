@@ -56,7 +56,9 @@ def local_engine_python(state_dir: Path, python: str) -> tuple[str, str]:
         f'#!/bin/sh\nexec {shlex.quote(python)} -I -S {shlex.quote(str(script))} {shlex.quote(python)} "$@"\n'
     )
     launcher.chmod(0o755)
-    server = f"{shlex.quote(python)} -m riverhouse.platform.runtime.worker_fork {WORKER_MODULE}"
+    # One BLAS thread: the workers do no numeric work, and fewer threads are alive at each fork
+    # (pyarrow's jemalloc and OpenBLAS register fork handlers; gRPC has no channel before it).
+    server = f"OPENBLAS_NUM_THREADS=1 {shlex.quote(python)} -m riverhouse.platform.runtime.worker_fork {WORKER_MODULE}"
     return str(launcher), server
 
 
@@ -181,8 +183,11 @@ class ForkServer:
         status = 1
         try:
             signal.set_wakeup_fd(-1)
-            for sig in (signal.SIGTERM, signal.SIGCHLD):
+            # As a new interpreter has them (a shell's `&` started the server with SIGINT and
+            # SIGQUIT ignored).
+            for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGQUIT):
                 signal.signal(sig, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
             self.selector.close()
             for sock in (self.listener, conn, *self.workers.values()):
                 sock.close()
