@@ -11,105 +11,31 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pyspark
 import pytest
 
 from riverhouse.platform.state.settings import Settings
 from riverhouse.platform.state.tables import TableLayout, open_table
-
-SPARK_HOME = Path(pyspark.__file__).parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(path: Path, text: str, timeout_s: float, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if path.exists() and text in path.read_text(errors="replace"):
-            return
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args} exited early: {path.read_text(errors='replace')[-2000:]}")
-        time.sleep(0.5)
-    raise TimeoutError(f"{text!r} not seen in {path} within {timeout_s}s")
+from tests.production.services import spark_cluster
 
 
 @pytest.fixture
 def standalone_cluster(tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    env = {**os.environ, "SPARK_HOME": str(SPARK_HOME), "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_NO_DAEMONIZE": "1"}
-    port = free_port()
-    work = tmp_path / "worker-work"
-    spark_class = str(SPARK_HOME / "bin" / "spark-class")
-    master_log = tmp_path / "master.log"
-    procs: list[subprocess.Popen[bytes]] = []
+    """(the master's URL, the folder of its logs and its workers' work folders `worker-1`, `worker-2`).
+
+    The production tier's cluster (tests/production/services.spark_cluster): one way to start it.
+    """
+    folder = tmp_path / "cluster"
+    folder.mkdir()
+    url, services = spark_cluster(folder, dict(os.environ))
     try:
-        with open(master_log, "wb") as log:
-            procs.append(
-                subprocess.Popen(
-                    [
-                        spark_class,
-                        "org.apache.spark.deploy.master.Master",
-                        "--host",
-                        "127.0.0.1",
-                        "--port",
-                        str(port),
-                        "--webui-port",
-                        str(free_port()),
-                    ],
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            )
-        wait_for(master_log, "I have been elected leader", 90, procs[0])
-        url = f"spark://127.0.0.1:{port}"
-        for worker in (1, 2):
-            worker_log = tmp_path / f"worker{worker}.log"
-            with open(worker_log, "wb") as log:
-                procs.append(
-                    subprocess.Popen(
-                        [
-                            spark_class,
-                            "org.apache.spark.deploy.worker.Worker",
-                            url,
-                            "--host",
-                            "127.0.0.1",
-                            "--cores",
-                            "1",
-                            "--memory",
-                            "1g",
-                            "--work-dir",
-                            str(work / f"worker{worker}"),
-                            "--webui-port",
-                            str(free_port()),
-                        ],
-                        env=env,
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        start_new_session=True,
-                    )
-                )
-            wait_for(worker_log, "Successfully registered with master", 90, procs[-1])
-        yield url, work
+        yield url, folder
     finally:
-        for proc in reversed(procs):
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait(timeout=20)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                os.killpg(proc.pid, signal.SIGKILL)
+        for service in reversed(services):
+            service.stop()
 
 
 def silver(settings: Settings, spec: Any) -> list[tuple[Any, ...]]:

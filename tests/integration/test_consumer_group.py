@@ -84,7 +84,7 @@ def test_a_commit_to_a_broker_that_is_gone_fails_within_its_timeout() -> None:
 
     from confluent_kafka import KafkaException
 
-    from tests.integration.standalone import free_port
+    from riverhouse.platform.runtime.processes import free_port
 
     outcome: list[BaseException | None] = []
 

@@ -30,6 +30,7 @@ import yaml
 
 from riverhouse.platform.kafka.generator import GeneratorConfig, expected_join, orders, user_events
 from riverhouse.platform.pipeline import Pipeline
+from riverhouse.platform.runtime.processes import free_port
 from riverhouse.platform.sink.clickhouse import open_client, qualified_table
 from riverhouse.platform.spec import load_spec
 from riverhouse.platform.state.delta_log import DeltaLog
@@ -37,7 +38,6 @@ from riverhouse.platform.state.settings import Settings
 from riverhouse.platform.state.tables import TableLayout, open_table
 from tests.conftest import REPO, orders_spec, produce, riverhouse_cmd, subprocess_env
 from tests.integration.standalone import (  # noqa: F401 - standalone_cluster is a fixture
-    free_port,
     silver,
     standalone_cluster,
     tasks_by_execution,
@@ -305,7 +305,7 @@ def test_a_cluster_run_on_s3_equals_a_local_run_and_its_executors_get_the_keys_f
         assert client.query(f"SELECT count() FROM {qualified_table(spec)}").result_rows[0][0] == stats.expected_unique
 
     # The work ran in executors launched by the two workers, not in the driver.
-    for worker in ("worker1", "worker2"):
+    for worker in ("worker-1", "worker-2"):
         assert list((work_dir / worker).glob("app-*/*/stderr")), f"no executor was launched on {worker}"
     executors_of = tasks_by_execution(events_dir)
     anti_joins = [e for plan, e in executors_of.items() if "LeftAnti" in plan]
@@ -316,7 +316,7 @@ def test_a_cluster_run_on_s3_equals_a_local_run_and_its_executors_get_the_keys_f
     assert "driver" not in set().union(*anti_joins) | set().union(*writes)
     assert len(set().union(*executors_of.values()) - {"driver"}) == 2  # both workers' executors had tasks
 
-    for log in work_dir.glob("worker*/app-*/*/std*"):
+    for log in work_dir.glob("worker-*/app-*/*/std*"):
         assert SECRET not in log.read_text(errors="replace")
     event_log = "".join(p.read_text(errors="replace") for p in events_dir.rglob("*") if p.is_file())
     assert '"fs.s3a.secret.key"' in event_log  # Spark's Hadoop configuration held the key ...
