@@ -248,13 +248,13 @@ def server_command(
     env = {**{k: v for k, v in os.environ.items() if k not in _CLIENT_ENV}, **s3a_env()}
     python = os.environ.get("PYSPARK_PYTHON", sys.executable)
     env.update({"SPARK_HOME": str(home), "PYSPARK_PYTHON": python, "PYSPARK_DRIVER_PYTHON": python})
-    fork_server = ""
+    in_background = ""
     if is_local(master):  # foreachBatch workers forked from a warm interpreter (runtime/worker_fork.py)
         env["PYSPARK_PYTHON"], fork_server = local_engine_python(state_dir, python)
-        fork_server = f"{fork_server} </dev/null & "
+        in_background = f"{fork_server} </dev/null & "
     # `exec` keeps the pid from sh through spark-submit and spark-class to the JVM: $$ is the JVM's
     # (and the fork server's parent).
-    wrapper = ["/bin/sh", "-c", f'{PID_ENV}=$$; export {PID_ENV}; {fork_server}exec "$0" "$@"']
+    wrapper = ["/bin/sh", "-c", f'{PID_ENV}=$$; export {PID_ENV}; {in_background}exec "$0" "$@"']
     return wrapper + argv, env
 
 

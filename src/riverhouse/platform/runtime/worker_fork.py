@@ -32,8 +32,10 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from riverhouse.platform.runtime.worker_launcher import _INT, PID_ENV, WORKER_MODULE, server_address
+from riverhouse.platform.runtime.worker_launcher import PID_ENV, WIRE_INT, server_address
 
+# What a local engine's fork server serves: Spark's foreachBatch worker (`python -m` it).
+WORKER_MODULE = "pyspark.sql.connect.streaming.worker.foreach_batch_worker"
 # Imported before the first fork, beside the worker module: what unpickling the batch body needs.
 PRELOAD = ("riverhouse.platform.ingest.stream",)
 _CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
@@ -70,16 +72,16 @@ def _peer_uid(conn: socket.socket) -> int:
 def _read_request(conn: socket.socket) -> tuple[dict[str, object], list[int]] | None:
     """The launcher's request (args, env, cwd) and the three descriptors it passed; None if it sent none."""
     fds = array.array("i")
-    head, ancdata, _, _ = conn.recvmsg(_INT.size, socket.CMSG_SPACE(3 * fds.itemsize))
+    head, ancdata, _, _ = conn.recvmsg(WIRE_INT.size, socket.CMSG_SPACE(3 * fds.itemsize))
     for level, kind, data in ancdata:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
     if not head and not fds:  # connected and closed: someone checking the server answers
         return None
     try:
-        if len(head) != _INT.size or len(fds) != 3:
+        if len(head) != WIRE_INT.size or len(fds) != 3:
             raise ValueError("malformed request")
-        size = int(_INT.unpack(head)[0])
+        size = int(WIRE_INT.unpack(head)[0])
         if not 0 < size <= _MAX_REQUEST:
             raise ValueError("malformed request")
         body = b""
@@ -161,7 +163,7 @@ class ForkServer:
             for fd in fds:
                 os.close(fd)
             with contextlib.suppress(OSError):
-                conn.sendall(_INT.pack(0))
+                conn.sendall(WIRE_INT.pack(0))
             conn.close()
             return
         sys.stdout.flush()
@@ -172,7 +174,7 @@ class ForkServer:
         for fd in fds:
             os.close(fd)
         try:
-            conn.sendall(_INT.pack(pid))
+            conn.sendall(WIRE_INT.pack(pid))
         except OSError:  # the launcher is gone already: so is its worker
             os.kill(pid, signal.SIGTERM)
         self.workers[pid] = conn
@@ -223,7 +225,7 @@ class ForkServer:
             with contextlib.suppress(KeyError, ValueError):
                 self.selector.unregister(conn)
             with contextlib.suppress(OSError):
-                conn.sendall(_INT.pack(code))
+                conn.sendall(WIRE_INT.pack(code))
             conn.close()
 
 

@@ -28,11 +28,9 @@ import sys
 import time
 from typing import NoReturn
 
-# What a local engine's fork server serves (`-m` it): a module it did not import is exec'd as given.
-WORKER_MODULE = "pyspark.sql.connect.streaming.worker.foreach_batch_worker"
 # Set in the engine's environment to its JVM's pid (engine.server_command): its Python workers read it.
 PID_ENV = "RIVERHOUSE_ENGINE_PID"
-_INT = struct.Struct("!i")
+WIRE_INT = struct.Struct("!i")  # every number on the fork server's socket
 
 
 def server_address(engine_pid: int | str) -> str:
@@ -43,9 +41,9 @@ def server_address(engine_pid: int | str) -> str:
 def _recv_int(sock: socket.socket) -> int | None:
     """The next int the server sends; None once it is gone."""
     data = b""
-    while len(data) < _INT.size:
+    while len(data) < WIRE_INT.size:
         try:
-            chunk = sock.recv(_INT.size - len(data))
+            chunk = sock.recv(WIRE_INT.size - len(data))
         except InterruptedError:
             continue
         except OSError:
@@ -53,7 +51,7 @@ def _recv_int(sock: socket.socket) -> int | None:
         if not chunk:
             return None
         data += chunk
-    return int(_INT.unpack(data)[0])
+    return int(WIRE_INT.unpack(data)[0])
 
 
 def _connect(engine_pid: str) -> socket.socket | None:
@@ -80,7 +78,7 @@ def ask_server(sock: socket.socket, args: list[str]) -> int:
     """Ask the fork server for the worker: its pid, or 0 if the server serves another module."""
     request = json.dumps({"args": args, "env": dict(os.environ), "cwd": os.getcwd()}).encode()
     fds = array.array("i", [0, 1, 2])
-    sock.sendmsg([_INT.pack(len(request))], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+    sock.sendmsg([WIRE_INT.pack(len(request))], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
     sock.sendall(request)
     pid = _recv_int(sock)
     if pid is None:
