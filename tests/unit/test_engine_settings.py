@@ -249,8 +249,8 @@ def test_the_engine_command_gives_one_jar_list_to_executors_and_the_driver(
     assert f"{sys.executable} -m riverhouse.platform.runtime.worker_fork " in argv[2]
     assert argv[argv.index("--class") + 1] == engine.SERVER_CLASS
     assert argv[argv.index("--driver-memory") + 1] == "1g"
-    jars = argv[argv.index("--jars") + 1].split(",")
-    assert argv[argv.index("--driver-class-path") + 1].split(os.pathsep) == jars
+    jars = argv[argv.index("--driver-class-path") + 1].split(os.pathsep)
+    assert "--jars" not in argv  # a local engine's executors are in the driver's JVM
     assert {Path(j).name for j in jars} >= {j.name for j in spark_jar_files()}
     assert any(Path(j).name.startswith("spark-connect_") for j in jars)
     conf_file = Path(argv[argv.index("--properties-file") + 1])
@@ -259,13 +259,16 @@ def test_the_engine_command_gives_one_jar_list_to_executors_and_the_driver(
     assert conf["spark.connect.grpc.binding.address"] == "127.0.0.1"
     assert conf["spark.connect.grpc.binding.port"] == "15555"
     assert {k: conf[k] for k in REDACTION_CONF} == REDACTION_CONF  # backslashes survive the file
-    assert "spark.jars" not in conf  # --jars is the one list
+    assert "spark.jars" not in conf  # the class path is the one list
 
 
-def test_a_cluster_engine_keeps_the_plain_interpreter_and_no_fork_server(tmp_path: Path) -> None:
-    """A cluster's executors run the driver's PYSPARK_PYTHON: the launcher exists on this machine only."""
+def test_a_cluster_engine_ships_its_jars_and_keeps_the_plain_interpreter(tmp_path: Path) -> None:
+    """A cluster's executors need the jars, and run the driver's PYSPARK_PYTHON: the launcher and
+    the fork server exist on this machine only."""
     argv, env = engine.server_command(tmp_path, "spark://master:7077", "1g", "127.0.0.1", 15555)
     assert env["PYSPARK_PYTHON"] == sys.executable
+    # the executors fetch the jars the driver has on its class path
+    assert argv[argv.index("--jars") + 1].split(",") == argv[argv.index("--driver-class-path") + 1].split(os.pathsep)
     assert "worker_fork" not in argv[2] and not (tmp_path / "worker-python").exists()
 
 
