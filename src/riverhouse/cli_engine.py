@@ -62,9 +62,9 @@ def engine_start(
 
 
 def _describe(state: engine.EngineState, settings: Settings) -> None:
-    rss = engine.memory_used(state.pid) / 2**20
+    used = engine.memory_used(state.pid) / 2**20
     out.print(
-        f"  master {state.master}, driver memory {state.memory}, resident {rss:,.0f} MiB\n"
+        f"  master {state.master}, driver memory {state.memory}, resident {used:,.0f} MiB (with its workers)\n"
         f"  runs of {settings.home} use it; elsewhere set {REMOTE_ENV}={state.url}\n"
         f"  [dim]logs in {settings.engine_state_dir / 'logs'}[/]",
         highlight=False,

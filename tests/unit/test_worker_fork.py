@@ -176,3 +176,37 @@ def test_the_server_ends_with_its_engine(tmp_path: Path) -> None:
         assert not answers(parent.pid)
     finally:
         parent.kill()
+
+
+SHARED_PAGES = """
+import os, sys, time
+data = bytearray(os.urandom(1 << 20)) * 160  # 160 MiB, every page written
+children = []
+for _ in range(3):
+    pid = os.fork()
+    if pid == 0:  # shares the pages with its parent, as a forked worker shares the fork server's
+        time.sleep(600)
+        os._exit(0)
+    children.append(pid)
+print(" ".join(map(str, children)), flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_engines_memory_counts_pages_its_forked_workers_share_once() -> None:
+    """`engine status` sums its process group's memory: a leader and three forks sharing 160 MiB
+    take ~160 MiB, not 640 (each process's resident size counts every shared page again)."""
+    from riverhouse.platform.runtime import engine
+
+    leader = subprocess.Popen(
+        [sys.executable, "-c", SHARED_PAGES], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        assert leader.stdout is not None
+        children = [int(pid) for pid in leader.stdout.readline().split()]
+        assert len(children) == 3
+        used = engine.memory_used(leader.pid) / 2**20
+        assert 160 <= used < 2 * 160, f"{used:.0f} MiB"
+    finally:
+        os.killpg(leader.pid, signal.SIGKILL)
+        leader.wait()

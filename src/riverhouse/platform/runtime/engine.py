@@ -415,13 +415,25 @@ def _kill_leftovers(pgid: int) -> None:
 
 
 def memory_used(pid: int) -> int:
-    """Resident bytes of the engine's process group (the JVM and the Python workers it started)."""
-    total = 0
-    for member, _ in _group_members(pid):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(fields[21]) * os.sysconf("SC_PAGE_SIZE")  # rss, in pages (field 24 of stat)
-    return total
+    """Resident bytes of the engine's process group (the JVM, the fork server, the Python workers).
+
+    Each process's proportional share (PSS): a page shared by n processes counts 1/n in each. A
+    local engine's workers are forked from its fork server and share most of its pages, which a
+    sum of resident sizes (RSS) counted once per worker.
+    """
+    return sum(_proportional_bytes(member) for member, _ in _group_members(pid))
+
+
+def _proportional_bytes(pid: int) -> int:
+    """A process's proportional set size, or its resident size where the kernel has no smaps_rollup."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024  # kB
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[21]) * os.sysconf("SC_PAGE_SIZE")  # rss, in pages (field 24 of stat)
+    return 0
 
 
 def engine_pid(state_dir: Path | None = None) -> int | None:
