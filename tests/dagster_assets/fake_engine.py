@@ -62,6 +62,9 @@ class FakePipeline:
     def publish_clickhouse(self, window: Window | None) -> Published:
         return Published("rebuild" if window else "stream", {"window": window_label(window)})
 
+    def run_checks(self, checks: dict[str, Callable[[], CheckOutcome]]) -> dict[str, CheckOutcome]:
+        return {name: check() for name, check in checks.items()}
+
     def check_rejected_rate(self, records: int, rejected: int) -> CheckOutcome:
         return self._check("rejected_rate")
 

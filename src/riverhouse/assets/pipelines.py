@@ -19,6 +19,7 @@ import re
 import warnings
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -381,9 +382,11 @@ def _silver_asset(
         published = pipeline.publish_silver(source_name, rebuild_window(context, spec), ingested)
         record_partitions_written(context, parts, published)
         yield dg.MaterializeResult(metadata=published.metadata)
-        yield _check_result(gx_check, pipeline.check_silver(source_name, published.written))
+        checks = {gx_check: partial(pipeline.check_silver, source_name, published.written)}
         if src.dedup:
-            yield _check_result(unique_check, pipeline.check_unique_keys(source_name, published.touched))
+            checks[unique_check] = partial(pipeline.check_unique_keys, source_name, published.touched)
+        for name, outcome in pipeline.run_checks(checks).items():
+            yield _check_result(name, outcome)
 
     return silver_table
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -289,6 +290,23 @@ class Pipeline:
 
     def check_rejected_rate(self, records: int, rejected: int) -> publish.CheckOutcome:
         return publish.rejected_rate(self.spec, records, rejected)
+
+    def run_checks(self, checks: dict[str, Callable[[], publish.CheckOutcome]]) -> dict[str, publish.CheckOutcome]:
+        """Evaluate `checks` side by side: the first on this thread, the others on threads of their own.
+
+        Each is a few small Spark jobs, mostly the driver's single-threaded planning, so one
+        check's jobs use the core another's leave idle. Every check ends before the first
+        failure (an exception) is raised.
+        """
+        names = list(checks)
+        if len(names) < 2:
+            return {name: checks[name]() for name in names}
+        from pyspark import inheritable_thread_target
+
+        with ThreadPoolExecutor(len(names) - 1, thread_name_prefix="riverhouse-check") as pool:  # exits when all ended
+            others = {name: pool.submit(inheritable_thread_target(self.spark)(checks[name])) for name in names[1:]}
+            first = checks[names[0]]()
+        return {names[0]: first, **{name: future.result() for name, future in others.items()}}
 
     def check_silver(self, source: str, written: publish.Written | None) -> publish.CheckOutcome:
         """The source's GX suite, on Spark, over what the step wrote (Published.written)."""
