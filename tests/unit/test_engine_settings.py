@@ -230,7 +230,7 @@ def java_properties(text: str) -> dict[str, str]:
     return out
 
 
-def test_the_engine_command_gives_one_jar_list_to_executors_and_the_driver(
+def test_the_engine_command_puts_every_jar_on_the_drivers_class_path(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     from riverhouse.platform.runtime.jars import spark_jar_files
