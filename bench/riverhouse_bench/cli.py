@@ -121,11 +121,11 @@ def bench(
     if problems := cfg.problems():
         fail("; ".join(problems))
     # The product's own handling of the errors a user can hit (no Kafka, no Java, ...): one message, exit 1.
-    from riverhouse.cli import _guarded
+    from riverhouse.cli_support import guarded
     from riverhouse_bench.harness import run_bench
     from riverhouse_bench.results import targets
 
-    result, path = _guarded(lambda: run_bench(cfg, log=lambda m: err.print(m, highlight=False)))
+    result, path = guarded(lambda: run_bench(cfg, log=lambda m: err.print(m, highlight=False)))
     table = Table(title="riverhouse bench", show_header=True, header_style="bold")
     for column in ("scenario", "events", "seconds", "events/s", "excl. start-up", "exact"):
         table.add_column(column, justify="left" if column == "scenario" else "right")

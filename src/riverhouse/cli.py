@@ -11,32 +11,32 @@ import sys
 import threading
 import time
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
+from riverhouse.cli_demo import demo
 from riverhouse.cli_support import (
     BOOTSTRAP_HELP,
+    EngineOption,
     HomeOption,
     err,
     fail,
+    guarded,
     kafka_client_config,
     load_spec_or_fail,
     out,
+    print_summary,
     require_kafka,
     settings_for,
+    start_local_engine,
 )
 from riverhouse.cli_validate import validate
-from riverhouse.platform.errors import EngineUnavailable
 from riverhouse.platform.kafka import local_kafka
 from riverhouse.platform.runtime import engine, processes
-from riverhouse.platform.runtime.spark import REMOTE_ENV, JavaMissingError, SparkConfError, redact_remote
-from riverhouse.platform.spec import SpecError
-from riverhouse.platform.state.settings import Settings, redact_dsn
+from riverhouse.platform.state.settings import redact_dsn
 
 app = typer.Typer(
     help="Riverhouse: Kafka -> deduplicated Delta tables -> ClickHouse, exactly once.",
@@ -68,42 +68,7 @@ def _options(
 
 
 app.command()(validate)  # first in --help
-
-DEMO_SPEC = Path("pipelines/orders_dedup.yaml")
-DEMO_JOIN_SPEC = Path("pipelines/orders_enriched.yaml")
-
-EngineOption = Annotated[
-    bool,
-    typer.Option(
-        "--engine/--no-engine",
-        help=f"Start the local engine (a Spark Connect server) when {REMOTE_ENV} names none and it is not "
-        "running; --no-engine: runs start Spark in their own process",
-    ),
-]
-
-
-def start_local_engine(settings: Settings, wanted: bool, short_lived: bool = False) -> tuple[str, bool]:
-    """Where runs get Spark, and whether this command started the engine (it then stops it).
-
-    `short_lived`: the engine serves this command only (its JVM gets SHORT_LIVED_ENGINE_JAVA_OPTIONS).
-    """
-    if os.environ.get(REMOTE_ENV):
-        return f"Spark Connect at {redact_remote(os.environ[REMOTE_ENV])} ({REMOTE_ENV})", False
-    running = engine.status(settings.engine_state_dir)
-    if running:
-        return f"Spark Connect at {running.url} (the running local engine, pid {running.pid})", False
-    if not wanted:
-        return "Spark in each run's own process (no engine)", False
-    err.print("starting the engine (a Spark Connect server)...", highlight=False)
-    started = time.monotonic()
-    try:
-        options = engine.SHORT_LIVED_ENGINE_JAVA_OPTIONS if short_lived else ""
-        state = engine.start(settings.engine_state_dir, java_options=options)
-    except (engine.EngineError, JavaMissingError, SparkConfError) as exc:
-        fail(str(exc))
-        raise AssertionError("unreachable") from None
-    took = time.monotonic() - started
-    return f"Spark Connect at {state.url} (local engine started in {took:.0f}s, pid {state.pid})", True
+app.command()(demo)
 
 
 # ---------------------------------------------------------------------------- generate
@@ -293,52 +258,13 @@ def run(
 
         signal.signal(signal.SIGTERM, request_stop)
         signal.signal(signal.SIGINT, request_stop)
-        summary = _guarded(lambda: Pipeline(spec, settings, log=log).continuous(stop, load=not skip_load))
+        summary = guarded(lambda: Pipeline(spec, settings, log=log).continuous(stop, load=not skip_load))
     else:
-        summary = _guarded(lambda: Pipeline(spec, settings, log=log).run(load=not skip_load, drain=drain))
+        summary = guarded(lambda: Pipeline(spec, settings, log=log).run(load=not skip_load, drain=drain))
     if as_json:
         print(json.dumps(summary, default=str))
     else:
-        _print_summary(f"pipeline {spec.name}", summary)
-
-
-def _guarded(action: Any) -> Any:
-    """Run `action`, turning the errors a user can hit into one clear message and exit 1."""
-    from riverhouse.platform.kafka.client import KafkaSourceError
-    from riverhouse.platform.pipeline import PipelineError
-    from riverhouse.platform.runtime.metrics import MetricsError
-    from riverhouse.platform.sink.clickhouse import ClickHouseLoadError
-    from riverhouse.platform.sink.topic_ledger import TopicSinkError
-
-    try:
-        return action()
-    except (
-        PipelineError,
-        ClickHouseLoadError,
-        TopicSinkError,
-        KafkaSourceError,
-        JavaMissingError,
-        MetricsError,
-        SpecError,
-        local_kafka.LocalKafkaError,
-        EngineUnavailable,
-        engine.EngineError,
-        SparkConfError,
-    ) as exc:
-        fail(str(exc))
-    except KeyboardInterrupt:
-        fail("interrupted", 130)
-
-
-def _print_summary(title: str, summary: dict[str, Any]) -> None:
-    table = Table(title=title, show_header=True, header_style="bold")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    for key, value in summary.items():
-        if isinstance(value, dict | list):
-            continue
-        table.add_row(key.replace("_", " "), f"{value:,}" if isinstance(value, int) else str(value))
-    out.print(table)
+        print_summary(f"pipeline {spec.name}", summary)
 
 
 # ---------------------------------------------------------------------------- bench
@@ -376,99 +302,6 @@ def bench(ctx: typer.Context) -> None:
     # A process of its own: the product never imports the bench; every option is the bench's.
     ran = subprocess.run([sys.executable, "-m", BENCH_PACKAGE, *ctx.args], env={**os.environ, "PYTHONPATH": path})
     raise typer.Exit(ran.returncode)
-
-
-# ---------------------------------------------------------------------------- demo
-@app.command()
-def demo(
-    count: Annotated[int, typer.Option(help="Distinct orders to generate")] = 10_000,
-    duplicate_rate: Annotated[float, typer.Option(help="Duplicates, fraction of count")] = 0.10,
-    malformed: Annotated[int, typer.Option(help="Malformed records")] = 12,
-    spec_file: Annotated[Path, typer.Option("--spec", help="Dedup pipeline spec")] = DEMO_SPEC,
-    join_spec_file: Annotated[Path, typer.Option("--join-spec", help="Join pipeline spec")] = DEMO_JOIN_SPEC,
-    skip_join: Annotated[bool, typer.Option("--skip-join", help="Only the dedup pipeline")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object")] = False,
-    use_engine: EngineOption = True,
-    home: HomeOption = None,
-) -> None:
-    """The whole thing on the embedded defaults: local Kafka -> Spark -> Delta -> ClickHouse via Dagster.
-
-    Each run resets its own state under <home>/demo, so every run prints the same figures.
-    """
-    from riverhouse.demo import run_demo
-    from riverhouse.platform.runtime.spark import close_connect_sessions
-
-    spec = load_spec_or_fail(spec_file)
-    join_spec = None if skip_join else load_spec_or_fail(join_spec_file)
-    base = settings_for(home)
-    log = (lambda m: None) if as_json else (lambda m: err.print(m, highlight=False))
-    # The engine of the base home (kept running if it was): the demo's own home is reset each run.
-    # It starts in the background while the demo starts Kafka and produces: runs wait for it.
-    pool = ThreadPoolExecutor(1, thread_name_prefix="engine-start")
-    starting = pool.submit(start_local_engine, base, use_engine, True)
-    pool.shutdown(wait=False)
-
-    def engine_url() -> str | None:
-        if not starting.done():
-            log("waiting for the engine to answer...")
-        where, _ = starting.result()
-        log(f"engine: {where}")
-        running = engine.status(base.engine_state_dir)
-        return running.url if running and not os.environ.get(REMOTE_ENV) else None
-
-    try:
-        result = _guarded(
-            lambda: run_demo(
-                spec,
-                base.home / "demo",
-                count=count,
-                duplicate_rate=duplicate_rate,
-                malformed=malformed,
-                log=log,
-                progress_console=None if as_json else err,
-                join_spec=join_spec,
-                engine_url=engine_url,
-            )
-        )
-    finally:
-        engine_started = starting.exception() is None and starting.result()[1]  # waits for a start under way
-        if engine_started:
-            close_connect_sessions()  # before their engine goes: pyspark's exit hook would wait for it
-            engine.stop(base.engine_state_dir)
-    if as_json:
-        print(json.dumps(result["summary"]))
-        return
-    _print_summary("Riverhouse demo: deduplicated (and joined) into ClickHouse", result["summary"])
-    columns, rows = result["sample"]
-    sample = Table(
-        title="sample rows in ClickHouse" + ("" if skip_join else f" ({join_spec.sink.table})"), header_style="bold"
-    )
-    for col in columns:
-        sample.add_column(col)
-    for row in rows:
-        sample.add_row(*[str(v) for v in row])
-    out.print(sample)
-    checks = ", ".join(f"{name}: {'passed' if ok else 'FAILED'}" for name, ok in result["checks"].items())
-    out.print(f"asset checks: {checks}", highlight=False)
-    out.print(
-        f"wall time {result['seconds']:.1f}s, {result['records_per_second']:,.0f} records/s through the pipeline "
-        f"(Kafka -> Delta -> ClickHouse, including Spark start-up)",
-        highlight=False,
-    )
-    where = starting.result()[0]
-    stopped = " (started for the demo, stopped again)" if engine_started else ""
-    out.print(f"engine: {where}{stopped}", highlight=False)
-    out.print(
-        f"state kept in {base.home / 'demo'}; look at it in the UI with `riverhouse ui --home {base.home / 'demo'}`",
-        highlight=False,
-    )
-    summary = result["summary"]
-    ok = summary["clickhouse_duplicate_keys"] == 0 and summary["clickhouse_rows"] == summary["expected_unique"]
-    if "expected_joined" in summary:
-        ok = ok and summary["join_duplicate_keys"] == 0 and summary["joined_rows"] == summary["expected_joined"]
-        ok = ok and summary["unmatched_left"] == summary["expected_unmatched"]
-    if not ok:
-        fail("the demo's ClickHouse tables do not match the generator's expected rows")
 
 
 # ---------------------------------------------------------------------------- reset
@@ -509,7 +342,7 @@ def reset(
         if not typer.confirm("Reset?", default=False, err=True):
             fail("not reset")
     try:
-        _guarded(target.reset)
+        guarded(target.reset)
     except ResetError as exc:
         fail(str(exc))
     out.print(f"pipeline {spec.name} reset", highlight=False)

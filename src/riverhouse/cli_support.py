@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.table import Table
 
+from riverhouse.platform.errors import EngineUnavailable
+from riverhouse.platform.kafka import local_kafka
+from riverhouse.platform.runtime import engine
+from riverhouse.platform.runtime.spark import REMOTE_ENV, JavaMissingError, SparkConfError, redact_remote
 from riverhouse.platform.spec_base import SpecError
 from riverhouse.platform.state.settings import Settings, SettingsError
 
@@ -124,3 +131,76 @@ def require_kafka(config: dict[str, Any], source: str, settings: Settings) -> No
         }
         hint = hints[source]
         fail(f"{exc}. {hint[0].upper()}{hint[1:]}")
+
+
+EngineOption = Annotated[
+    bool,
+    typer.Option(
+        "--engine/--no-engine",
+        help=f"Start the local engine (a Spark Connect server) when {REMOTE_ENV} names none and it is not "
+        "running; --no-engine: runs start Spark in their own process",
+    ),
+]
+
+
+def start_local_engine(settings: Settings, wanted: bool, short_lived: bool = False) -> tuple[str, bool]:
+    """Where runs get Spark, and whether this command started the engine (it then stops it).
+
+    `short_lived`: the engine serves this command only (its JVM gets SHORT_LIVED_ENGINE_JAVA_OPTIONS).
+    """
+    if os.environ.get(REMOTE_ENV):
+        return f"Spark Connect at {redact_remote(os.environ[REMOTE_ENV])} ({REMOTE_ENV})", False
+    running = engine.status(settings.engine_state_dir)
+    if running:
+        return f"Spark Connect at {running.url} (the running local engine, pid {running.pid})", False
+    if not wanted:
+        return "Spark in each run's own process (no engine)", False
+    err.print("starting the engine (a Spark Connect server)...", highlight=False)
+    started = time.monotonic()
+    try:
+        options = engine.SHORT_LIVED_ENGINE_JAVA_OPTIONS if short_lived else ""
+        state = engine.start(settings.engine_state_dir, java_options=options)
+    except (engine.EngineError, JavaMissingError, SparkConfError) as exc:
+        fail(str(exc))
+        raise AssertionError("unreachable") from None
+    took = time.monotonic() - started
+    return f"Spark Connect at {state.url} (local engine started in {took:.0f}s, pid {state.pid})", True
+
+
+def guarded(action: Any) -> Any:
+    """Run `action`, turning the errors a user can hit into one clear message and exit 1."""
+    from riverhouse.platform.kafka.client import KafkaSourceError
+    from riverhouse.platform.pipeline import PipelineError
+    from riverhouse.platform.runtime.metrics import MetricsError
+    from riverhouse.platform.sink.clickhouse import ClickHouseLoadError
+    from riverhouse.platform.sink.topic_ledger import TopicSinkError
+
+    try:
+        return action()
+    except (
+        PipelineError,
+        ClickHouseLoadError,
+        TopicSinkError,
+        KafkaSourceError,
+        JavaMissingError,
+        MetricsError,
+        SpecError,
+        local_kafka.LocalKafkaError,
+        EngineUnavailable,
+        engine.EngineError,
+        SparkConfError,
+    ) as exc:
+        fail(str(exc))
+    except KeyboardInterrupt:
+        fail("interrupted", 130)
+
+
+def print_summary(title: str, summary: dict[str, Any]) -> None:
+    table = Table(title=title, show_header=True, header_style="bold")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key, value in summary.items():
+        if isinstance(value, dict | list):
+            continue
+        table.add_row(key.replace("_", " "), f"{value:,}" if isinstance(value, int) else str(value))
+    out.print(table)
