@@ -31,3 +31,38 @@ print("ok")
 def test_preload_imports_great_expectations_once_in_the_background() -> None:
     proc = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+
+
+_DEFERRED_SCRIPT = """
+import sys
+import pyarrow as pa
+from riverhouse.platform.quality import expectations
+
+gx = expectations._gx()
+rows = pa.table({"_status": ["ok"] * 99 + ["rejected"], "a": list(range(100)), "b": list(range(100))})
+outcome = expectations.validate(
+    rows,
+    [
+        gx.expectations.ExpectColumnValuesToBeInSet(column="_status", value_set=["ok"], mostly=0.95),
+        gx.expectations.ExpectColumnPairValuesToBeEqual(column_A="a", column_B="b"),
+        gx.expectations.ExpectColumnValuesToBeBetween(column="a", min_value=0, max_value=49),
+    ],
+    "deferred",
+)
+# The suite ran, and its outcome is GX's: 50 values of `a` lie above 49.
+assert [o.success for o in outcome.outcomes] == [True, True, False], outcome.outcomes
+assert outcome.outcomes[2].unexpected_count == 50, outcome.outcomes[2]
+# scipy.stats and altair were found but not run: still lazy (their type changes once loaded).
+assert all(type(sys.modules[m]).__name__ == "_LazyModule" for m in ("scipy.stats", "altair"))
+assert sys.meta_path.count(expectations._DEFERRED_FINDER) == 0  # the finder was there for GX's import only
+# First use runs the module: it works as if it had been imported at once.
+from scipy import stats
+assert abs(stats.norm.cdf(0.0) - 0.5) < 1e-12
+assert type(sys.modules["scipy.stats"]).__name__ == "module"
+print("ok")
+"""
+
+
+def test_great_expectations_defers_scipy_stats_and_altair_until_used() -> None:
+    proc = subprocess.run([sys.executable, "-c", _DEFERRED_SCRIPT], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
