@@ -9,6 +9,7 @@ with `dg.materialize` on the Dagster instance under the demo's home (what
 from __future__ import annotations
 
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -72,6 +73,53 @@ def materialize_pipeline(
     )
 
 
+class StepReporter:
+    """Prints each step of the demo's Dagster runs as it ends (a run is otherwise silent for
+    seconds on end): a thread reads the runs' step events from the instance's storage."""
+
+    EVERY_S = 0.5
+
+    def __init__(self, dagster_home: Path, log: Callable[[str], None]):
+        self.dagster_home = dagster_home
+        self.log = log
+        self._stop = threading.Event()
+        self._printed: set[tuple[str, str]] = set()
+
+    def __enter__(self) -> StepReporter:
+        # An instance of its own: this thread only reads what the runs' thread writes.
+        self.instance = dg.DagsterInstance.from_config(str(self.dagster_home))
+        self._before = {run.run_id for run in self.instance.get_runs(limit=10)}
+        self._thread = threading.Thread(target=self._follow, name="riverhouse-demo-steps", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.poll()  # the run's last steps, before the demo prints on
+        self.instance.dispose()
+
+    def _follow(self) -> None:
+        while not self._stop.wait(self.EVERY_S):
+            self.poll()
+
+    def poll(self) -> None:
+        ended = {dg.DagsterEventType.STEP_SUCCESS, dg.DagsterEventType.STEP_FAILURE}
+        try:
+            runs = [r for r in self.instance.get_runs(limit=3, ascending=False) if r.run_id not in self._before]
+            for run in reversed(runs):
+                for entry in self.instance.all_logs(run.run_id, of_type=ended):
+                    event = entry.dagster_event
+                    if event is None or (run.run_id, event.step_key or "") in self._printed:
+                        continue
+                    self._printed.add((run.run_id, event.step_key or ""))
+                    took = getattr(event.event_specific_data, "duration_ms", None)
+                    outcome = "done" if event.event_type == dg.DagsterEventType.STEP_SUCCESS else "FAILED"
+                    self.log(f"  step {event.step_key} {outcome}" + (f" in {took / 1000:.1f}s" if took else ""))
+        except Exception:  # the progress lines are a courtesy: a busy SQLite file must not fail the demo
+            return
+
+
 def _require_success(result: dg.ExecuteInProcessResult, what: str) -> None:
     if not result.success:
         failures = [e.message for e in result.all_events if e.is_failure and e.message]
@@ -130,7 +178,8 @@ def run_demo(
     log(f"local Kafka started at {state.bootstrap}")
     # The runs go to the Dagster instance `riverhouse ui --home <home>` opens, so the UI shows
     # the demo's runs, materializations, check results and plots.
-    instance = dg.DagsterInstance.from_config(str(local_dagster_home(settings.home / "dagster")))
+    dagster_home = local_dagster_home(settings.home / "dagster")
+    instance = dg.DagsterInstance.from_config(str(dagster_home))
     try:
         cfg = GeneratorConfig(
             count=count, duplicate_rate=duplicate_rate, malformed=malformed, users=max(10, count // 10)
@@ -160,7 +209,8 @@ def run_demo(
             settings = settings.with_(spark_conf={**settings.spark_conf, "spark.remote": spark_remote})
         log("materializing the dedup pipeline's assets through Dagster...")
         pipeline_started = time.monotonic()
-        result = materialize_pipeline(spec, settings, instance=instance)
+        with StepReporter(dagster_home, log):
+            result = materialize_pipeline(spec, settings, instance=instance)
         pipeline_seconds = time.monotonic() - pipeline_started
         _require_success(result, spec.name)
         meta = materialization_metadata(result)
@@ -181,7 +231,8 @@ def run_demo(
         if join_spec is not None and user_stats is not None:
             log(f"materializing the join pipeline {join_spec.name} (windows drained: the input is complete)...")
             join_started = time.monotonic()
-            join_result = materialize_pipeline(join_spec, settings, drain=True, instance=instance)
+            with StepReporter(dagster_home, log):
+                join_result = materialize_pipeline(join_spec, settings, drain=True, instance=instance)
             runs_seconds += time.monotonic() - join_started
             _require_success(join_result, join_spec.name)
             checks.update({f"{join_spec.name}: {k}": v for k, v in check_results(join_result).items()})
