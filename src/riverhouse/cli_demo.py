@@ -53,6 +53,10 @@ def demo(
     # The engine of the base home (kept running if it was): the demo's own home is reset each run.
     # It starts in the background before anything else: Dagster's import, Kafka's start and the
     # produce overlap its JVM's start, and the runs wait for it.
+    # pyspark first (0.1 s), here: the engine's thread imports it too, and two threads importing
+    # one package at once can leave one of them a half-initialised module.
+    import pyspark  # noqa: F401
+
     pool = ThreadPoolExecutor(1, thread_name_prefix="engine-start")
     starting = pool.submit(start_local_engine, base, use_engine, True)
     pool.shutdown(wait=False)
