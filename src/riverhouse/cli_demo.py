@@ -24,7 +24,7 @@ from riverhouse.cli_support import (
     settings_for,
     start_local_engine,
 )
-from riverhouse.platform.runtime import engine
+from riverhouse.platform.runtime import engine, processes
 from riverhouse.platform.runtime.spark import REMOTE_ENV
 
 DEMO_SPEC = Path("pipelines/orders_dedup.yaml")
@@ -130,7 +130,7 @@ def _print_result(
 def seconds_since_start() -> float:
     """Wall seconds since this process started (its interpreter's start and imports included)."""
     try:
-        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        ticks = int(processes.stat_fields("self")[19])  # starttime, in clock ticks since boot
         return time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, AttributeError):  # not Linux: since this module's import
         return time.monotonic() - _IMPORTED

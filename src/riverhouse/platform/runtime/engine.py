@@ -396,7 +396,7 @@ def _group_members(pgid: int) -> list[tuple[int, str]]:
         if not proc.name.isdigit():
             continue
         with contextlib.suppress(OSError, ValueError, IndexError):
-            if int((proc / "stat").read_text().rsplit(")", 1)[1].split()[2]) == pgid:
+            if int(processes.stat_fields(proc.name)[2]) == pgid:
                 members.append((int(proc.name), (proc / "cmdline").read_text().replace("\0", " ")))
     return members
 
@@ -431,8 +431,7 @@ def _proportional_bytes(pid: int) -> int:
             if line.startswith("Pss:"):
                 return int(line.split()[1]) * 1024  # kB
     with contextlib.suppress(OSError, ValueError, IndexError):
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return int(fields[21]) * os.sysconf("SC_PAGE_SIZE")  # rss, in pages (field 24 of stat)
+        return int(processes.stat_fields(pid)[21]) * os.sysconf("SC_PAGE_SIZE")  # rss, in pages (field 24 of stat)
     return 0
 
 

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from riverhouse.platform.runtime.processes import pid_alive as alive
+from riverhouse.platform.runtime.processes import stat_fields
 
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -42,10 +43,9 @@ def _processes() -> dict[int, tuple[int, str]]:
     out: dict[int, tuple[int, str]] = {}
     for entry in Path("/proc").glob("[0-9]*"):
         try:
-            stat = (entry / "stat").read_text()
+            fields = stat_fields(entry.name)
         except OSError:
             continue
-        fields = stat[stat.rfind(")") + 2 :].split()
         if len(fields) > 1:
             out[int(entry.name)] = (int(fields[1]), fields[0])
     return out

@@ -15,6 +15,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 
+def stat_fields(pid: int | str) -> list[str]:
+    """`/proc/<pid>/stat` (`pid` may be "self") after the command name: field 3 of proc(5), the
+    state letter, comes first. Raises OSError when there is no such process (or no /proc)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rfind(")") + 2 :].split()  # the name may hold spaces and parentheses
+
+
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
