@@ -175,3 +175,46 @@ def test_strict_json_rule_keeps_what_was_valid(spark: Any) -> None:
     assert [r["_status"] for r in rows] == ["ok", "ok", "ok"], [r["_reason"] for r in rows]
     assert json.loads(rows[0]["note"]) == {"a": 1, "b": [1, {"c": 2}]}
     assert rows[1]["note"] == '{"a": 1, "a": 2}'  # a string's content is not JSON to check
+
+
+# ------------------------------------------------------- text after the record: two records in one message
+ONE = json.dumps(NOTE)
+TWO = json.dumps({**NOTE, "order_id": "o2"})
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        f"{ONE}{TWO}",  # two records written into one message
+        f"{ONE}\n{TWO}\n",  # newline-delimited JSON in one message
+        f"{ONE}, {TWO}",
+        f"{ONE} trailing words",
+        f"{ONE}]",
+        f'{ONE}, "x"]',  # text that would close a wrapping array itself
+        f"{ONE}}}",
+    ],
+)
+def test_text_after_the_record_is_quarantined_not_dropped(spark: Any, value: str) -> None:
+    """`from_json` (and `parse_json`) read the first JSON value of a message and ignore the rest: the
+    second of two records in one message was lost without a word. The whole message must be one record."""
+    rows = parse_records(kafka_rows(spark, [value.encode()]), with_note()).collect()
+    assert rows[0]["_status"] == "rejected", value
+    assert rows[0]["_reason"].startswith("not strict JSON"), rows[0]["_reason"]
+
+
+def test_whitespace_around_the_record_and_json_in_strings_still_read(spark: Any) -> None:
+    """What the end-of-record check must not touch: whitespace around the record, and the checks that
+    read the strict parse (a JSON object in a string field, allowed or not)."""
+    values = [
+        f"  {ONE}\n".encode(),
+        f"\t{ONE}\r\n\n".encode(),
+        json.dumps({**NOTE, "note": {"a": 1}}).encode(),
+        json.dumps({**NOTE, "note": "[not, json] but text"}).encode(),
+    ]
+    rows = [r.asDict() for r in parse_records(kafka_rows(spark, values), with_note()).orderBy("_offset").collect()]
+    assert [r["_status"] for r in rows] == ["ok", "ok", "rejected", "ok"], [r["_reason"] for r in rows]
+    assert [r["order_id"] for r in rows[:2]] == ["o1", "o1"]
+    assert rows[2]["_reason"].startswith("field 'note' should be string, got a JSON object or array"), rows[2][
+        "_reason"
+    ]
+    assert rows[3]["note"] == "[not, json] but text"

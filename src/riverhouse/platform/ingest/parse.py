@@ -85,9 +85,32 @@ def _strict_json(text: Column) -> Column:
 
     `parse_json` refuses a key given twice in one object, at any depth (Spark's default,
     spark.sql.variant.allowDuplicateKeys=false), where `from_json` silently keeps one of the
-    values. The plain parse comes first: the NaN-neutralizing one runs only when it fails.
+    values. Like `from_json`, it reads one JSON value and ignores whatever follows it, so
+    `{"id":1}{"id":2}` (two records in one message) would lose the second without a word.
+    Text after the record needs a `}` followed by more than JSON whitespace
+    (`TEXT_AFTER_A_BRACE_RE`), which a flat record without braces in its strings does not have:
+    only records with one are parsed sealed (`_sealed`), the others as they are. Each parse tries
+    the record as it is first, and the NaN-neutralizing version only when that fails.
     """
-    return F.coalesce(F.try_parse_json(text), F.try_parse_json(F.regexp_replace(text, NON_FINITE_TOKEN_RE, "$10$3")))
+    neutralized = F.regexp_replace(text, NON_FINITE_TOKEN_RE, "$10$3")
+    plain = F.coalesce(F.try_parse_json(text), F.try_parse_json(neutralized))
+    seal = F.xxhash64(text)
+    brace_inside = text.rlike(TEXT_AFTER_A_BRACE_RE)
+    return F.when(brace_inside, F.coalesce(_sealed(text, seal), _sealed(neutralized, seal))).otherwise(plain)
+
+
+# A `}` with something other than JSON whitespace after it: what any text after a JSON object has
+# (measured: cheaper than trimming and comparing positions).
+TEXT_AFTER_A_BRACE_RE = r"\}[ \t\n\r]*[^ \t\n\r]"
+
+
+def _sealed(record: Column, seal: Column) -> Column:
+    """The record's strict parse, NULL when text follows it: the record is parsed as the first
+    element of an array whose second element is the record's own hash, so text after the
+    record, or a record that closes the array itself, leaves a second element that is not it (a
+    record cannot hold its own hash: that would be a fixed point of the hash)."""
+    parsed = F.try_parse_json(F.concat(F.lit("["), record, F.lit("\n,"), seal.cast("string"), F.lit("]")))
+    return F.when(F.try_variant_get(parsed, "$[1]", "bigint") == seal, F.try_variant_get(parsed, "$[0]", "variant"))
 
 
 def _duplicate_key(text: Column) -> Column:
