@@ -8,6 +8,7 @@ run on the executors at JVM speed. This is the one implementation of every rule.
 from __future__ import annotations
 
 import datetime
+from collections.abc import Callable
 from typing import Any
 
 from pyspark.sql import Column, DataFrame
@@ -93,10 +94,13 @@ def _strict_json(text: Column) -> Column:
     the record as it is first, and the NaN-neutralizing version only when that fails.
     """
     neutralized = F.regexp_replace(text, NON_FINITE_TOKEN_RE, "$10$3")
-    plain = F.coalesce(F.try_parse_json(text), F.try_parse_json(neutralized))
+
+    def as_is_then_neutralized(parse: Callable[[Column], Column]) -> Column:
+        return F.coalesce(parse(text), parse(neutralized))
+
     seal = F.xxhash64(text)
-    brace_inside = text.rlike(TEXT_AFTER_A_BRACE_RE)
-    return F.when(brace_inside, F.coalesce(_sealed(text, seal), _sealed(neutralized, seal))).otherwise(plain)
+    sealed = as_is_then_neutralized(lambda record: _sealed(record, seal))
+    return F.when(text.rlike(TEXT_AFTER_A_BRACE_RE), sealed).otherwise(as_is_then_neutralized(F.try_parse_json))
 
 
 # A `}` with something other than JSON whitespace after it: what any text after a JSON object has
