@@ -93,6 +93,33 @@ def test_a_decimal_field_reads_exact_values_and_names_what_does_not_fit(spark: A
     assert rows[3]["_reason"] == "field 'price' should be decimal(10,2), got lots"
 
 
+def test_a_decimal_string_with_a_comma_is_quarantined_not_read_without_it(spark: Any) -> None:
+    """from_json's decimal parser drops commas: "12,5" (a European 12.5) read as 125 before."""
+    from decimal import Decimal
+
+    from riverhouse.platform.spec import parse_spec
+    from tests.conftest import orders_spec_data
+
+    data = orders_spec_data("orders")
+    data["sources"]["orders"]["fields"]["price"] = "decimal(10,2)"
+    src = parse_spec(data).sources["orders"]
+    values = [
+        good(price="12,5"),
+        good(price="1,234"),
+        good(price="1,2,3.5"),
+        good(price="12.5", user_id="Smith, J."),  # commas elsewhere in the record are no concern
+        good(price=1234.5),
+    ]
+    rows = [r.asDict() for r in parse_records(kafka_rows(spark, values), src).orderBy("_offset").collect()]
+    for row, text in zip(rows[:3], ["12,5", "1,234", "1,2,3.5"], strict=True):
+        assert row["_status"] == "rejected", row
+        assert row["_reason"].startswith(f"field 'price' is not a valid decimal(10,2): {text} "), row["_reason"]
+    assert [(r["_status"], r["price"], r["user_id"]) for r in rows[3:]] == [
+        ("ok", Decimal("12.50"), "Smith, J."),
+        ("ok", Decimal("1234.50"), "u1"),
+    ]
+
+
 def test_oversized_message_is_rejected_without_parsing(spark: Any) -> None:
     big = good(user_id="x" * 5000)
     [row] = parse(spark, [big], max_message_bytes=1000)

@@ -284,6 +284,22 @@ def _decode_json(batch: DataFrame, src: SourceSpec, oversized: Column) -> Decode
         for f in src.fields
         if f.type in ("timestamp", "date")
     ]
+    # `from_json` reads a decimal given as a JSON string with Spark's US-locale parser, which drops
+    # every comma: "12,5" (a European 12.5) read as 125 and "1,2,3" as 123, without a word. A JSON
+    # number never holds a comma, so a decimal whose value does was such a string: quarantined. The
+    # record's strict parse gives the value's text (a cheap lookup: the record is parsed already).
+    comma_decimals = [
+        (
+            raw[f.name].isNotNull() & F.try_variant_get(strict, json_path(f.segments), "string").contains(","),
+            F.concat(
+                F.lit(f"field {f.label} is not a valid {f.type}: "),
+                _snippet(F.try_variant_get(strict, json_path(f.segments), "string")),
+                F.lit(" (a comma is neither a decimal point nor a digit separator here)"),
+            ),
+        )
+        for f in src.fields
+        if f.ftype.name == "decimal"
+    ]
     # Values the declared type admits in Spark but the spec does not mean: NaN/Infinity (not
     # JSON; Jackson reads them, and 1e999 overflows to Infinity) would turn a ClickHouse sum()
     # into NaN; an object or array in a string field would be stored as its JSON text.
@@ -317,4 +333,4 @@ def _decode_json(batch: DataFrame, src: SourceSpec, oversized: Column) -> Decode
         (parsed[CORRUPT].isNotNull(), F.concat(F.lit("not a JSON object: "), _snippet(F.col("_text")))),
         (strict.isNull(), "not strict JSON: a key appears twice in a nested object, or text follows the object"),
     ]
-    return df, typed, format_checks, [*unconvertible, *non_finite_checks(src, raw), *json_in_string]
+    return df, typed, format_checks, [*unconvertible, *comma_decimals, *non_finite_checks(src, raw), *json_in_string]
