@@ -120,6 +120,63 @@ def test_a_decimal_string_with_a_comma_is_quarantined_not_read_without_it(spark:
     ]
 
 
+@pytest.mark.parametrize(
+    "value",
+    [
+        "03:04:05",  # no date: Spark gave it the day the batch ran, so a replay read another day
+        "12:00:00Z",
+        "T12:00:00Z",
+        "2026-06-15T03:04:05 BST",  # Java's short IDs: Bangladesh, not British Summer Time
+        "2026-06-15T03:04:05 CST",  # America/Chicago, daylight time applied in June
+        "2026-06-15T03:04:05 IST",  # India, not Ireland or Israel
+    ],
+)
+def test_a_timestamp_without_its_date_or_with_a_zone_abbreviation_is_quarantined(spark: Any, value: str) -> None:
+    [row] = parse(spark, [good(created_at=value)])
+    assert row["_status"] == "rejected", row
+    assert row["_reason"].startswith(f"field 'created_at' is not a valid timestamp: {value} (expected an ISO 8601")
+
+
+def test_iso_timestamps_with_a_zone_offset_or_region_still_read(spark: Any) -> None:
+    values = [
+        "2026-06-15T03:04:05Z",
+        "2026-06-15T03:04:05 UTC",
+        "2026-06-15T03:04:05 GMT",
+        "2026-06-15T03:04:05+01:00",
+        "2026-06-15 03:04:05",  # no zone: UTC
+        "2026-06-15T03:04:05 Europe/London",  # British Summer Time by region: +01:00 in June
+    ]
+    rows = parse(spark, [good(created_at=v) for v in values])
+    assert [r["_status"] for r in rows] == ["ok"] * len(values), [r["_reason"] for r in rows]
+    utc = [r["_event_time"].replace(tzinfo=None) for r in rows]
+    at, hour_earlier = datetime(2026, 6, 15, 3, 4, 5), datetime(2026, 6, 15, 2, 4, 5)
+    assert utc == [at, at, at, hour_earlier, at, hour_earlier]
+
+
+def test_a_date_field_reads_the_date_alone_not_a_year_or_a_timestamp(spark: Any) -> None:
+    from riverhouse.platform.spec import parse_spec
+    from tests.conftest import orders_spec_data
+
+    data = orders_spec_data("orders")
+    data["sources"]["orders"]["fields"]["day"] = "date"
+    src = parse_spec(data).sources["orders"]
+    refused = [20454, "20454", "2026", "2026-01", "2026-01-02T23:30:00-05:00", "2026-01-02 junk", "2026-02-30"]
+    values = [good(day=v) for v in [*refused, "2026-01-02"]]
+    rows = [r.asDict() for r in parse_records(kafka_rows(spark, values), src).orderBy("_offset").collect()]
+    for row, value in zip(rows, refused, strict=False):
+        # 20454 (Debezium's days since 1970) was the year 20454, "2026" the 1st of January, and a
+        # timestamp's date was taken before its offset moved it to another day in UTC.
+        assert row["_status"] == "rejected", (value, row["day"])
+        assert row["_reason"] == f"field 'day' is not a valid date: {value} (expected YYYY-MM-DD)"
+    assert (rows[-1]["_status"], str(rows[-1]["day"])) == ("ok", "2026-01-02")
+
+
+def test_an_unpaired_surrogate_is_quarantined_with_a_reason_that_names_it(spark: Any) -> None:
+    [row] = parse(spark, [good(user_id="\ud800")])  # json.dumps writes the escape: "\\ud800"
+    assert row["_status"] == "rejected"
+    assert "unpaired surrogate" in row["_reason"], row["_reason"]
+
+
 def test_oversized_message_is_rejected_without_parsing(spark: Any) -> None:
     big = good(user_id="x" * 5000)
     [row] = parse(spark, [big], max_message_bytes=1000)

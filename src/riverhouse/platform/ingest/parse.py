@@ -58,11 +58,29 @@ def _epoch_millis_to_ts(col: Column) -> Column:
     return F.when(F.abs(millis) < F.lit(MAX_ABS_EPOCH_MILLIS), F.timestamp_millis(millis))
 
 
+# What Spark's timestamp and date parsers accept beyond ISO 8601, and read as something else: a
+# time without a date (today's date: a replay would read another day), a year alone or text after
+# the date (`20454`, Debezium's days since 1970, became the year 20454), and Java's short zone IDs
+# (`BST` is Bangladesh, `CST` Chicago with daylight time applied). So a timestamp must start with
+# its date and may not end in a zone abbreviation other than UTC/GMT/UT; a date is the date alone.
+DATE_RE = r"^[0-9]{4}-[0-9]{1,2}-[0-9]{1,2}$"
+STARTS_WITH_A_DATE_RE = r"^[0-9]{4}-[0-9]{1,2}-[0-9]{1,2}"
+ZONE_ABBREVIATION_RE = r"(^|[^A-Za-z/_])(?!(UTC|GMT|UT)$)[A-Z]{2,5}$"
+# What the reason says a value should look like.
+FORMS = {
+    "timestamp": "an ISO 8601 date and time, its zone as Z, an offset or a region, or epoch milliseconds",
+    "date": "YYYY-MM-DD",
+}
+
+
 def _typed(raw: Column, typ: str) -> Column:
     if typ == "timestamp":
-        return F.when(raw.rlike(EPOCH_MILLIS_RE), _epoch_millis_to_ts(raw)).otherwise(F.try_to_timestamp(raw))
+        # A letter before the end (but Z) is rare: the zone test runs only then.
+        abbreviated = F.substring(raw, -1, 1).between("A", "Y") & raw.rlike(ZONE_ABBREVIATION_RE)
+        iso = F.when(raw.rlike(STARTS_WITH_A_DATE_RE) & ~abbreviated, F.try_to_timestamp(raw))
+        return F.when(raw.rlike(EPOCH_MILLIS_RE), _epoch_millis_to_ts(raw)).otherwise(iso)
     if typ == "date":
-        return raw.try_cast("date")
+        return F.when(raw.rlike(DATE_RE), raw.try_cast("date"))
     return raw
 
 
@@ -279,10 +297,14 @@ def _decode_json(batch: DataFrame, src: SourceSpec, oversized: Column) -> Decode
     unconvertible = [
         (
             raw[f.name].isNotNull() & typed[f.name].isNull(),
-            F.concat(F.lit(f"field {f.label} is not a valid {f.type}: "), _snippet(raw[f.name])),
+            F.concat(
+                F.lit(f"field {f.label} is not a valid {f.type}: "),
+                _snippet(raw[f.name]),
+                F.lit(f" (expected {FORMS[f.type]})"),
+            ),
         )
         for f in src.fields
-        if f.type in ("timestamp", "date")
+        if f.type in FORMS
     ]
     # `from_json` reads a decimal given as a JSON string with Spark's US-locale parser, which drops
     # every comma: "12,5" (a European 12.5) read as 125 and "1,2,3" as 123, without a word. A JSON
@@ -331,6 +353,10 @@ def _decode_json(batch: DataFrame, src: SourceSpec, oversized: Column) -> Decode
         ),
         *[(parsed[CORRUPT].isNotNull() & c, r) for c, r in [*not_an_object, *wrong_type]],
         (parsed[CORRUPT].isNotNull(), F.concat(F.lit("not a JSON object: "), _snippet(F.col("_text")))),
-        (strict.isNull(), "not strict JSON: a key appears twice in a nested object, or text follows the object"),
+        (
+            strict.isNull(),
+            "not strict JSON: a key appears twice in a nested object, text follows the object, "
+            "or a string holds an unpaired surrogate (\\ud800)",
+        ),
     ]
     return df, typed, format_checks, [*unconvertible, *comma_decimals, *non_finite_checks(src, raw), *json_in_string]
