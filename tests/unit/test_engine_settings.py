@@ -180,6 +180,8 @@ def test_user_settings_override_defaults_but_never_the_fixed_ones(monkeypatch: p
         ('["spark.x"]', "must be a JSON object"),
         ('{"spark.redaction.regex": "nothing"}', "keeps fixed"),
         ('{"spark.sql.runSQLOnFiles": "true"}', "keeps fixed"),
+        # Another zone would read "2026-01-02T03:04:05" as another instant, and date records on another day.
+        ('{"spark.sql.session.timeZone": "America/New_York"}', "times are read in UTC"),
         ('{"spark.master": "yarn"}', "set RIVERHOUSE_SPARK_MASTER instead"),
         ('{"spark.remote": "sc://h:1"}', "set RIVERHOUSE_SPARK_REMOTE instead"),
         ('{"executor.memory": "1g"}', "must be a Spark setting"),

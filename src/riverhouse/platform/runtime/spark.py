@@ -24,7 +24,6 @@ from riverhouse.platform.runtime.engine_retry import engine_retry_policy
 
 # Every session (a user's RIVERHOUSE_SPARK_CONF may change them): UTC, Arrow for Python <-> JVM.
 SESSION_DEFAULTS: dict[str, str] = {
-    "spark.sql.session.timeZone": "UTC",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
     "spark.ui.showConsoleProgress": "false",
@@ -79,7 +78,11 @@ REDACTION_CONF: dict[str, str] = {
 # allows it only after the old query's batch in flight ended, and only in a session of its own
 # (ingest/stream.py): sessions are shared between processes.
 STREAMING_CONF: dict[str, str] = {"spark.sql.streaming.stopActiveRunOnRestart": "false"}
-FIXED_CONF: dict[str, str] = {**REDACTION_CONF, **SQL_SAFETY_CONF, **STREAMING_CONF}
+# A timestamp without a zone is UTC, and `_event_date` is the UTC day (docs/pipeline-spec.md): in
+# another session zone the same record would read as another instant, and a replay under a changed
+# setting would not find the rows it wrote.
+TIME_CONF: dict[str, str] = {"spark.sql.session.timeZone": "UTC"}
+FIXED_CONF: dict[str, str] = {**REDACTION_CONF, **SQL_SAFETY_CONF, **STREAMING_CONF, **TIME_CONF}
 
 MASTER_ENV = "RIVERHOUSE_SPARK_MASTER"
 REMOTE_ENV = "RIVERHOUSE_SPARK_REMOTE"
@@ -128,7 +131,7 @@ def user_conf(text: str | None = None) -> dict[str, str]:
     if fixed := sorted(set(conf) & set(FIXED_CONF)):
         raise SparkConfError(
             f"{CONF_ENV} sets {', '.join(fixed)}, which Riverhouse keeps fixed (secrets stay out of plans and "
-            "logs; spec SQL cannot read files by path): remove them"
+            "logs; spec SQL cannot read files by path; times are read in UTC): remove them"
         )
     for key, variable in (("spark.master", MASTER_ENV), ("spark.remote", REMOTE_ENV)):
         if key in conf:
