@@ -177,6 +177,24 @@ def test_an_unpaired_surrogate_is_quarantined_with_a_reason_that_names_it(spark:
     assert "unpaired surrogate" in row["_reason"], row["_reason"]
 
 
+def test_a_number_in_a_string_field_keeps_its_exact_value(spark: Any) -> None:
+    """from_json wrote such numbers as Java doubles: 1.00000005E7, and 17 significant digits at most."""
+    numbers = [b"10000000.5", b"123456789.12", b"0.0001", b"12345678901234567.5", b"7", b"2.5"]
+    values = [good(user_id="PLACEHOLDER").replace(b'"PLACEHOLDER"', n) for n in numbers]
+    values.append(good(user_id="1.2345678912E8"))  # a JSON string that looks like a double stays as sent
+    rows = parse(spark, values)
+    assert [r["_status"] for r in rows] == ["ok"] * len(values), [r["_reason"] for r in rows]
+    assert [r["user_id"] for r in rows] == [
+        "10000000.5",
+        "123456789.12",
+        "0.0001",
+        "12345678901234567.5",
+        "7",
+        "2.5",
+        "1.2345678912E8",
+    ]
+
+
 def test_oversized_message_is_rejected_without_parsing(spark: Any) -> None:
     big = good(user_id="x" * 5000)
     [row] = parse(spark, [big], max_message_bytes=1000)

@@ -159,6 +159,21 @@ def _json_in_string(strict: Column, f: FieldSpec) -> Column:
     return any_leaf(F.try_variant_get(value, json_path(f.segments), shape), f.ftype, _is_container)
 
 
+# How from_json gives a JSON number with a fraction in a string field: as Java renders a double, so
+# 10000000.5 became "1.00000005E7" and 12345678901234567.5 lost its last digits.
+DOUBLE_TEXT_RE = r"^-?[0-9]+\.[0-9]+(E-?[0-9]+)?$"
+
+
+def _exact_number_text(raw: Column, strict: Column, f: FieldSpec) -> Column:
+    """A string field's value, with a JSON number given as its exact value: the record's strict parse
+    holds it as a decimal (up to 38 digits), written out in plain notation. Other values as read."""
+    path = json_path(f.segments)
+    held_exactly = F.schema_of_variant(F.try_variant_get(strict, path, "variant")).startswith("DECIMAL")
+    # Cheap tests first (no regex, which copies the value into a Java string, for ordinary strings).
+    rendered = F.substring(raw, 1, 1).between("-", "9") & raw.contains(".") & raw.rlike(DOUBLE_TEXT_RE)
+    return F.when(rendered & held_exactly, F.try_variant_get(strict, path, "string")).otherwise(raw)
+
+
 def _snippet(col: Column) -> Column:
     return F.substring(col, 1, 60)
 
@@ -271,6 +286,7 @@ def _decode_json(batch: DataFrame, src: SourceSpec, oversized: Column) -> Decode
     parsed, strict = F.col("_p"), F.col("_strict")
     raw = {f.name: at_path(parsed, f.segments) for f in src.fields}
     typed = {f.name: _typed(raw[f.name], f.type) for f in src.fields}
+    typed.update({f.name: _exact_number_text(raw[f.name], strict, f) for f in src.fields if f.type == "string"})
 
     def json_text(segments: tuple[str, ...]) -> Column:
         return F.get_json_object(F.col("_text"), json_path(segments))
