@@ -129,6 +129,7 @@ def test_a_decimal_string_with_a_comma_is_quarantined_not_read_without_it(spark:
         "2026-06-15T03:04:05 BST",  # Java's short IDs: Bangladesh, not British Summer Time
         "2026-06-15T03:04:05 CST",  # America/Chicago, daylight time applied in June
         "2026-06-15T03:04:05 IST",  # India, not Ireland or Israel
+        "2026-06-15T03:04:05 BST \t",  # Spark trims the padding, then reads the abbreviation
     ],
 )
 def test_a_timestamp_without_its_date_or_with_a_zone_abbreviation_is_quarantined(spark: Any, value: str) -> None:
@@ -145,12 +146,14 @@ def test_iso_timestamps_with_a_zone_offset_or_region_still_read(spark: Any) -> N
         "2026-06-15T03:04:05+01:00",
         "2026-06-15 03:04:05",  # no zone: UTC
         "2026-06-15T03:04:05 Europe/London",  # British Summer Time by region: +01:00 in June
+        " 2026-06-15T03:04:05Z\n",  # padded (Spark trims it)
+        "2026-06-15T03:04:05 UTC ",
     ]
     rows = parse(spark, [good(created_at=v) for v in values])
     assert [r["_status"] for r in rows] == ["ok"] * len(values), [r["_reason"] for r in rows]
     utc = [r["_event_time"].replace(tzinfo=None) for r in rows]
     at, hour_earlier = datetime(2026, 6, 15, 3, 4, 5), datetime(2026, 6, 15, 2, 4, 5)
-    assert utc == [at, at, at, hour_earlier, at, hour_earlier]
+    assert utc == [at, at, at, hour_earlier, at, hour_earlier, at, at]
 
 
 def test_a_date_field_reads_the_date_alone_not_a_year_or_a_timestamp(spark: Any) -> None:
@@ -161,14 +164,14 @@ def test_a_date_field_reads_the_date_alone_not_a_year_or_a_timestamp(spark: Any)
     data["sources"]["orders"]["fields"]["day"] = "date"
     src = parse_spec(data).sources["orders"]
     refused = [20454, "20454", "2026", "2026-01", "2026-01-02T23:30:00-05:00", "2026-01-02 junk", "2026-02-30"]
-    values = [good(day=v) for v in [*refused, "2026-01-02"]]
+    values = [good(day=v) for v in [*refused, "2026-01-02", " 2026-01-02\n"]]
     rows = [r.asDict() for r in parse_records(kafka_rows(spark, values), src).orderBy("_offset").collect()]
     for row, value in zip(rows, refused, strict=False):
         # 20454 (Debezium's days since 1970) was the year 20454, "2026" the 1st of January, and a
         # timestamp's date was taken before its offset moved it to another day in UTC.
         assert row["_status"] == "rejected", (value, row["day"])
         assert row["_reason"] == f"field 'day' is not a valid date: {value} (expected YYYY-MM-DD)"
-    assert (rows[-1]["_status"], str(rows[-1]["day"])) == ("ok", "2026-01-02")
+    assert [(r["_status"], str(r["day"])) for r in rows[-2:]] == [("ok", "2026-01-02")] * 2  # padding is trimmed
 
 
 def test_an_unpaired_surrogate_is_quarantined_with_a_reason_that_names_it(spark: Any) -> None:
@@ -180,6 +183,7 @@ def test_an_unpaired_surrogate_is_quarantined_with_a_reason_that_names_it(spark:
 def test_a_number_in_a_string_field_keeps_its_exact_value(spark: Any) -> None:
     """from_json wrote such numbers as Java doubles: 1.00000005E7, and 17 significant digits at most."""
     numbers = [b"10000000.5", b"123456789.12", b"0.0001", b"12345678901234567.5", b"7", b"2.5"]
+    numbers += [b"0.1000000000000000055511151231257827", b"1.0", b"100.0", b"-0.0"]
     values = [good(user_id="PLACEHOLDER").replace(b'"PLACEHOLDER"', n) for n in numbers]
     values.append(good(user_id="1.2345678912E8"))  # a JSON string that looks like a double stays as sent
     rows = parse(spark, values)
@@ -191,6 +195,10 @@ def test_a_number_in_a_string_field_keeps_its_exact_value(spark: Any) -> None:
         "12345678901234567.5",
         "7",
         "2.5",
+        "0.1000000000000000055511151231257827",  # the double read 0.1
+        "1.0",  # the double kept these values: their text stays as it was read before
+        "100.0",
+        "-0.0",
         "1.2345678912E8",
     ]
 

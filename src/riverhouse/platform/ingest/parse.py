@@ -63,9 +63,11 @@ def _epoch_millis_to_ts(col: Column) -> Column:
 # the date (`20454`, Debezium's days since 1970, became the year 20454), and Java's short zone IDs
 # (`BST` is Bangladesh, `CST` Chicago with daylight time applied). So a timestamp must start with
 # its date and may not end in a zone abbreviation other than UTC/GMT/UT; a date is the date alone.
-DATE_RE = r"^[0-9]{4}-[0-9]{1,2}-[0-9]{1,2}$"
-STARTS_WITH_A_DATE_RE = r"^[0-9]{4}-[0-9]{1,2}-[0-9]{1,2}"
-ZONE_ABBREVIATION_RE = r"(^|[^A-Za-z/_])(?!(UTC|GMT|UT)$)[A-Z]{2,5}$"
+# Spark trims whitespace and control characters around the value first (`PAD`), and so do these.
+PAD = r"[\x00-\x20\x7F]*"
+DATE_RE = rf"^{PAD}[0-9]{{4}}-[0-9]{{1,2}}-[0-9]{{1,2}}{PAD}$"
+STARTS_WITH_A_DATE_RE = rf"^{PAD}[0-9]{{4}}-[0-9]{{1,2}}-[0-9]{{1,2}}"
+ZONE_ABBREVIATION_RE = rf"(^|[^A-Za-z/_])(?!(UTC|GMT|UT){PAD}$)[A-Z]{{2,5}}{PAD}$"
 # What the reason says a value should look like.
 FORMS = {
     "timestamp": "an ISO 8601 date and time, its zone as Z, an offset or a region, or epoch milliseconds",
@@ -75,8 +77,9 @@ FORMS = {
 
 def _typed(raw: Column, typ: str) -> Column:
     if typ == "timestamp":
-        # A letter before the end (but Z) is rare: the zone test runs only then.
-        abbreviated = F.substring(raw, -1, 1).between("A", "Y") & raw.rlike(ZONE_ABBREVIATION_RE)
+        # A capital letter (but Z) or padding at the end is rare: the zone test runs only then.
+        last = F.substring(raw, -1, 1)
+        abbreviated = (last.between("A", "Y") | (last <= " ") | (last == "\x7f")) & raw.rlike(ZONE_ABBREVIATION_RE)
         iso = F.when(raw.rlike(STARTS_WITH_A_DATE_RE) & ~abbreviated, F.try_to_timestamp(raw))
         return F.when(raw.rlike(EPOCH_MILLIS_RE), _epoch_millis_to_ts(raw)).otherwise(iso)
     if typ == "date":
@@ -165,13 +168,18 @@ DOUBLE_TEXT_RE = r"^-?[0-9]+\.[0-9]+(E-?[0-9]+)?$"
 
 
 def _exact_number_text(raw: Column, strict: Column, f: FieldSpec) -> Column:
-    """A string field's value, with a JSON number given as its exact value: the record's strict parse
-    holds it as a decimal (up to 38 digits), written out in plain notation. Other values as read."""
+    """A string field's value, with a JSON number whose double rendering changed its value or wrote
+    it with an exponent given exactly: the record's strict parse holds it as a decimal (up to 38
+    digits), written out in plain notation. Others as read: `1.0` stays `1.0` (the variant would
+    write `1`, and a key field must read as it did before)."""
     path = json_path(f.segments)
     held_exactly = F.schema_of_variant(F.try_variant_get(strict, path, "variant")).startswith("DECIMAL")
+    exact = F.try_variant_get(strict, path, "string")
+    # The variant's text of the rendering: equal to `exact` when the double kept the number's value.
+    changed = raw.contains("E") | (F.try_variant_get(F.try_parse_json(raw), "$", "string") != exact)
     # Cheap tests first (no regex, which copies the value into a Java string, for ordinary strings).
     rendered = F.substring(raw, 1, 1).between("-", "9") & raw.contains(".") & raw.rlike(DOUBLE_TEXT_RE)
-    return F.when(rendered & held_exactly, F.try_variant_get(strict, path, "string")).otherwise(raw)
+    return F.when(rendered & held_exactly & changed, exact).otherwise(raw)
 
 
 def _snippet(col: Column) -> Column:
