@@ -173,6 +173,10 @@ def test_user_settings_override_defaults_but_never_the_fixed_ones(monkeypatch: p
     assert {k: conf[k] for k in REDACTION_CONF} == REDACTION_CONF
 
 
+def test_a_fixed_setting_given_its_own_value_is_accepted() -> None:
+    assert user_conf('{"spark.sql.session.timeZone": "UTC"}') == {"spark.sql.session.timeZone": "UTC"}
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [

@@ -22,7 +22,7 @@ from riverhouse.platform.errors import EngineUnavailable
 from riverhouse.platform.runtime import processes
 from riverhouse.platform.runtime.engine_retry import engine_retry_policy
 
-# Every session (a user's RIVERHOUSE_SPARK_CONF may change them): UTC, Arrow for Python <-> JVM.
+# Every session (a user's RIVERHOUSE_SPARK_CONF may change them): Arrow for Python <-> JVM, quiet progress.
 SESSION_DEFAULTS: dict[str, str] = {
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
@@ -108,8 +108,9 @@ def user_conf(text: str | None = None) -> dict[str, str]:
     """RIVERHOUSE_SPARK_CONF: a JSON object of Spark settings, e.g. {"spark.executor.memory": "4g"}.
 
     JSON, as RIVERHOUSE_STORAGE_OPTIONS: values hold commas, spaces and `=` (extraJavaOptions,
-    jar lists) that a `k=v,k=v` list could not carry. The fixed settings (redaction, SQL
-    safety) and the master/remote (their own variables) are refused, not silently dropped.
+    jar lists) that a `k=v,k=v` list could not carry. Another value for a fixed setting (redaction,
+    SQL safety, the UTC time zone) and the master/remote (their own variables) are refused, not
+    silently dropped.
     """
     text = os.environ.get(CONF_ENV, "") if text is None else text
     if not text.strip():
@@ -128,7 +129,7 @@ def user_conf(text: str | None = None) -> dict[str, str]:
                 f"{CONF_ENV}: {key!r} must be a Spark setting (spark....) with a string, number or boolean value"
             )
         conf[key] = str(value).lower() if isinstance(value, bool) else str(value)
-    if fixed := sorted(set(conf) & set(FIXED_CONF)):
+    if fixed := sorted(k for k in conf if k in FIXED_CONF and conf[k] != FIXED_CONF[k]):
         raise SparkConfError(
             f"{CONF_ENV} sets {', '.join(fixed)}, which Riverhouse keeps fixed (secrets stay out of plans and "
             "logs; spec SQL cannot read files by path; times are read in UTC): remove them"
