@@ -65,8 +65,9 @@ def _epoch_millis_to_ts(col: Column) -> Column:
 # its date and may not end in a zone abbreviation other than UTC/GMT/UT; a date is the date alone.
 # Spark trims whitespace and control characters around the value first (`PAD`), and so do these.
 PAD = r"[\x00-\x20\x7F]*"
-DATE_RE = rf"^{PAD}[0-9]{{4}}-[0-9]{{1,2}}-[0-9]{{1,2}}{PAD}$"
-STARTS_WITH_A_DATE_RE = rf"^{PAD}[0-9]{{4}}-[0-9]{{1,2}}-[0-9]{{1,2}}"
+_DATE = r"[0-9]{4}-[0-9]{1,2}-[0-9]{1,2}"
+DATE_RE = rf"^{PAD}{_DATE}{PAD}$"
+STARTS_WITH_A_DATE_RE = rf"^{PAD}{_DATE}"
 ZONE_ABBREVIATION_RE = rf"(^|[^A-Za-z/_])(?!(UTC|GMT|UT){PAD}$)[A-Z]{{2,5}}{PAD}$"
 # What the reason says a value should look like.
 FORMS = {
@@ -167,6 +168,16 @@ def _json_in_string(strict: Column, f: FieldSpec) -> Column:
 DOUBLE_TEXT_RE = r"^-?[0-9]+\.[0-9]+(E-?[0-9]+)?$"
 
 
+def _strict_text(strict: Column, f: FieldSpec) -> Column:
+    """The field's value as text, from the record's strict parse (a number exactly, as a decimal)."""
+    return F.try_variant_get(strict, json_path(f.segments), "string")
+
+
+def _not_valid(f: FieldSpec, value: Column, expected: str) -> Column:
+    """The reason for a value that does not convert to the field's type."""
+    return F.concat(F.lit(f"field {f.label} is not a valid {f.type}: "), _snippet(value), F.lit(f" ({expected})"))
+
+
 def _exact_number_text(raw: Column, strict: Column, f: FieldSpec) -> Column:
     """A string field's value, with a JSON number whose double rendering changed its value or wrote
     it with an exponent given exactly: the record's strict parse holds it as a decimal (up to 38
@@ -174,7 +185,7 @@ def _exact_number_text(raw: Column, strict: Column, f: FieldSpec) -> Column:
     write `1`, and a key field must read as it did before)."""
     path = json_path(f.segments)
     held_exactly = F.schema_of_variant(F.try_variant_get(strict, path, "variant")).startswith("DECIMAL")
-    exact = F.try_variant_get(strict, path, "string")
+    exact = _strict_text(strict, f)
     # The variant's text of the rendering: equal to `exact` when the double kept the number's value.
     changed = raw.contains("E") | (F.try_variant_get(F.try_parse_json(raw), "$", "string") != exact)
     # Cheap tests first (no regex, which copies the value into a Java string, for ordinary strings).
@@ -293,8 +304,10 @@ def _decode_json(batch: DataFrame, src: SourceSpec, oversized: Column) -> Decode
     )
     parsed, strict = F.col("_p"), F.col("_strict")
     raw = {f.name: at_path(parsed, f.segments) for f in src.fields}
-    typed = {f.name: _typed(raw[f.name], f.type) for f in src.fields}
-    typed.update({f.name: _exact_number_text(raw[f.name], strict, f) for f in src.fields if f.type == "string"})
+    typed = {
+        f.name: _exact_number_text(raw[f.name], strict, f) if f.type == "string" else _typed(raw[f.name], f.type)
+        for f in src.fields
+    }
 
     def json_text(segments: tuple[str, ...]) -> Column:
         return F.get_json_object(F.col("_text"), json_path(segments))
@@ -321,11 +334,7 @@ def _decode_json(batch: DataFrame, src: SourceSpec, oversized: Column) -> Decode
     unconvertible = [
         (
             raw[f.name].isNotNull() & typed[f.name].isNull(),
-            F.concat(
-                F.lit(f"field {f.label} is not a valid {f.type}: "),
-                _snippet(raw[f.name]),
-                F.lit(f" (expected {FORMS[f.type]})"),
-            ),
+            _not_valid(f, raw[f.name], f"expected {FORMS[f.type]}"),
         )
         for f in src.fields
         if f.type in FORMS
@@ -336,12 +345,8 @@ def _decode_json(batch: DataFrame, src: SourceSpec, oversized: Column) -> Decode
     # record's strict parse gives the value's text (a cheap lookup: the record is parsed already).
     comma_decimals = [
         (
-            raw[f.name].isNotNull() & F.try_variant_get(strict, json_path(f.segments), "string").contains(","),
-            F.concat(
-                F.lit(f"field {f.label} is not a valid {f.type}: "),
-                _snippet(F.try_variant_get(strict, json_path(f.segments), "string")),
-                F.lit(" (a comma is neither a decimal point nor a digit separator here)"),
-            ),
+            raw[f.name].isNotNull() & _strict_text(strict, f).contains(","),
+            _not_valid(f, _strict_text(strict, f), "a comma is neither a decimal point nor a digit separator here"),
         )
         for f in src.fields
         if f.ftype.name == "decimal"
