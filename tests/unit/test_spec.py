@@ -93,6 +93,30 @@ def test_references_must_exist() -> None:
     assert "use timestamp" in problems(data)[0][1]
 
 
+def test_epoch_unit_applies_to_json_timestamps_and_a_long_event_time_only() -> None:
+    data = base()
+    data["sources"]["orders"]["fields"]["created_at"] = {"type": "timestamp", "epoch_unit": "seconds"}
+    assert parse_spec(data).sources["orders"].field("created_at").epoch_unit == "seconds"
+    data["sources"]["orders"]["fields"]["created_at"] = {"type": "timestamp", "epoch_unit": "minutes"}
+    assert "seconds" in problems(data)[0][1]  # pydantic names the allowed units
+    data = base()
+    data["sources"]["orders"]["fields"]["user_id"] = {"type": "string", "epoch_unit": "seconds"}
+    assert "epoch_unit applies to timestamp fields and to a long event-time field, not string" in problems(data)[0][1]
+    data = base()
+    data["sources"]["orders"]["fields"]["n"] = {"type": "long", "epoch_unit": "seconds"}
+    assert "applies to the event_time field only" in problems(data)[0][1]
+    data["sources"]["orders"]["event_time"]["field"] = "n"
+    assert parse_spec(data).sources["orders"].field("n").epoch_unit == "seconds"
+    schema = {"type": "record", "name": "R", "fields": [{"name": "id", "type": "string"}, TIMESTAMP_MILLIS]}
+    avro = {"topic": "t", "format": "avro", "key": ["id"], "avro_schema": schema}
+    avro["fields"] = {"id": "string", "at": {"type": "timestamp", "epoch_unit": "seconds"}}
+    data = {"name": "av", "sources": {"s": avro}, "sink": {"table": "av", "order_by": ["id"]}}
+    assert "an Avro timestamp has its unit in its logical type" in problems(data)[0][1]
+
+
+TIMESTAMP_MILLIS = {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}}
+
+
 def test_bad_topic_and_reserved_kafka_settings() -> None:
     data = base()
     data["sources"]["orders"]["topic"] = "bad topic!"

@@ -17,7 +17,7 @@ of its name: `key: [user.id]` is the field whose path is user.id.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, PlainSerializer, model_validator
 
@@ -103,6 +103,10 @@ class FieldSpec(StrictModel):
     # Both apply to the elements and values of arrays and maps too.
     allow_non_finite: bool = False
     allow_json_text: bool = False
+    # A number in a timestamp field (or in a long event-time field) is epoch time in this unit.
+    # Unset: milliseconds, and a number below EPOCH_SECONDS_LIKELY (before 1973-03-03 as
+    # milliseconds; any time up to the year 5138 as seconds) is quarantined, not read as 1970.
+    epoch_unit: Literal["seconds", "milliseconds", "microseconds"] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -120,6 +124,11 @@ class FieldSpec(StrictModel):
         if self.allow_json_text and leaf != "string":
             raise ValueError(
                 f"field {self.name!r}: allow_json_text applies to string fields (and arrays/maps of strings), "
+                f"not {self.type}"
+            )
+        if self.epoch_unit is not None and self.type not in ("timestamp", "long"):
+            raise ValueError(
+                f"field {self.name!r}: epoch_unit applies to timestamp fields and to a long event-time field, "
                 f"not {self.type}"
             )
         if (self.min is not None or self.max is not None) and self.type not in NUMERIC:

@@ -164,7 +164,18 @@ class SourceSpec(StrictModel):
             if typ not in ("timestamp", "long"):
                 raise ValueError(
                     f"event_time field {self.event_time.field!r} has type {typ}: "
-                    "use timestamp (ISO 8601) or long (epoch milliseconds)"
+                    "use timestamp (ISO 8601) or long (epoch milliseconds, or the field's epoch_unit)"
+                )
+        for f in self.fields:
+            if f.epoch_unit is not None and f.type == "long" and f.name != self.event_time.field:
+                raise ValueError(
+                    f"field {f.name!r}: epoch_unit on a long field applies to the event_time field only "
+                    "(any other long is stored as the number it is); declare it a timestamp to read it as a time"
+                )
+            if f.epoch_unit is not None and f.type == "timestamp" and self.format == "avro":
+                raise ValueError(
+                    f"field {f.name!r}: epoch_unit applies to JSON records; an Avro timestamp has its unit "
+                    "in its logical type (timestamp-millis, timestamp-micros)"
                 )
         return self
 

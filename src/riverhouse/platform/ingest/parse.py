@@ -22,9 +22,21 @@ from riverhouse.platform.types import spark_read_type, variant_shape
 
 # from_json's column for a value that is not a JSON object of these types (no path may start with it).
 CORRUPT = RESERVED_JSON_KEY
-# Epoch milliseconds written as text: what producers send in a timestamp field as a number.
-EPOCH_MILLIS_RE = r"^-?[0-9]{1,15}$"
+# Epoch time written as text: what producers send in a timestamp field as a number (milliseconds
+# unless the field's epoch_unit says otherwise).
+EPOCH_DIGITS_RE = r"^-?[0-9]{1,18}$"
+# The instants a number may name, in any unit: within 10^15 ms (the year 33658) of 1970.
 MAX_ABS_EPOCH_MILLIS = 10**15
+EPOCH_TO_TIMESTAMP = {
+    "seconds": F.timestamp_seconds,
+    "milliseconds": F.timestamp_millis,
+    "microseconds": F.timestamp_micros,
+}
+PER_MILLISECOND = {"seconds": 0.001, "milliseconds": 1, "microseconds": 1000}
+# A number below this, read as epoch milliseconds, is before 1973-03-03; read as epoch seconds it is
+# any time up to the year 5138. Producers sending Unix seconds are common, 1970s milliseconds are
+# not: with no epoch_unit declared, such a number is quarantined rather than read as January 1970.
+EPOCH_SECONDS_LIKELY = 10**11
 
 
 def json_struct(fields: list[FieldSpec]) -> StructType:
@@ -53,9 +65,27 @@ def json_path(segments: tuple[str, ...]) -> str:
     return "$" + "".join(f"['{key}']" for key in segments)
 
 
-def _epoch_millis_to_ts(col: Column) -> Column:
-    millis = col.try_cast("long")
-    return F.when(F.abs(millis) < F.lit(MAX_ABS_EPOCH_MILLIS), F.timestamp_millis(millis))
+def _epoch_to_ts(col: Column, unit: str | None) -> Column:
+    """A number (or its digits) of epoch `unit`s (None: milliseconds) -> a timestamp; NULL out of range."""
+    unit = unit or "milliseconds"
+    number = col.try_cast("long")
+    limit = int(MAX_ABS_EPOCH_MILLIS * PER_MILLISECOND[unit])
+    return F.when(F.abs(number) < F.lit(limit), EPOCH_TO_TIMESTAMP[unit](number))
+
+
+def _seconds_likely(f: FieldSpec, number: Column, value: Column) -> Check:
+    """A field without an epoch_unit whose number reads as 1970-1973 in milliseconds: more likely seconds."""
+    as_millis = F.date_format(F.timestamp_millis(number.try_cast("long")), "yyyy-MM-dd'T'HH:mm:ss'Z'")
+    return (
+        F.abs(number.try_cast("long")) < F.lit(EPOCH_SECONDS_LIKELY),
+        F.concat(
+            F.lit(f"field {f.label} is "),
+            _snippet(value),
+            F.lit(", which as epoch milliseconds is "),
+            as_millis,
+            F.lit(": if it is epoch seconds, set epoch_unit: seconds on the field (epoch_unit: milliseconds keeps it)"),
+        ),
+    )
 
 
 # What Spark's timestamp and date parsers accept beyond ISO 8601, and read as something else: a
@@ -76,14 +106,14 @@ FORMS = {
 }
 
 
-def _typed(raw: Column, typ: str) -> Column:
-    if typ == "timestamp":
+def _typed(raw: Column, f: FieldSpec) -> Column:
+    if f.type == "timestamp":
         # A capital letter (but Z) or padding at the end is rare: the zone test runs only then.
         last = F.substring(raw, -1, 1)
         abbreviated = (last.between("A", "Y") | (last <= " ") | (last == "\x7f")) & raw.rlike(ZONE_ABBREVIATION_RE)
         iso = F.when(raw.rlike(STARTS_WITH_A_DATE_RE) & ~abbreviated, F.try_to_timestamp(raw))
-        return F.when(raw.rlike(EPOCH_MILLIS_RE), _epoch_millis_to_ts(raw)).otherwise(iso)
-    if typ == "date":
+        return F.when(raw.rlike(EPOCH_DIGITS_RE), _epoch_to_ts(raw, f.epoch_unit)).otherwise(iso)
+    if f.type == "date":
         return F.when(raw.rlike(DATE_RE), raw.try_cast("date"))
     return raw
 
@@ -212,10 +242,11 @@ def parse_records(batch: DataFrame, src: SourceSpec, writers: Any = None) -> Dat
         df, typed, format_checks, value_checks = _decode_json(batch, src, oversized)
     missing = [(typed[n].isNull(), f"missing required field {src.field(n).label}") for n in src.required_fields]
     et = src.event_time
+    epoch_field = src.field(et.field) if et.field is not None and src.field(et.field).type == "long" else None
     if et.field is None:
         event_time = F.col("timestamp")
-    elif src.field(et.field).type == "long":
-        event_time = _epoch_millis_to_ts(typed[et.field])
+    elif epoch_field is not None:
+        event_time = _epoch_to_ts(typed[et.field], epoch_field.epoch_unit)
     else:
         event_time = typed[et.field]
     event_time_checks: list[Check] = []
@@ -223,13 +254,16 @@ def parse_records(batch: DataFrame, src: SourceSpec, writers: Any = None) -> Dat
         event_time_checks.append((event_time.isNull(), f"missing event time field '{et.field}'"))
     elif et.field is not None:
         event_time = F.coalesce(event_time, F.col("timestamp"))
-    if et.field is not None and src.field(et.field).type == "long":
+    if epoch_field is not None:
+        number = typed[epoch_field.name]
         event_time_checks.append(
             (
-                typed[et.field].isNotNull() & _epoch_millis_to_ts(typed[et.field]).isNull(),
-                f"event time field '{et.field}' is out of range for epoch milliseconds",
+                number.isNotNull() & _epoch_to_ts(number, epoch_field.epoch_unit).isNull(),
+                f"event time field '{et.field}' is out of range for epoch {epoch_field.epoch_unit or 'milliseconds'}",
             )
         )
+        if epoch_field.epoch_unit is None:
+            event_time_checks.append(_seconds_likely(epoch_field, number, number.cast("string")))
 
     reason = _first_reason(
         [
@@ -305,7 +339,7 @@ def _decode_json(batch: DataFrame, src: SourceSpec, oversized: Column) -> Decode
     parsed, strict = F.col("_p"), F.col("_strict")
     raw = {f.name: at_path(parsed, f.segments) for f in src.fields}
     typed = {
-        f.name: _exact_number_text(raw[f.name], strict, f) if f.type == "string" else _typed(raw[f.name], f.type)
+        f.name: _exact_number_text(raw[f.name], strict, f) if f.type == "string" else _typed(raw[f.name], f)
         for f in src.fields
     }
 
@@ -338,6 +372,14 @@ def _decode_json(batch: DataFrame, src: SourceSpec, oversized: Column) -> Decode
         )
         for f in src.fields
         if f.type in FORMS
+    ]
+    # A number in a timestamp field with no epoch_unit that would be 1970-1973 in milliseconds.
+    seconds_likely = [
+        # The regex first: try_cast of text that is not a number costs ~5 µs a record (measured).
+        (raw[f.name].rlike(EPOCH_DIGITS_RE) & condition, reason)
+        for f in src.fields
+        if f.type == "timestamp" and f.epoch_unit is None
+        for condition, reason in [_seconds_likely(f, raw[f.name], raw[f.name])]
     ]
     # `from_json` reads a decimal given as a JSON string with Spark's US-locale parser, which drops
     # every comma: "12,5" (a European 12.5) read as 125 and "1,2,3" as 123, without a word. A JSON
@@ -388,4 +430,9 @@ def _decode_json(batch: DataFrame, src: SourceSpec, oversized: Column) -> Decode
             "or a string holds an unpaired surrogate (\\ud800)",
         ),
     ]
-    return df, typed, format_checks, [*unconvertible, *comma_decimals, *non_finite_checks(src, raw), *json_in_string]
+    return (
+        df,
+        typed,
+        format_checks,
+        [*unconvertible, *seconds_likely, *comma_decimals, *non_finite_checks(src, raw), *json_in_string],
+    )
