@@ -96,3 +96,29 @@ def test_registry_records_are_decoded_with_their_writer_schema_by_id(spark: Any)
     assert (rows[0]["_status"], rows[0]["score"], rows[0]["card_brand"]) == ("ok", None, "visa")  # the default
     assert (rows[1]["_status"], rows[1]["score"]) == ("ok", 1.5)
     assert rows[2]["_reason"].startswith("not in the Confluent wire format")  # a plain body, no header
+
+
+def test_a_long_event_time_reads_epoch_milliseconds_and_refuses_seconds_unless_declared(spark: Any) -> None:
+    """The same epoch rule as a JSON source (tests/spark/test_epoch_units.py), on a plain Avro long."""
+    schema = {
+        "type": "record",
+        "name": "E",
+        "fields": [{"name": "id", "type": "string"}, {"name": "ts", "type": "long"}],
+    }
+
+    def plain(record: dict[str, Any]) -> bytes:
+        out = io.BytesIO()
+        fastavro.schemaless_writer(out, fastavro.parse_schema(schema), record)
+        return out.getvalue()
+
+    values = [plain({"id": "a", "ts": 1767323045678}), plain({"id": "b", "ts": 1767323045})]
+    for fields, statuses in [
+        (None, ["ok", "rejected"]),
+        ({"id": "string", "ts": {"type": "long", "epoch_unit": "seconds"}}, ["rejected", "ok"]),
+    ]:
+        src = source(avro_schema=schema, event_time={"field": "ts"}, **({"fields": fields} if fields else {}))
+        rows = parse_records(kafka_rows(spark, values), src).orderBy("_offset").collect()
+        assert [r["_status"] for r in rows] == statuses, [r["_reason"] for r in rows]
+        at = rows[statuses.index("ok")]["_event_time"].replace(tzinfo=UTC)
+        assert at == datetime(2026, 1, 2, 3, 4, 5, 678000 if fields is None else 0, tzinfo=UTC)
+    assert rows[0]["_reason"] == "event time field 'ts' is out of range for epoch seconds"

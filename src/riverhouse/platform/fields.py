@@ -104,8 +104,8 @@ class FieldSpec(StrictModel):
     allow_non_finite: bool = False
     allow_json_text: bool = False
     # A number in a timestamp field (or in a long event-time field) is epoch time in this unit.
-    # Unset: milliseconds, and a number below EPOCH_SECONDS_LIKELY (before 1973-03-03 as
-    # milliseconds; any time up to the year 5138 as seconds) is quarantined, not read as 1970.
+    # Unset: milliseconds, and a number within EPOCH_SECONDS_LIKELY of 0 (1966-1973 as milliseconds;
+    # any time up to the year 5138 as seconds) is quarantined, not read as 1970 (ingest/parse.py).
     epoch_unit: Literal["seconds", "milliseconds", "microseconds"] | None = None
 
     @model_validator(mode="before")

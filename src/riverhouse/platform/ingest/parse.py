@@ -33,9 +33,10 @@ EPOCH_TO_TIMESTAMP = {
     "microseconds": F.timestamp_micros,
 }
 PER_MILLISECOND = {"seconds": 0.001, "milliseconds": 1, "microseconds": 1000}
-# A number below this, read as epoch milliseconds, is before 1973-03-03; read as epoch seconds it is
-# any time up to the year 5138. Producers sending Unix seconds are common, 1970s milliseconds are
-# not: with no epoch_unit declared, such a number is quarantined rather than read as January 1970.
+# A number within this of 0, read as epoch milliseconds, is between 1966-10-31 and 1973-03-03; read
+# as epoch seconds it is any time up to the year 5138. Producers sending Unix seconds are common,
+# milliseconds of those years are not: with no epoch_unit declared, such a number is quarantined
+# (and given no event time) rather than read as January 1970.
 EPOCH_SECONDS_LIKELY = 10**11
 
 
@@ -65,19 +66,26 @@ def json_path(segments: tuple[str, ...]) -> str:
     return "$" + "".join(f"['{key}']" for key in segments)
 
 
+def _within(number: Column, limit: int) -> Column:
+    """-limit < number < limit (not abs(), which overflows for the smallest long and fails the batch)."""
+    return (number > F.lit(-limit)) & (number < F.lit(limit))
+
+
 def _epoch_to_ts(col: Column, unit: str | None) -> Column:
-    """A number (or its digits) of epoch `unit`s (None: milliseconds) -> a timestamp; NULL out of range."""
-    unit = unit or "milliseconds"
+    """A number (or its digits) of epoch `unit`s -> a timestamp; NULL when out of range, or, with no
+    unit declared (milliseconds), when the number is likely seconds (`_seconds_likely`)."""
     number = col.try_cast("long")
-    limit = int(MAX_ABS_EPOCH_MILLIS * PER_MILLISECOND[unit])
-    return F.when(F.abs(number) < F.lit(limit), EPOCH_TO_TIMESTAMP[unit](number))
+    readable = _within(number, int(MAX_ABS_EPOCH_MILLIS * PER_MILLISECOND[unit or "milliseconds"]))
+    if unit is None:
+        readable = readable & ~_within(number, EPOCH_SECONDS_LIKELY)
+    return F.when(readable, EPOCH_TO_TIMESTAMP[unit or "milliseconds"](number))
 
 
 def _seconds_likely(f: FieldSpec, number: Column, value: Column) -> Check:
-    """A field without an epoch_unit whose number reads as 1970-1973 in milliseconds: more likely seconds."""
+    """A field without an epoch_unit whose number reads as 1966-1973 in milliseconds: more likely seconds."""
     as_millis = F.date_format(F.timestamp_millis(number.try_cast("long")), "yyyy-MM-dd'T'HH:mm:ss'Z'")
     return (
-        F.abs(number.try_cast("long")) < F.lit(EPOCH_SECONDS_LIKELY),
+        _within(number.try_cast("long"), EPOCH_SECONDS_LIKELY),
         F.concat(
             F.lit(f"field {f.label} is "),
             _snippet(value),
@@ -99,11 +107,14 @@ _DATE = r"[0-9]{4}-[0-9]{1,2}-[0-9]{1,2}"
 DATE_RE = rf"^{PAD}{_DATE}{PAD}$"
 STARTS_WITH_A_DATE_RE = rf"^{PAD}{_DATE}"
 ZONE_ABBREVIATION_RE = rf"(^|[^A-Za-z/_])(?!(UTC|GMT|UT){PAD}$)[A-Z]{{2,5}}{PAD}$"
-# What the reason says a value should look like.
-FORMS = {
-    "timestamp": "an ISO 8601 date and time, its zone as Z, an offset or a region, or epoch milliseconds",
-    "date": "YYYY-MM-DD",
-}
+
+
+def _expected_form(f: FieldSpec) -> str:
+    """What the reason says a timestamp or date should look like."""
+    if f.type == "date":
+        return "YYYY-MM-DD"
+    unit = f.epoch_unit or "milliseconds (epoch_unit for another unit)"
+    return f"an ISO 8601 date and time, its zone as Z, an offset or a region, or epoch {unit}"
 
 
 def _typed(raw: Column, f: FieldSpec) -> Column:
@@ -249,21 +260,22 @@ def parse_records(batch: DataFrame, src: SourceSpec, writers: Any = None) -> Dat
         event_time = _epoch_to_ts(typed[et.field], epoch_field.epoch_unit)
     else:
         event_time = typed[et.field]
+    # A long event time that is there but reads as no time says why before "missing" does.
     event_time_checks: list[Check] = []
+    if epoch_field is not None:
+        number = typed[epoch_field.name]
+        if epoch_field.epoch_unit is None:
+            event_time_checks.append(_seconds_likely(epoch_field, number, number.cast("string")))
+        event_time_checks.append(
+            (
+                number.isNotNull() & event_time.isNull(),
+                f"event time field '{et.field}' is out of range for epoch {epoch_field.epoch_unit or 'milliseconds'}",
+            )
+        )
     if et.field is not None and et.fallback == "quarantine":
         event_time_checks.append((event_time.isNull(), f"missing event time field '{et.field}'"))
     elif et.field is not None:
         event_time = F.coalesce(event_time, F.col("timestamp"))
-    if epoch_field is not None:
-        number = typed[epoch_field.name]
-        event_time_checks.append(
-            (
-                number.isNotNull() & _epoch_to_ts(number, epoch_field.epoch_unit).isNull(),
-                f"event time field '{et.field}' is out of range for epoch {epoch_field.epoch_unit or 'milliseconds'}",
-            )
-        )
-        if epoch_field.epoch_unit is None:
-            event_time_checks.append(_seconds_likely(epoch_field, number, number.cast("string")))
 
     reason = _first_reason(
         [
@@ -368,12 +380,13 @@ def _decode_json(batch: DataFrame, src: SourceSpec, oversized: Column) -> Decode
     unconvertible = [
         (
             raw[f.name].isNotNull() & typed[f.name].isNull(),
-            _not_valid(f, raw[f.name], f"expected {FORMS[f.type]}"),
+            _not_valid(f, raw[f.name], f"expected {_expected_form(f)}"),
         )
         for f in src.fields
-        if f.type in FORMS
+        if f.type in ("timestamp", "date")
     ]
-    # A number in a timestamp field with no epoch_unit that would be 1970-1973 in milliseconds.
+    # A number in a timestamp field with no epoch_unit that would be 1966-1973 in milliseconds (its
+    # typed value is NULL, so this goes before `unconvertible`).
     seconds_likely = [
         # The regex first: try_cast of text that is not a number costs ~5 µs a record (measured).
         (raw[f.name].rlike(EPOCH_DIGITS_RE) & condition, reason)
@@ -434,5 +447,5 @@ def _decode_json(batch: DataFrame, src: SourceSpec, oversized: Column) -> Decode
         df,
         typed,
         format_checks,
-        [*unconvertible, *seconds_likely, *comma_decimals, *non_finite_checks(src, raw), *json_in_string],
+        [*seconds_likely, *unconvertible, *comma_decimals, *non_finite_checks(src, raw), *json_in_string],
     )
