@@ -60,6 +60,7 @@ def test_epoch_millis_event_time_and_kafka_fallback(spark: Any) -> None:
         (b'{"order_id": "o1", "amount": ', "not a JSON object"),
         (b"plain text", "not a JSON object: plain text"),
         (b"[1, 2]", "not a JSON object"),
+        (b"\xef\xbb\xbf" + good(), "not a JSON object: the value starts with a byte order mark (U+FEFF)"),
         (good(amount="lots"), "field 'amount' should be int, got lots"),
         (good(price=True), "field 'price' should be double, got true"),
         (good(created_at="yesterday"), "field 'created_at' is not a valid timestamp: yesterday"),

@@ -234,6 +234,15 @@ def _exact_number_text(raw: Column, strict: Column, f: FieldSpec) -> Column:
     return F.when(rendered & held_exactly & changed, exact).otherwise(raw)
 
 
+def _not_a_json_object(text: Column) -> Column:
+    """The reason for text that is not a JSON object; one that starts with a byte order mark says so
+    (invisible in the snippet; RFC 8259 forbids it in JSON sent over a network)."""
+    bom = "not a JSON object: the value starts with a byte order mark (U+FEFF), which JSON sent over a network must not have"
+    return F.when(text.startswith("\ufeff"), F.lit(bom)).otherwise(
+        F.concat(F.lit("not a JSON object: "), _snippet(text))
+    )
+
+
 def _snippet(col: Column) -> Column:
     return F.substring(col, 1, 60)
 
@@ -433,10 +442,10 @@ def _decode_json(batch: DataFrame, src: SourceSpec, oversized: Column) -> Decode
         # Not JSON at all (single-quoted JSON included): before the per-field checks, which read leniently.
         (
             parsed[CORRUPT].isNotNull() & strict.isNull(),
-            F.concat(F.lit("not a JSON object: "), _snippet(F.col("_text"))),
+            _not_a_json_object(F.col("_text")),
         ),
         *[(parsed[CORRUPT].isNotNull() & c, r) for c, r in [*not_an_object, *wrong_type]],
-        (parsed[CORRUPT].isNotNull(), F.concat(F.lit("not a JSON object: "), _snippet(F.col("_text")))),
+        (parsed[CORRUPT].isNotNull(), _not_a_json_object(F.col("_text"))),
         (
             strict.isNull(),
             "not strict JSON: a key appears twice in a nested object, text follows the object, "
