@@ -39,6 +39,7 @@ def evaluate(
     driving: DataFrame,
     lookups: dict[str, DataFrame],
     views: list[str],
+    poison: dict[tuple[str, int, int], str] | None = None,
 ) -> DataFrame:
     """The join itself, as one Spark plan: driving rows (closed, unprocessed) + lookup rows -> gold rows.
 
@@ -50,6 +51,9 @@ def evaluate(
     The SQL reads a temporary view, whose name is added to `views`: the caller drops it
     (`drop_views`) once the frame is no longer used, since the session may be shared by
     later runs (runtime/spark.py).
+
+    `poison`: driving events (Kafka topic, partition, offset) on whose values the query fails,
+    with the reason (gold/poison.py). The query sees only NULLs for them, and they are rejected.
     """
     sources = spec.sources
     base_fields = [f.name for f in sources[plan.driving_source].fields]
@@ -110,6 +114,7 @@ def evaluate(
 
     base = base.withColumn("_matched", all_of(matched_flags)).withColumn("_inner_ok", all_of(inner_flags))
     base = base.withColumn("_late_match", any_of(late_flags))
+    base = _without_poison_values(base, poison or {})
     view = f"rh_gold_{uuid.uuid4().hex[:12]}"
     base.createOrReplaceTempView(view)
     views.append(view)
@@ -126,6 +131,7 @@ def evaluate(
             "_matched",
             "_inner_ok",
             "_late_match",
+            "_poison",
         ]
     )
     query = f"SELECT {projections}, {meta}, {where} AS _where_ok FROM `{view}`"
@@ -135,15 +141,50 @@ def evaluate(
         F.when(F.col(f"`{name}`").isNull(), F.lit(f"required field '{name}' is missing when the join window closed"))
         for name in plan.require
     ]
-    reason = F.coalesce(*missing) if missing else F.lit(None).cast("string")
+    reason = F.coalesce(F.col("_poison"), *missing)
     status = (
-        F.when(~F.col("_inner_ok"), "unmatched")
+        F.when(F.col("_poison").isNotNull(), "rejected")
+        .when(~F.col("_inner_ok"), "unmatched")
         .when(~F.col("_where_ok"), "filtered")
         .when(reason.isNotNull(), "rejected")
         .otherwise("emitted")
     )
     result = result.withColumn("_reason", F.when(status == "rejected", reason)).withColumn("_status", status)
-    return result.drop("_inner_ok", "_where_ok")
+    return result.drop("_inner_ok", "_where_ok", "_poison")
+
+
+# The columns `evaluate` keeps beside the query's inputs (never read by the spec's SQL).
+META = [
+    *IDENTITY,
+    "_left_event_time",
+    "_left_event_date",
+    "_left_kts",
+    "_left_key",
+    "_matched",
+    "_inner_ok",
+    "_late_match",
+]
+
+
+def _without_poison_values(base: DataFrame, poison: dict[tuple[str, int, int], str]) -> DataFrame:
+    """`_poison`: the reason of a driving event the query fails on (NULL for the others); the query's
+    inputs of those events are NULL, so the query cannot fail on them again."""
+    if not poison:
+        return base.withColumn("_poison", F.lit(None).cast("string"))
+    reason: Any = F
+    for (topic, partition, offset), why in poison.items():
+        same = (
+            (F.col("_left_topic") == topic)
+            & (F.col("_left_partition") == partition)
+            & (F.col("_left_offset") == offset)
+        )
+        reason = reason.when(same, F.lit(why))
+    base = base.withColumn("_poison", reason)
+    clean = F.col("_poison").isNull()
+    return base.select(
+        *[F.when(clean, F.col(c)).alias(c) if c not in META else F.col(c) for c in base.columns if c != "_poison"],
+        "_poison",
+    )
 
 
 def drop_views(spark: Any, views: list[str]) -> None:

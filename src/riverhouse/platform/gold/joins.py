@@ -40,13 +40,13 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from riverhouse.platform.faults import crash_point
-from riverhouse.platform.gold.evaluate import IDENTITY, drop_views, evaluate, gold_schema, latest_per_key
+from riverhouse.platform.gold.evaluate import IDENTITY, drop_views, gold_schema, latest_per_key
+from riverhouse.platform.gold.poison import evaluate_rows
 from riverhouse.platform.spec import PipelineSpec
 from riverhouse.platform.state.checkpoints import gold_lock
 from riverhouse.platform.state.delta_log import MARK_MAX_EVENT_TIME, DeltaLog
 from riverhouse.platform.state.delta_spark import (
     append_once,
-    conform,
     inserts_between,
     read_at,
     read_between,
@@ -287,10 +287,8 @@ def _run_gold(spark: Any, spec: PipelineSpec, settings: Settings, drain: bool) -
     views: list[str] = []
     rows = None
     try:
-        rows = conform(evaluate(spark, spec, plan, fresh, lookups, views), target)
-        # Read by the counts and both appends: joined once.
-        rows = rows.persist()
-        tally = _tally(rows, result)
+        # Read by the counts and both appends: joined once (events the query fails on, rejected).
+        rows, tally = evaluate_rows(spark, spec, plan, fresh, lookups, views, target, lambda r: _tally(r, result))
         if not result.processed:
             result.seconds = time.monotonic() - started
             return result

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from riverhouse.platform.gold.evaluate import drop_views, evaluate
+from riverhouse.platform.gold.evaluate import drop_views
 from riverhouse.platform.gold.joins import (
     ensure_gold_tables,
     gold_path,
@@ -20,6 +20,7 @@ from riverhouse.platform.gold.joins import (
     lookup_frames,
     read_state,
 )
+from riverhouse.platform.gold.poison import evaluate_rows
 from riverhouse.platform.spec import PipelineSpec
 from riverhouse.platform.state.checkpoints import gold_lock
 from riverhouse.platform.state.delta_log import MARK_REBUILD
@@ -62,12 +63,14 @@ def rebuild_gold(
         views: list[str] = []
         rows = None
         try:
-            rows = conform(evaluate(spark, spec, plan, driving, lookups, views), target)
             gold = read_at(spark, path, table_version(path))
             window = between("_left_event_time", "_left_event_date", start, end, hi_open=True)
             current = conform(gold.where(window), target)
-            rows = rows.persist()
-            result.rows, result.rows_before, same = same_rows(rows, current)
+            # Events the query fails on are rejected (gold/poison.py), as the stream's runs do.
+            rows, compared = evaluate_rows(
+                spark, spec, plan, driving, lookups, views, target, lambda r: same_rows(r, current)
+            )
+            result.rows, result.rows_before, same = compared
             if same:
                 log(f"gold {spec.output_name} {label}: {result.rows:,} driving events, unchanged")
             else:
