@@ -24,12 +24,12 @@ from tests.spark.test_gold_run import append, at, order, user
 pytestmark = pytest.mark.spark
 
 
-def spec_with(select: str, name: str) -> PipelineSpec:
+def spec_with(select: str, name: str, **order_fields: str) -> PipelineSpec:
     return parse_spec(
         {
             "name": name,
             "sources": {
-                "orders": {"topic": f"{name}_o", "fields": ORDER_FIELDS, "key": ["order_id"], "event_time": {"field": "created_at"}},
+                "orders": {"topic": f"{name}_o", "fields": {**ORDER_FIELDS, **order_fields}, "key": ["order_id"], "event_time": {"field": "created_at"}},
                 "users": {"topic": f"{name}_u", "fields": USER_FIELDS, "key": ["event_id"], "event_time": {"field": "created_at"}},
             },
             "query": f"SELECT o.order_id, {select}, u.name AS user_name FROM orders o LEFT JOIN users u ON o.user_id = u.uid",
@@ -44,11 +44,15 @@ def rows_of(spark: Any, path: str, *columns: str) -> list[tuple[Any, ...]]:
 
 
 def test_events_the_query_fails_on_are_rejected_with_the_error_and_the_rest_emitted(spark: Any, tmp_path: Path) -> None:
-    spec = spec_with("100 / o.amount AS per_unit", "poison_div")
+    # A map among the outputs: Spark cannot hash one, and the search must still compute every column.
+    spec = spec_with("100 / o.amount AS per_unit, o.attrs AS attrs", "poison_div", attrs="map<string,string>")
     settings = Settings.from_env(tmp_path / "home")
     layout = TableLayout(settings.warehouse, spec.name)
     amounts = {"o1": 4, "o2": 0, "o3": 5, "o4": 0, "o5": 10}
-    orders = [{**order(oid, "u1", f"10:{i:02d}"), "amount": amount} for i, (oid, amount) in enumerate(amounts.items())]
+    orders = [
+        {**order(oid, "u1", f"10:{i:02d}"), "amount": amount, "attrs": {"k": oid}}
+        for i, (oid, amount) in enumerate(amounts.items())
+    ]
     append(spark, spec, layout, "users", [user("e1", "u1", "A", "10:00")], 0)
     append(spark, spec, layout, "orders", orders, 0)
 
@@ -56,6 +60,7 @@ def test_events_the_query_fails_on_are_rejected_with_the_error_and_the_rest_emit
     gold = gold_path(layout, spec)
     assert (result.processed, result.emitted, result.rejected) == (5, 3, 2)
     # A rejected event's query columns are NULL (its values were not read); `_left_key` names it.
+    assert [r[0] for r in rows_of(spark, gold, "attrs")] == [None, None, {"k": "o1"}, {"k": "o3"}, {"k": "o5"}]
     assert rows_of(spark, gold, "_left_key", "_status", "order_id", "per_unit") == [
         ("o1", "emitted", "o1", 25.0),
         ("o2", "rejected", None, None),

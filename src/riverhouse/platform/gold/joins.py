@@ -81,7 +81,7 @@ class GoldResult:
     unmatched_left: int = 0  # emitted by a LEFT JOIN without a match
     unmatched_inner: int = 0  # dropped by an inner JOIN without a match
     filtered: int = 0  # WHERE was false
-    rejected: int = 0  # a `require`d field still missing: quarantined
+    rejected: int = 0  # a `require`d field still missing, or the query fails on its values: quarantined
     late_matches: int = 0  # the matched right row reached Kafka after the left one
     pending: int = 0  # driving events whose window has not closed yet
     watermark: str | None = None

@@ -3,19 +3,24 @@
 Spark runs the spec's SQL in ANSI mode: a division by zero, an overflow or a cast that does
 not fit fails the whole job, and every later run of gold would fail on the same closed event.
 When gold's first job fails with a data exception (SQLSTATE class 22), the events it failed on
-are found by bisection over the driving rows (each probe one Spark job; only on this path), and
-gold is evaluated again with those events rejected, the error as their reason (evaluate.py,
-`poison`). They reach gold's quarantine like any rejected row, exactly once, and the others are
-emitted. The search is deterministic, so a replay after a crash finds the same events.
+are found by divide and conquer over the run's driving events (each probe one Spark job, at most
+MAX_PROBES; only on this path), and gold is evaluated again with those events rejected, the
+error as their reason (evaluate.py, `poison`). They reach gold's quarantine like any rejected
+row, exactly once, and the others are emitted. The search is deterministic: a replay after a
+crash finds the same events among the same ones. The query's columns are computed for every
+event, also one that WHERE leaves out or an inner join finds no match for: such an event is
+rejected too when a column fails on it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from riverhouse.platform.errors import PipelineError
@@ -24,9 +29,11 @@ from riverhouse.platform.spec import PipelineSpec
 from riverhouse.platform.sql import JoinPlan
 from riverhouse.platform.state.delta_spark import conform
 
-# At most this many events are searched for in one run; beyond it the run fails with the error.
-MAX_POISON = 20
+# Probes (Spark jobs) one search may run; beyond it the run fails with the error, writing nothing.
+MAX_PROBES = 200
 ADVICE = "try_divide, try_add, try_subtract, try_multiply or TRY_CAST in the query give NULL instead"
+# pyspark logs every failed job at ERROR with the JVM's stack trace; the search's probes fail by design.
+SPARK_ERROR_LOGGERS = ("SQLQueryContextLogger", "DataFrameQueryContextLogger")
 
 
 def is_data_error(exc: BaseException) -> bool:
@@ -40,11 +47,25 @@ def is_data_error(exc: BaseException) -> bool:
 
 def reason_of(exc: BaseException) -> str:
     """Spark's first line, without its advice to turn ANSI mode off (it would change every run's results)."""
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else type(exc).__name__
     first = re.sub(r"\s*If necessary set .*$", "", first)
-    first = re.sub(r"\s*SQLSTATE: \w+\s*$", "", first)
+    first = re.sub(r"\s*SQLSTATE: \w+\s*$", "", first)[:300]
     advice = "" if "try_" in first.lower() else f" ({ADVICE})"  # Spark's own advice names the try_ function
-    return f"the query fails on this event: {first[:300]}{advice}"
+    return f"the query fails on this event: {first}{advice}"
+
+
+@contextlib.contextmanager
+def _quiet_spark_errors() -> Iterator[None]:
+    loggers = [logging.getLogger(name) for name in SPARK_ERROR_LOGGERS]
+    before = [logger.disabled for logger in loggers]
+    for logger in loggers:
+        logger.disabled = True
+    try:
+        yield
+    finally:
+        for logger, was in zip(loggers, before, strict=True):
+            logger.disabled = was
 
 
 def evaluate_rows(
@@ -69,7 +90,8 @@ def evaluate_rows(
         poison = find_poison(spark, spec, plan, driving, lookups, views)
         if not poison:  # the failure did not come back on the driving events alone
             raise PipelineError(
-                f"gold of {spec.name}: {reason_of(exc)}; nothing was written, the events stay pending"
+                f"gold of {spec.name}: the run failed on a value, but no event of it fails alone ({exc}); "
+                "nothing was written, the events stay pending"
             ) from exc
     rows = conform(evaluate(spark, spec, plan, driving, lookups, views, poison), target).persist()
     try:
@@ -92,40 +114,42 @@ def find_poison(
     lookups: dict[str, DataFrame],
     views: list[str],
 ) -> dict[tuple[str, int, int], str]:
-    """The driving events (topic, partition, offset) the query fails on, with Spark's error as reason."""
-    order = Window.orderBy("_topic", "_partition", "_offset")  # the events' identity: unique, deterministic
-    numbered = driving.withColumn("_rh_n", F.row_number().over(order)).persist()
+    """The driving events (topic, partition, offset) the query fails on, with Spark's error as reason.
+
+    Divide and conquer on the bits of each event's identity hash: a group that runs is clean, a
+    failing group of one event is such an event, a larger one is split in two by the next bit.
+    k such events among n cost about 3k·log2(n) probes (Spark jobs), at most MAX_PROBES.
+    """
+    hashed = driving.withColumn("_rh_h", F.xxhash64("_topic", "_partition", "_offset")).persist()
     found: dict[tuple[str, int, int], str] = {}
+    probes = 0
+    groups = [(0, 0)]  # (depth, bits): the events whose hash ends in these `depth` bits
     try:
-        total = numbered.count()
-
-        def failure(lo: int, hi: int) -> BaseException | None:
-            part = numbered.where(F.col("_rh_n").between(lo, hi)).drop("_rh_n")
-            return _failure(spark, spec, plan, part, lookups, views, found)
-
-        while len(found) < MAX_POISON:
-            error = failure(1, total)
-            if error is None:
-                return found
-            lo, hi = 1, total
-            while lo < hi:  # the first failing event: the failing range halves each probe
-                mid = (lo + hi) // 2
-                narrower = failure(lo, mid)
-                if narrower is not None:
-                    hi, error = mid, narrower
-                else:
-                    lo = mid + 1
-            row = numbered.where(F.col("_rh_n") == lo).select("_topic", "_partition", "_offset").first()
-            event = (row[0], int(row[1]), int(row[2]))
-            if event in found:  # it fails with its values NULL too: not an event's values (the caller says so)
-                return found
-            found[event] = reason_of(error)
-        raise PipelineError(
-            f"gold of {spec.name}: the query fails on more than {MAX_POISON} events of this run "
-            f"({next(iter(found.values()))}); nothing was written, the events stay pending"
-        )
+        with _quiet_spark_errors():
+            while groups:
+                depth, bits = groups.pop()
+                group = hashed.where((F.col("_rh_h").bitwiseAND(F.lit((1 << depth) - 1))) == F.lit(bits))
+                probes += 1
+                if probes > MAX_PROBES or depth > 62:
+                    raise PipelineError(
+                        f"gold of {spec.name}: the query fails on the values of many events of this run "
+                        f"({next(iter(found.values()), 'searched ' + str(MAX_PROBES) + ' times')}); nothing was "
+                        f"written, the events stay pending: {ADVICE}"
+                    )
+                error = _failure(spark, spec, plan, group.drop("_rh_h"), lookups, views, found)
+                if error is None:
+                    continue
+                events = group.select("_topic", "_partition", "_offset").limit(2).collect()
+                if len(events) > 1:
+                    groups += [(depth + 1, bits), (depth + 1, bits | (1 << depth))]
+                    continue
+                event = (events[0][0], int(events[0][1]), int(events[0][2]))
+                if event in found:  # it fails with its values NULL too: not an event's values (the caller says so)
+                    return found
+                found[event] = reason_of(error)
+        return found
     finally:
-        numbered.unpersist()
+        hashed.unpersist()
 
 
 def _failure(
@@ -140,8 +164,7 @@ def _failure(
     """The data error the query raises on `driving` (events in `known` rejected), None when it runs."""
     rows = evaluate(spark, spec, plan, driving, lookups, views, known)
     try:
-        # Every column computed (max, not sum: a sum of hashes overflows, itself a data error).
-        rows.select(F.max(F.xxhash64(*[F.col(f"`{c}`") for c in rows.columns]))).first()
+        rows.write.format("noop").mode("overwrite").save()  # every column computed, of any type
     except Exception as exc:
         if is_data_error(exc):
             return exc

@@ -210,7 +210,25 @@ def same_rows(new: Any, current: Any) -> tuple[int, int, bool]:
     means equal multisets; only two counts and one emptiness test reach the driver.
     """
     n_new, n_current = new.count(), current.count()
-    return n_new, n_current, n_new == n_current and new.exceptAll(current).isEmpty()
+    return n_new, n_current, n_new == n_current and _comparable(new).exceptAll(_comparable(current)).isEmpty()
+
+
+def _comparable(df: Any) -> Any:
+    """`df` with every column that holds a map as its JSON text: Spark's set operations refuse maps
+    (UNSUPPORTED_FEATURE.SET_OPERATION_ON_MAP_TYPE). Both sides keep their keys in the order the
+    record gave them; a different order would only count as a change, and a rebuild rewrites rows
+    that are equal."""
+    from pyspark.sql import functions as F
+
+    def has_map(kind: Any) -> bool:
+        return "map<" in kind.simpleString()
+
+    return df.select(
+        *[
+            F.to_json(F.col(f"`{f.name}`")).alias(f.name) if has_map(f.dataType) else F.col(f"`{f.name}`")
+            for f in df.schema.fields
+        ]
+    )
 
 
 def replace_where(df: Any, path: str, predicate: str, metadata: dict[str, str]) -> None:
