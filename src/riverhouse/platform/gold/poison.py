@@ -29,6 +29,10 @@ from riverhouse.platform.spec import PipelineSpec
 from riverhouse.platform.sql import JoinPlan
 from riverhouse.platform.state.delta_spark import conform
 
+# Driving events (Kafka topic, partition, offset) the query fails on -> the reason.
+Poison = dict[tuple[str, int, int], str]
+# The join of some driving events, those in `poison` rejected (evaluate.py).
+Join = Callable[[DataFrame, Poison | None], DataFrame]
 # Probes (Spark jobs) one search may run; beyond it the run fails with the error, writing nothing.
 MAX_PROBES = 200
 ADVICE = "try_divide, try_add, try_subtract, try_multiply or TRY_CAST in the query give NULL instead"
@@ -80,24 +84,24 @@ def evaluate_rows(
 ) -> tuple[DataFrame, Any]:
     """Gold's rows (conformed to `target`, persisted) and `first_action`'s result on them, the job
     that computes them; events the query fails on are rejected (see the module's doc)."""
-    rows = conform(evaluate(spark, spec, plan, driving, lookups, views), target).persist()
+
+    def join(events: DataFrame, poison: Poison | None = None) -> DataFrame:
+        return evaluate(spark, spec, plan, events, lookups, views, poison)
+
     try:
-        return rows, first_action(rows)
+        return _persisted(conform(join(driving), target), first_action)
     except Exception as exc:
-        rows.unpersist()
         if not is_data_error(exc):
             raise
-        poison = find_poison(spark, spec, plan, driving, lookups, views)
+        poison = find_poison(join, driving, spec.name)
         if not poison:  # the failure did not come back on the driving events alone
             raise PipelineError(
                 f"gold of {spec.name}: the run failed on a value, but no event of it fails alone ({exc}); "
                 "nothing was written, the events stay pending"
             ) from exc
-    rows = conform(evaluate(spark, spec, plan, driving, lookups, views, poison), target).persist()
     try:
-        return rows, first_action(rows)
+        return _persisted(conform(join(driving, poison), target), first_action)
     except Exception as exc:
-        rows.unpersist()
         if not is_data_error(exc):
             raise
         raise PipelineError(
@@ -106,14 +110,17 @@ def evaluate_rows(
         ) from exc
 
 
-def find_poison(
-    spark: Any,
-    spec: PipelineSpec,
-    plan: JoinPlan,
-    driving: DataFrame,
-    lookups: dict[str, DataFrame],
-    views: list[str],
-) -> dict[tuple[str, int, int], str]:
+def _persisted(rows: DataFrame, first_action: Callable[[DataFrame], Any]) -> tuple[DataFrame, Any]:
+    """`rows` persisted and `first_action(rows)`, the job that computes them; unpersisted if it fails."""
+    rows = rows.persist()
+    try:
+        return rows, first_action(rows)
+    except Exception:
+        rows.unpersist()
+        raise
+
+
+def find_poison(join: Join, driving: DataFrame, pipeline: str) -> Poison:
     """The driving events (topic, partition, offset) the query fails on, with Spark's error as reason.
 
     Divide and conquer on the bits of each event's identity hash: a group that runs is clean, a
@@ -121,7 +128,7 @@ def find_poison(
     k such events among n cost about 3k·log2(n) probes (Spark jobs), at most MAX_PROBES.
     """
     hashed = driving.withColumn("_rh_h", F.xxhash64("_topic", "_partition", "_offset")).persist()
-    found: dict[tuple[str, int, int], str] = {}
+    found: Poison = {}
     probes = 0
     groups = [(0, 0)]  # (depth, bits): the events whose hash ends in these `depth` bits
     try:
@@ -132,11 +139,11 @@ def find_poison(
                 probes += 1
                 if probes > MAX_PROBES or depth > 62:
                     raise PipelineError(
-                        f"gold of {spec.name}: the query fails on the values of many events of this run "
+                        f"gold of {pipeline}: the query fails on the values of many events of this run "
                         f"({next(iter(found.values()), 'searched ' + str(MAX_PROBES) + ' times')}); nothing was "
                         f"written, the events stay pending: {ADVICE}"
                     )
-                error = _failure(spark, spec, plan, group.drop("_rh_h"), lookups, views, found)
+                error = _failure(join, group.drop("_rh_h"), found)
                 if error is None:
                     continue
                 events = group.select("_topic", "_partition", "_offset").limit(2).collect()
@@ -152,17 +159,9 @@ def find_poison(
         hashed.unpersist()
 
 
-def _failure(
-    spark: Any,
-    spec: PipelineSpec,
-    plan: JoinPlan,
-    driving: DataFrame,
-    lookups: dict[str, DataFrame],
-    views: list[str],
-    known: dict[tuple[str, int, int], str],
-) -> BaseException | None:
+def _failure(join: Join, driving: DataFrame, known: Poison) -> BaseException | None:
     """The data error the query raises on `driving` (events in `known` rejected), None when it runs."""
-    rows = evaluate(spark, spec, plan, driving, lookups, views, known)
+    rows = join(driving, known)
     try:
         rows.write.format("noop").mode("overwrite").save()  # every column computed, of any type
     except Exception as exc:
