@@ -323,3 +323,18 @@ def _resolve_sink(sink: dict[str, Any], where: str, names: set[str], aliases: An
         if setting in sink:
             sink[setting] = resolve_refs(sink[setting], names, aliases, f"{where}.{setting}: ")
     return sink
+
+
+def check_epoch_units(fields: list[FieldSpec], event_time: str | None, record_format: str) -> None:
+    """`epoch_unit` where a source can use it: a JSON timestamp, or the long that is the event time."""
+    for f in fields:
+        if f.epoch_unit is not None and f.type == "long" and f.name != event_time:
+            raise ValueError(
+                f"field {f.name!r}: epoch_unit on a long field applies to the event_time field only "
+                "(any other long is stored as the number it is); declare it a timestamp to read it as a time"
+            )
+        if f.epoch_unit is not None and f.type == "timestamp" and record_format == "avro":
+            raise ValueError(
+                f"field {f.name!r}: epoch_unit applies to JSON records; an Avro timestamp has its unit "
+                "in its logical type (timestamp-millis, timestamp-micros)"
+            )

@@ -27,6 +27,7 @@ from riverhouse.platform.envrefs import scope_problems
 from riverhouse.platform.fields import (
     ColumnName,
     FieldSpec,
+    check_epoch_units,
     check_paths,
     fields_from_mapping,
     resolve_pipeline_refs,
@@ -148,15 +149,12 @@ class SourceSpec(StrictModel):
         elif self.schema_registry is not None or self.avro_schema is not None:
             raise ValueError("schema_registry and avro_schema apply to format: avro")
         known = set(names)
-        for k in self.key:
-            if k not in known:
-                raise ValueError(f"key field {k!r} is not in fields ({', '.join(names)})")
-            self.check_scalar(k, "key field")
-        if self.dedup and self.dedup.key:
-            for k in self.dedup.key:
+        dedup_key = self.dedup.key if self.dedup and self.dedup.key else []
+        for keys, what in ((self.key, "key field"), (dedup_key, "dedup key field")):
+            for k in keys:
                 if k not in known:
-                    raise ValueError(f"dedup key field {k!r} is not in fields ({', '.join(names)})")
-                self.check_scalar(k, "dedup key field")
+                    raise ValueError(f"{what} {k!r} is not in fields ({', '.join(names)})")
+                self.check_scalar(k, what)
         if self.event_time.field is not None:
             if self.event_time.field not in known:
                 raise ValueError(f"event_time field {self.event_time.field!r} is not in fields")
@@ -166,17 +164,7 @@ class SourceSpec(StrictModel):
                     f"event_time field {self.event_time.field!r} has type {typ}: "
                     "use timestamp (ISO 8601) or long (epoch milliseconds, or the field's epoch_unit)"
                 )
-        for f in self.fields:
-            if f.epoch_unit is not None and f.type == "long" and f.name != self.event_time.field:
-                raise ValueError(
-                    f"field {f.name!r}: epoch_unit on a long field applies to the event_time field only "
-                    "(any other long is stored as the number it is); declare it a timestamp to read it as a time"
-                )
-            if f.epoch_unit is not None and f.type == "timestamp" and self.format == "avro":
-                raise ValueError(
-                    f"field {f.name!r}: epoch_unit applies to JSON records; an Avro timestamp has its unit "
-                    "in its logical type (timestamp-millis, timestamp-micros)"
-                )
+        check_epoch_units(self.fields, self.event_time.field, self.format)
         return self
 
     def field(self, name: str) -> FieldSpec:

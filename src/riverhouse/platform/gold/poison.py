@@ -15,7 +15,6 @@ rejected too when a column fails on it.
 from __future__ import annotations
 
 import contextlib
-import logging
 import re
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -61,7 +60,11 @@ def reason_of(exc: BaseException) -> str:
 
 @contextlib.contextmanager
 def _quiet_spark_errors() -> Iterator[None]:
-    loggers = [logging.getLogger(name) for name in SPARK_ERROR_LOGGERS]
+    from pyspark.logger import PySparkLogger
+
+    # pyspark's own getLogger: a plain logging.Logger made first under these names would be the one
+    # pyspark gets later, and its ERROR call (with pyspark's keywords) would then raise.
+    loggers = [PySparkLogger.getLogger(name) for name in SPARK_ERROR_LOGGERS]
     before = [logger.disabled for logger in loggers]
     for logger in loggers:
         logger.disabled = True
