@@ -20,6 +20,19 @@ from riverhouse.platform.sql import JoinPlan, JoinStep, flat
 from riverhouse.platform.state.tables import silver_schema, spark_schema
 
 IDENTITY = ["_left_topic", "_left_partition", "_left_offset"]
+# The columns `evaluate` keeps beside the query's inputs (never read by the spec's SQL), and those
+# of them the query passes on (the driving event's Kafka time only decides late matches).
+META = [
+    *IDENTITY,
+    "_left_event_time",
+    "_left_event_date",
+    "_left_kts",
+    "_left_key",
+    "_matched",
+    "_inner_ok",
+    "_late_match",
+]
+QUERY_META = [c for c in META if c != "_left_kts"]
 
 
 def _with_prefix(df: DataFrame, alias: str, columns: list[str]) -> DataFrame:
@@ -120,20 +133,7 @@ def evaluate(
     views.append(view)
     projections = ", ".join(f"{expr} AS `{name}`" for name, expr in plan.projections)
     where = f"COALESCE(({plan.where}), false)" if plan.where else "true"
-    meta = ", ".join(
-        [
-            "_left_topic",
-            "_left_partition",
-            "_left_offset",
-            "_left_event_time",
-            "_left_event_date",
-            "_left_key",
-            "_matched",
-            "_inner_ok",
-            "_late_match",
-            "_poison",
-        ]
-    )
+    meta = ", ".join([*QUERY_META, "_poison"])
     query = f"SELECT {projections}, {meta}, {where} AS _where_ok FROM `{view}`"
     check_spec_query(spark, query, view, base, spec.name, spec.model_dump_json())  # Spark's plan, before it runs
     result = spark.sql(query)
@@ -151,19 +151,6 @@ def evaluate(
     )
     result = result.withColumn("_reason", F.when(status == "rejected", reason)).withColumn("_status", status)
     return result.drop("_inner_ok", "_where_ok", "_poison")
-
-
-# The columns `evaluate` keeps beside the query's inputs (never read by the spec's SQL).
-META = [
-    *IDENTITY,
-    "_left_event_time",
-    "_left_event_date",
-    "_left_kts",
-    "_left_key",
-    "_matched",
-    "_inner_ok",
-    "_late_match",
-]
 
 
 def _without_poison_values(base: DataFrame, poison: dict[tuple[str, int, int], str]) -> DataFrame:
