@@ -124,6 +124,29 @@ def test_a_fenced_producer_stops_with_a_clear_error(kafka: str, topic: str, sett
     assert sorted(r["order_id"] for r in values(committed_records(kafka, topic))) == sorted(f"o{i}" for i in range(50))
 
 
+def test_a_fence_found_by_librdkafka_first_is_still_named(kafka: str, topic: str, settings: Settings) -> None:
+    """CI's race: the fence reached librdkafka's thread between two produce() calls of one transaction."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    spec = silver_spec(topic, partitions=3)
+    first = TopicSink(spec, spec.topic_sinks[0], settings, log=lambda m: None)
+    first.open()
+    newer = TopicSink(spec, spec.topic_sinks[0], settings, log=lambda m: None)
+    try:
+        first._producer.begin_transaction()
+        newer.open()  # fences `first`, which does not know it yet
+        with pytest.raises(KafkaException):  # adding partition 0 to the transaction meets the fence
+            first._producer.produce(topic, b"a", partition=0)
+            first._producer.flush(10)
+        with pytest.raises(KafkaException) as later:
+            first._producer.produce(topic, b"b", partition=1)
+        assert later.value.args[0].code() == KafkaError._FATAL  # all a later produce() says
+        assert first._fenced(later.value.args[0])
+    finally:
+        newer.close()
+        first._producer = None  # fenced: nothing to flush
+
+
 def test_large_versions_go_in_bounded_transactions_and_backfills_are_emitted_again(
     kafka: str, topic: str, settings: Settings
 ) -> None:

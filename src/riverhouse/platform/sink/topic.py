@@ -372,9 +372,21 @@ class TopicSink:
                 time.sleep(0.5)
 
     def _fenced(self, error: Any) -> bool:
-        from confluent_kafka import KafkaError
+        """Fenced, directly or as the fatal error behind a later call's "Local: Fatal error"."""
+        from confluent_kafka import KafkaError, KafkaException
 
-        return error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH)
+        fenced = (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH)
+        if error.code() in fenced:
+            return True
+        if error.code() != KafkaError._FATAL:
+            return False
+        # librdkafka's own thread may learn of the fence first (a partition added to the transaction);
+        # produce() then says only "fatal". A transactional call returns the fatal error itself.
+        try:
+            self._producer.abort_transaction(1)
+        except KafkaException as exc:
+            return exc.args[0].code() in fenced
+        return False
 
     def _reason(self, exc: Exception) -> str:
         text = exc.args[0].str() if exc.args and hasattr(exc.args[0], "str") else str(exc)
