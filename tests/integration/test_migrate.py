@@ -50,9 +50,14 @@ def iso(at: datetime) -> str:
     return at.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def imported_spec(tmp_path: Path, fixture: str, topics: dict[str, str]) -> PipelineSpec:
-    """Import the fixture (its topics renamed) and read the written spec as `riverhouse validate` does."""
-    config = json.loads((FIXTURES / fixture).read_text())
+def imported_spec(
+    tmp_path: Path, fixture: str, topics: dict[str, str], config: dict[str, Any] | None = None
+) -> PipelineSpec:
+    """Import the fixture (its topics renamed) and read the written spec as `riverhouse validate` does.
+
+    `config`: the fixture as edited by the test, written under the fixture's name.
+    """
+    config = config or json.loads((FIXTURES / fixture).read_text())
     for source in config.get("sources", []):  # v3
         source["topic"] = topics[source["topic"]]
     for source in config.get("source", {}).get("topics", []):  # v2: the topic's name is also its source id
@@ -129,6 +134,41 @@ def test_glassflow_dedup_config_runs_with_glassflow_results(
     assert clickhouse_rows(settings, spec, columns) == expected
     # A message GlassFlow cannot process goes to its dead-letter queue; Riverhouse quarantines it, with the reason.
     assert summary["quarantined"] == 1
+
+
+def test_glassflow_unix_seconds_into_a_datetime_column_load_as_times_and_filter_as_numbers(
+    spark: Any, kafka: str, topic: str, settings: Settings, tmp_path: Path
+) -> None:
+    """GlassFlow reads an int64 going into a DateTime column as Unix seconds (time.Unix(v, 0)); its filters
+    see the number. Before, Riverhouse loaded the number into an Int64 column."""
+    config = json.loads((FIXTURES / "glassflow_v3_dedup.json").read_text())
+    for field in config["sources"][0]["schema_fields"]:
+        if field["name"] == "created_at":
+            field["type"] = "int64"
+    cutoff = int((BASE + timedelta(minutes=10)).timestamp())
+    config["transforms"].append(
+        {"type": "filter", "source_id": "users", "config": {"expression": f"created_at >= {cutoff}"}}
+    )
+    events: list[Event] = []
+    for i in range(30):
+        at = BASE + timedelta(minutes=i)
+        value = {"event_id": f"e{i:02d}", "user_id": f"u{i % 7}", "name": f"N{i}", "email": f"n{i}@x.io"}
+        events.append((value["event_id"], {**value, "created_at": int(at.timestamp())}, at))
+    events += [(k, v, at + timedelta(minutes=3)) for k, v, at in events[::4]]  # redelivered copies
+    produce_at(kafka, f"{topic}_users", events)
+
+    spec = imported_spec(tmp_path, "glassflow_v3_dedup.json", {"users": f"{topic}_users"}, config)
+    created = next(f for f in spec.sources["users"].fields if f.name == "created_at")
+    assert (created.type, created.epoch_unit) == ("timestamp", "seconds")
+    Pipeline(spec, settings, spark=spark, log=lambda m: None).run(drain=True)
+
+    expected = sorted(
+        (v["event_id"], datetime.fromtimestamp(v["created_at"], UTC).replace(tzinfo=None))
+        for _, v, _ in deduplicate(events, "event_id")
+        if v["created_at"] >= cutoff
+    )
+    assert len(expected) == 20 and expected[0][1] == (BASE + timedelta(minutes=10)).replace(tzinfo=None)
+    assert clickhouse_rows(settings, spec, ["event_id", "created_at"]) == expected
 
 
 def test_glassflow_join_config_runs_with_left_join_results(

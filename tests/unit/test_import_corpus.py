@@ -13,6 +13,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from riverhouse.cli import app
@@ -34,6 +35,11 @@ def imported(name: str, tmp_path: Path) -> tuple[ImportResult, PipelineSpec]:
     spec_path = tmp_path / "spec.yaml"
     spec_path.write_text(result.to_yaml())
     return result, load_spec(spec_path)
+
+
+def load_spec_text(text: str, tmp_path: Path) -> PipelineSpec:
+    (tmp_path / "spec.yaml").write_text(text)
+    return load_spec(tmp_path / "spec.yaml")
 
 
 def fields_of(spec: PipelineSpec, source: str) -> dict[str, tuple[str, str]]:
@@ -165,6 +171,20 @@ def test_an_avro_source_with_a_registry_becomes_an_avro_source(tmp_path: Path) -
     assert card["type"][1]["fields"] == [{"name": "brand", "type": ["null", "string"], "default": None}]
     assert fields_of(spec, "payments")["brand"] == ("string", "card.brand")
     assert spec.sources["payments"].dedup is not None
+
+
+def test_an_avro_number_into_a_datetime_column_stays_a_number(tmp_path: Path) -> None:
+    """An Avro time carries its unit in its schema (epoch_unit is for JSON): the number is loaded as it is."""
+    config = yaml.safe_load((CORPUS / "gf_v3_avro_registry.yaml").read_text())
+    config["sources"][0]["schema"]["fields"].append({"name": "settled", "type": "int64"})
+    config["sink"]["mapping"].append({"name": "settled", "column_name": "settled", "column_type": "DateTime"})
+    path = tmp_path / "avro_seconds.yaml"
+    path.write_text(yaml.safe_dump(config))
+    result = import_glassflow(path, tmp_path / "spec.yaml")
+    spec = load_spec_text(result.to_yaml(), tmp_path)
+    settled = next(f for f in spec.sources["payments"].fields if f.name == "settled")
+    assert (settled.type, settled.epoch_unit) == ("long", None)
+    assert any("'settled' holds Unix seconds: Riverhouse loads it as a number" in n for n in result.notes)
 
 
 def test_filters_and_transforms_with_expr_lang_meaning(tmp_path: Path) -> None:

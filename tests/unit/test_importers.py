@@ -244,6 +244,26 @@ def test_v2_filter_was_a_drop_condition(tmp_path: Path) -> None:
     assert "WHERE NOT ((orders.amount <= 0) OR (orders.customer_id <=> 'test'))" in " ".join(spec.query.split())
 
 
+@pytest.mark.parametrize("gf_type", ["int64", "int32", "uint", "float64"])
+def test_unix_seconds_into_a_datetime_column(tmp_path: Path, gf_type: str) -> None:
+    """GlassFlow reads an integer going into a DateTime column as Unix seconds, a float as fractional ones."""
+    config = json.loads((FIXTURES / "glassflow_v3_dedup.json").read_text())
+    config["sources"][0]["schema_fields"][2]["type"] = gf_type  # created_at, into a DateTime column
+    config["transforms"].append({"type": "filter", "source_id": "users", "config": {"expression": "created_at > 5"}})
+    result = import_glassflow(config_file(tmp_path, config))
+    spec = written(result, tmp_path)
+    created = next(f for f in spec.sources["users"].fields if f.name == "created_at")
+    query = " ".join((spec.query or "").split())
+    if gf_type == "float64":  # a timestamp takes whole numbers only: the number is loaded as it is
+        assert (created.type, created.epoch_unit) == ("double", None)
+        assert any("fractional Unix seconds" in n for n in result.notes)
+        assert "WHERE (users.created_at > 5)" in query
+        return
+    assert (created.type, created.epoch_unit) == ("timestamp", "seconds")
+    assert any("'created_at' holds Unix seconds: a timestamp with epoch_unit: seconds" in n for n in result.notes)
+    assert "WHERE (unix_seconds(users.created_at) > 5)" in query  # the filter still compares the number
+
+
 def test_unknown_settings_are_named_not_refused(tmp_path: Path) -> None:
     """GlassFlow's decoder ignores keys it does not know: so does the import, naming each (fails --strict)."""
     config = json.loads((FIXTURES / "glassflow_v3_dedup.json").read_text())

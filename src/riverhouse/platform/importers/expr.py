@@ -82,6 +82,7 @@ class Untranslatable(ValueError):
 class FieldRef:
     column: str  # the spec's column name
     type: str  # the spec's type
+    epoch_unit: str | None = None  # a timestamp read from Unix seconds: expressions see the number
 
 
 @dataclass(frozen=True)
@@ -231,6 +232,8 @@ class _Parser:
             if ref is None:
                 continue
             out = Sql(f"{self.source}.{ref.column}", kind_of(ref.type), ref)
+            if ref.epoch_unit == "seconds":  # what GlassFlow's expressions see: the message's number
+                out = Sql(f"unix_seconds({self.source}.{ref.column})", "number")
             for key in parts[n:]:
                 out = self.index(out, Sql(f"'{key}'", "string"))
             return out

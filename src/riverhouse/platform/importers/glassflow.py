@@ -57,15 +57,18 @@ class Decl:
     type: str
     path: str | None  # the GlassFlow name, when it is not the column name
     allow_json_text: bool = False
+    epoch_unit: str | None = None  # a number GlassFlow reads as a time
 
     def spec(self) -> Any:
-        if self.path is None and not self.allow_json_text:
+        if self.path is None and not self.allow_json_text and self.epoch_unit is None:
             return self.type
         block: dict[str, Any] = {"type": self.type}
         if self.path is not None:
             block["path"] = self.path
         if self.allow_json_text:
             block["allow_json_text"] = True
+        if self.epoch_unit is not None:
+            block["epoch_unit"] = self.epoch_unit
         return block
 
     @property
@@ -182,12 +185,12 @@ def declare(
         if gf_name not in src.fields or gf_name in out:
             continue
         gf_type, where = src.fields[gf_name]
-        mapped = spec_type(gf_type, column_type)
+        mapped = spec_type(gf_type, column_type, avro=src.registry is not None)
         if mapped is None:
             into = f" into a {column_type} column" if column_type else " (and no sink column says its element type)"
             result.drop(where, f"{gf_name!r} has type {gf_type}{into}: no spec type holds it")
             continue
-        typ, json_text, note = mapped
+        typ, json_text, note, epoch_unit = mapped
         name = column_name(gf_name, taken, (preferred or {}).get(gf_name))
         if name != gf_name:
             try:
@@ -198,7 +201,7 @@ def declare(
         taken.add(name.lower())
         if note:
             result.note(f"{where}: {gf_name!r} {note}")
-        out[gf_name] = Decl(name, typ, None if name == gf_name else gf_name, json_text)
+        out[gf_name] = Decl(name, typ, None if name == gf_name else gf_name, json_text, epoch_unit)
     return out
 
 
@@ -235,7 +238,7 @@ def check_column_type(column: Column, typ: str, result: ImportResult) -> None:
 
 def refs(src: Source, decls: dict[str, Decl]) -> dict[str, FieldRef]:
     """GlassFlow field names -> spec columns, for translating expressions."""
-    return {gf_name: FieldRef(d.name, d.type) for gf_name, d in decls.items()}
+    return {gf_name: FieldRef(d.name, d.type, d.epoch_unit) for gf_name, d in decls.items()}
 
 
 def record_key(
@@ -254,7 +257,7 @@ def record_key(
         return src.dedup[0]
     for gf_name in [*mapped, *(f for f in src.fields if f not in mapped)]:
         found = spec_type(src.fields[gf_name][0], None) if gf_name in src.fields else None
-        if found is not None and not parse_type(found[0]).is_container:
+        if found is not None and not parse_type(found.type).is_container:
             if gf_name not in mapped:
                 which = "no mapped field can be a key: the first field of the schema that is not an array or map"
             result.note(

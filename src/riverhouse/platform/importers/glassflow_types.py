@@ -10,6 +10,7 @@ an array or object into a `String` column is kept as its JSON text, as GlassFlow
 from __future__ import annotations
 
 import re
+from typing import NamedTuple
 
 SCALAR_TYPES = {
     "string": "string",
@@ -84,10 +85,25 @@ def element_type(column_type: str) -> str | None:
     return None
 
 
-def spec_type(gf_type: str, column_type: str | None) -> tuple[str, bool, str] | None:
-    """(spec type, keep JSON text, note) for a GlassFlow type loaded into `column_type`; None: no mapping.
+class Mapped(NamedTuple):
+    """A GlassFlow field as a spec field: its type, whether JSON text is kept, a note (may be empty) on
+    what the mapping changes, and the epoch unit of a number read as a time."""
 
-    The note (may be empty) says what the mapping changes.
+    type: str
+    json_text: bool
+    note: str
+    epoch_unit: str | None = None
+
+
+# GlassFlow reads an integer going into a DateTime column as Unix seconds (its ParseDateTimeFromInt64:
+# time.Unix(v, 0)); a float as fractional seconds, which a Riverhouse timestamp does not take.
+INTEGER_TYPES = frozenset(t for t, spec in SCALAR_TYPES.items() if spec in ("int", "long"))
+
+
+def spec_type(gf_type: str, column_type: str | None, avro: bool = False) -> Mapped | None:
+    """The spec field for a GlassFlow type loaded into `column_type`; None: no mapping.
+
+    `avro`: the source's records are Avro, whose times carry their unit in the schema.
     """
     base = base_column_type(column_type or "")
     if gf_type in CONTAINER_TYPES:
@@ -95,8 +111,10 @@ def spec_type(gf_type: str, column_type: str | None) -> tuple[str, bool, str] | 
             # GlassFlow writes an array or object into a String column as its JSON text; an unmapped
             # map is read as a map of strings (GlassFlow converts map values to strings).
             if not column_type:
-                return "map<string,string>", True, ""
-            return "string", True, f"kept as JSON text (the {column_type} column receives the {gf_type} as JSON)"
+                return Mapped("map<string,string>", True, "")
+            return Mapped(
+                "string", True, f"kept as JSON text (the {column_type} column receives the {gf_type} as JSON)"
+            )
         if not column_type:
             return None
         name, _ = column_args(base)
@@ -107,7 +125,7 @@ def spec_type(gf_type: str, column_type: str | None) -> tuple[str, bool, str] | 
             return None
         note = "times inside arrays and maps are kept as text" if "Date" in base else ""
         # GlassFlow converts map values to strings; JSON text inside string maps is kept the same way.
-        return typ, typ.endswith("string>") and gf_type in ("map", "object"), note
+        return Mapped(typ, typ.endswith("string>") and gf_type in ("map", "object"), note)
     if gf_type not in SCALAR_TYPES:
         return None
     typ = SCALAR_TYPES[gf_type]
@@ -118,8 +136,14 @@ def spec_type(gf_type: str, column_type: str | None) -> tuple[str, bool, str] | 
         typ = "timestamp"  # GlassFlow parses ISO 8601 text into DateTime columns; so does `timestamp`
     elif gf_type in ("string", "bytes") and base in ("Date", "Date32"):
         typ = "date"
+    elif gf_type in INTEGER_TYPES and base.startswith("DateTime") and not avro:
+        # Filters and transforms still see the number GlassFlow's expressions saw (expr.FieldRef).
+        return Mapped("timestamp", False, "holds Unix seconds: a timestamp with epoch_unit: seconds", "seconds")
     elif gf_type not in ("string", "bytes", "datetime") and base.startswith("DateTime"):
-        note = "holds Unix seconds; Riverhouse loads it as a number, not a DateTime"
+        seconds = (
+            "Unix seconds" if gf_type in INTEGER_TYPES else "fractional Unix seconds, which a timestamp does not take"
+        )
+        note = f"holds {seconds}: Riverhouse loads it as a number, not a DateTime"
     if gf_type == "uint64":
         note = "is uint64; values above 2^63-1 go to quarantine (Riverhouse long is signed)"
-    return typ, False, note
+    return Mapped(typ, False, note)
