@@ -166,12 +166,14 @@ def kafka_tail(
     home: HomeOption = None,
 ) -> None:
     """Read a topic from its start as a read_committed consumer does: rows of aborted transactions never show."""
+    from riverhouse.platform.errors import PipelineError
     from riverhouse.platform.kafka.client import KafkaSourceError
     from riverhouse.platform.kafka.tail import BEGINNING, count_by_header, read_committed
     from riverhouse.platform.sink.topic import VERSION_HEADER
 
     spec = None if spec_file is None else load_spec_or_fail(spec_file)
     config, _ = kafka_client_config(settings_for(home), spec, bootstrap)
+    decode = _avro_decoder(spec, topic)
     try:
         records = read_committed(config, topic, BEGINNING, follow=follow and not count)
         if count:
@@ -188,16 +190,28 @@ def kafka_tail(
             if max_records and shown >= max_records:
                 err.print(f"(stopped after {max_records} records: --max 0 reads them all)", highlight=False)
                 break
-            _print_record(record, as_json)
-    except KafkaSourceError as exc:
+            _print_record(record, as_json, decode)
+    except (KafkaSourceError, PipelineError) as exc:  # PipelineError: the registry an Avro value needs
         fail(str(exc))
     except KeyboardInterrupt:
         pass
 
 
-def _print_record(record: Any, as_json: bool) -> None:
+def _avro_decoder(spec: Any, topic: str) -> Any:
+    """The spec's Kafka sink writes `topic` as Avro: values are decoded through its registry."""
+    sink = next((s for s in spec.topic_sinks if s.topic == topic), None) if spec is not None else None
+    if sink is None or sink.schema_registry is None:
+        return None
+    from riverhouse.platform.sink.topic_avro import decoder
+
+    return decoder(sink.schema_registry.client())
+
+
+def _print_record(record: Any, as_json: bool, decode: Any = None) -> None:
     def text(value: bytes | None) -> str | None:
         return None if value is None else value.decode("utf-8", errors="replace")
+
+    value = None if record.value is None else (decode or text)(record.value)
 
     if as_json:
         headers = {k: text(v) for k, v in record.headers.items()}
@@ -207,7 +221,7 @@ def _print_record(record: Any, as_json: bool) -> None:
                     "partition": record.partition,
                     "offset": record.offset,
                     "key": text(record.key),
-                    "value": text(record.value),
+                    "value": value,
                     "headers": headers,
                 }
             ),
@@ -216,4 +230,4 @@ def _print_record(record: Any, as_json: bool) -> None:
         return
     version = record.headers.get("riverhouse.version")
     label = f"p{record.partition}@{record.offset}" + (f" v{version.decode()}" if version else "")
-    print(f"{label} key={text(record.key)} {text(record.value)}", flush=True)
+    print(f"{label} key={text(record.key)} {value}", flush=True)

@@ -6,6 +6,7 @@ own ids; the expected rows come from the generator's bookkeeping, never from the
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import time
@@ -281,3 +282,123 @@ def test_registry_cli_lifecycle_and_generate_avro_through_it(kafka: str, topic: 
     assert stopped.returncode == 0 and "stopped" in stopped.stdout
     down = cli("registry", "status")
     assert down.returncode == 1 and "not running" in down.stdout
+
+
+# ------------------------------------------------------------------ the Kafka sink writing Avro
+SINK_BASE = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(hours=6)
+
+
+def avro_sink_spec(topic: str, url: str) -> Any:
+    fields = {
+        "order_id": "string",
+        "amount": "long",
+        "price": "double",
+        "created_at": "timestamp",
+        "tags": "array<string>",
+        "attrs": "map<string,long>",
+    }
+    source = {"topic": f"in_{topic}", "fields": fields, "key": ["order_id"]}
+    sink = {"kind": "kafka", "topic": topic, "format": "avro", "schema_registry": {"url": url}}
+    return parse_spec({"name": "avrosink", "sources": {"orders": source}, "sink": sink})
+
+
+def test_the_kafka_sink_writes_avro_a_registry_consumer_decodes(
+    registry: local_registry.RegistryState, kafka: str, topic: str, settings: Settings
+) -> None:
+    """Values in Confluent's wire format under `<topic>-value`; every type decoded as it was written."""
+    import fastavro
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from riverhouse.platform.sink.topic import TopicSink
+    from tests.integration.test_topic_sink import committed_records
+
+    spec = avro_sink_spec(topic, registry.api)
+    expected = {
+        f"o{i}": {
+            "order_id": f"o{i}",
+            "amount": 10**12 + i,  # beyond an int
+            "price": i / 4,
+            "created_at": SINK_BASE + timedelta(minutes=i, microseconds=i),
+            "tags": [f"t{i}", None] if i % 3 else None,
+            "attrs": {"n": i, "none": None} if i % 2 else {},
+        }
+        for i in range(40)
+    }
+    rows = list(expected.values())
+    table = pa.table(
+        {
+            "order_id": [r["order_id"] for r in rows],
+            "amount": pa.array([r["amount"] for r in rows], pa.int64()),
+            "price": [r["price"] for r in rows],
+            "created_at": pa.array([r["created_at"] for r in rows], pa.timestamp("us", tz="UTC")),
+            "tags": pa.array([r["tags"] for r in rows], pa.list_(pa.string())),
+            "attrs": pa.array([list(r["attrs"].items()) for r in rows], pa.map_(pa.string(), pa.int64())),
+            "_event_date": [r["created_at"].date() for r in rows],
+        }
+    )
+    path = TableLayout(settings.warehouse, spec.name).silver("orders")
+    write_deltalake(path, table.slice(0, 25), partition_by=["_event_date"], mode="append")
+    write_deltalake(path, table.slice(25), partition_by=["_event_date"], mode="append")  # a second version
+    with TopicSink(spec, spec.topic_sinks[0], settings, log=lambda m: None) as sink:
+        assert sink.produce_new_versions().rows == 40
+
+    records = committed_records(kafka, topic)
+    assert len(records) == 40
+    ids = {int.from_bytes(r.value()[1:5], "big") for r in records}
+    assert {r.value()[0] for r in records} == {0} and len(ids) == 1  # magic byte; one schema for both versions
+    with urllib.request.urlopen(f"{registry.api}/subjects/{topic}-value/versions/latest", timeout=10) as answer:
+        latest = json.loads(answer.read())
+    assert latest["id"] == ids.pop()  # registered under the topic name strategy's subject
+    writer = fastavro.parse_schema(json.loads(latest["schema"]))
+    decoded = {}
+    for record in records:
+        value = fastavro.schemaless_reader(io.BytesIO(record.value()[5:]), writer, None)
+        assert record.key() == value["order_id"].encode()  # keys stay text, as the JSON sink writes them
+        decoded[value["order_id"]] = value
+    assert decoded == expected
+
+    # `riverhouse kafka tail --spec` shows the values decoded through the sink's registry.
+    spec_file = settings.home / "avrosink.yaml"
+    spec_file.write_text(yaml.safe_dump(spec.model_dump(mode="json", by_alias=True, exclude_none=True)))
+    tail = subprocess.run(
+        [
+            *riverhouse_cmd(),
+            "kafka",
+            "tail",
+            topic,
+            "--json",
+            "--max",
+            "0",
+            "--spec",
+            str(spec_file),
+            "--bootstrap",
+            kafka,
+        ],
+        env=subprocess_env(settings),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert tail.returncode == 0, tail.stderr
+    shown = {json.loads(line)["key"]: json.loads(json.loads(line)["value"]) for line in tail.stdout.splitlines()}
+    assert shown["o7"] == {**expected["o7"], "created_at": expected["o7"]["created_at"].isoformat()}
+    assert len(shown) == 40
+
+
+def test_an_avro_sink_spec_needs_its_registry_and_its_own_secrets() -> None:
+    sink = {"kind": "kafka", "topic": "out", "format": "avro"}
+    source = {"topic": "in", "fields": {"order_id": "string"}, "key": ["order_id"]}
+    with pytest.raises(SpecError, match="format avro needs schema_registry"):
+        parse_spec({"name": "p", "sources": {"orders": source}, "sink": sink})
+    with pytest.raises(SpecError, match="schema_registry is for format avro"):
+        parse_spec(
+            {
+                "name": "p",
+                "sources": {"orders": source},
+                "sink": {**sink, "format": "json", "schema_registry": {"url": "http://r:8081"}},
+            }
+        )
+    other = {"url": "http://r:8081", "auth": {"username": "u", "password": "${env:RIVERHOUSE_SECRET_OTHER__PASSWORD}"}}
+    with pytest.raises(SpecError, match=r"the sink of topic out\.schema_registry\.auth\.password"):
+        parse_spec({"name": "p", "sources": {"orders": source}, "sink": {**sink, "schema_registry": other}})

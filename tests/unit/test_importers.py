@@ -356,7 +356,7 @@ def test_expr_translation_keeps_expr_lang_meaning() -> None:
 # ---------------------------------------------------------------------------- KaflowSQL
 def test_kaflowsql_pipeline_maps_query_state_dimensions_and_emission(tmp_path: Path) -> None:
     result = import_kaflowsql(FIXTURES / "kaflowsql_transactions.yaml")
-    assert settings_of(result) == {"output.format"}  # avro: the Kafka sink writes JSON until the registry work
+    assert settings_of(result) == {"output.format"}  # avro, and no registry known without config.yaml: JSON
     spec = written(result, tmp_path)
     assert spec.name == "transaction_enrichment"
     assert set(spec.sources) == {"transactions", "users", "merchants"}
@@ -435,8 +435,14 @@ def test_kaflowsql_engine_config_gives_the_brokers_and_avro_sources_through_its_
     reader = json.loads(str(transactions.avro_schema))
     assert {f["name"] for f in reader["fields"]} == {f.name for f in transactions.fields}
     assert "config.yaml kafka.consumer" in settings_of(result)
+    # output.format avro: the sink registers the values' schema in the same registry.
+    assert "output.format" not in settings_of(result)
+    sink = spec.topic_sinks[0]
+    assert sink.format == "avro" and sink.schema_registry is not None
+    assert sink.schema_registry.url == "http://registry:8081"
     without = import_kaflowsql(FIXTURES / "kaflowsql_transactions.yaml")
     assert {s.format for s in without.validate().sources.values()} == {"json"}
+    assert without.validate().topic_sinks[0].format == "json"
 
 
 def config_file_text(tmp_path: Path, text: str) -> Path:

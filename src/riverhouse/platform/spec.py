@@ -314,12 +314,9 @@ class PipelineSpec(PipelineSinks, StrictModel):
         return self
 
     def _secret_references(self) -> list[tuple[str, str]]:
-        registries = [
-            (f"sources.{n}.{w}", v)
-            for n, s in self.sources.items()
-            if s.schema_registry
-            for w, v in s.schema_registry.references()
-        ]
+        users = [(f"sources.{n}", s.schema_registry) for n, s in self.sources.items()]
+        users += [(f"the sink of topic {s.topic}", s.schema_registry) for s in self.topic_sinks]
+        registries = [(f"{at}.{w}", v) for at, registry in users if registry for w, v in registry.references()]
         return [*self.kafka.references(), *registries]
 
     @model_validator(mode="after")

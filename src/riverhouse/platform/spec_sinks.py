@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Discriminator, Field, Tag, model_validator
 
+from riverhouse.platform.spec_avro import SchemaRegistrySpec
 from riverhouse.platform.spec_base import StrictModel, check_identifier, check_topic
 
 # Union tags of the sink kinds. pydantic puts the tag in an error's location; parse_spec leaves it
@@ -83,14 +84,25 @@ class KafkaSinkSpec(StrictModel):
     # Output columns whose values make the record key (and so the partition). None: the source
     # key for a pipeline without a join; no key (records spread over partitions) for a join.
     key: list[Identifier] | None = None
-    # `avro` comes with the schema registry work; sink/topic_format.py is where it plugs in.
-    format: Literal["json"] = "json"
+    # json: one JSON object per record. avro: Confluent's wire format (a magic byte, the schema id,
+    # the Avro body), the schema derived from the table's columns and registered in `schema_registry`
+    # under `<topic>-value` (or its `subject`). Keys are written as text in both (sink/topic_format.py).
+    format: Literal["json", "avro"] = "json"
+    schema_registry: SchemaRegistrySpec | None = None
     # Only used when Riverhouse creates the topic; an existing topic keeps its partitions.
     partitions: int | None = Field(default=None, gt=0, le=10_000)
     # A Delta version larger than this is produced in several transactions (the ledger says how far).
     transaction_rows: int = Field(default=100_000, gt=0, le=MAX_TRANSACTION_ROWS)
     compression: Literal["none", "gzip", "snappy", "lz4", "zstd"] = "lz4"
     ledger_topic: Topic | None = None
+
+    @model_validator(mode="after")
+    def _registry_for_avro(self) -> KafkaSinkSpec:
+        if self.format == "avro" and self.schema_registry is None:
+            raise ValueError("format avro needs schema_registry: {url: ...}, where the values' schema is registered")
+        if self.format != "avro" and self.schema_registry is not None:
+            raise ValueError("schema_registry is for format avro: JSON records carry no schema id")
+        return self
 
     @model_validator(mode="after")
     def _topics(self) -> KafkaSinkSpec:

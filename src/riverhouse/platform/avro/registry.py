@@ -40,8 +40,12 @@ class Registry:
     cache: dict[int, str] = field(default_factory=dict, repr=False)
     versions: dict[int, int] = field(default_factory=dict, repr=False)  # subject version -> schema id
 
-    def _get(self, path: str) -> Any:
+    def _get(self, path: str, body: Any = None) -> Any:
+        """GET `path`, or POST `body` (JSON) to it."""
         request = urllib.request.Request(f"{self.url.rstrip('/')}/{path}", headers={"Accept": CONTENT_TYPE})
+        if body is not None:
+            request.data = json.dumps(body).encode()
+            request.add_header("Content-Type", CONTENT_TYPE)
         if self.username is not None:
             token = base64.b64encode(f"{self.username}:{self.password or ''}".encode()).decode()
             request.add_header("Authorization", f"Basic {token}")
@@ -56,6 +60,11 @@ class Registry:
                 ) from None
             if exc.code == 404:
                 raise RegistryError(f"the schema registry at {self.url} has no {path}") from None
+            if exc.code in (409, 422):  # an incompatible or invalid schema: the registry says why
+                raise RegistryError(
+                    f"the schema registry at {self.url} refused the schema for {path} (HTTP {exc.code}): "
+                    f"{_message(exc)}"
+                ) from None
             raise RegistryError(f"the schema registry at {self.url} answered HTTP {exc.code} for {path}") from None
         except (urllib.error.URLError, OSError, ValueError) as exc:
             reason = getattr(exc, "reason", exc)
@@ -63,6 +72,18 @@ class Registry:
                 f"cannot reach the schema registry at {self.url} ({reason}); start it "
                 "(`riverhouse registry start` for the local one) or fix schema_registry.url"
             ) from None
+
+    def register(self, subject: str, schema: str) -> int:
+        """Register `schema` (JSON text) under `subject`, or find it there: its schema id."""
+        found = self._get(f"subjects/{urllib.parse.quote(subject, safe='')}/versions", {"schema": schema})
+        self.cache[int(found["id"])] = schema
+        return int(found["id"])
+
+    def schema(self, schema_id: int) -> str:
+        """The schema JSON text with this id (cached)."""
+        if schema_id not in self.cache:
+            self.cache[schema_id] = self._get(f"schemas/ids/{int(schema_id)}")["schema"]
+        return self.cache[schema_id]
 
     def latest(self, subject: str) -> tuple[int, str]:
         """(schema id, schema JSON) of the subject's latest version."""
@@ -89,3 +110,11 @@ class Registry:
                 self.cache[known] = found["schema"]
                 self.versions[int(version)] = known
         return dict(self.cache)
+
+
+def _message(exc: urllib.error.HTTPError) -> str:
+    """The registry's own error message (Confluent's `message`), short."""
+    try:
+        return str(json.loads(exc.read()).get("message", ""))[:300] or "no reason given"
+    except (ValueError, OSError, AttributeError):
+        return "no reason given"

@@ -105,8 +105,21 @@ def import_kaflowsql(path: str | Path, engine_config: str | Path | None = None) 
     result.spec = build_spec(pipeline, result)
     if engine_config is not None:
         apply_engine_config(result.spec, read_engine_config(Path(engine_config)), result)
+    output_registry(result.spec["sink"], result)
     result.validate()
     return result
+
+
+def output_registry(sink: dict[str, Any], result: ImportResult) -> None:
+    """An Avro output needs the registry config.yaml names; without one, the sink writes JSON (said)."""
+    if sink.get("format") != "avro" or "schema_registry" in sink:
+        return
+    del sink["format"]
+    result.drop(
+        "output.format",
+        "avro: the values' schema is registered in a schema registry, and none is known (give KaflowSQL's "
+        "config.yaml with kafka.schemaRegistry: --engine-config); the sink writes JSON objects",
+    )
 
 
 # KaflowSQL quotes the topic after FROM/JOIN before parsing, so `FROM app.events` names the topic
@@ -314,12 +327,10 @@ def output_block(p: KaflowPipeline, outputs: list[str], result: ImportResult) ->
             result.drop("output.key", f"{p.output.key!r} is not an output column: records are written without a key")
     else:
         result.note("output.key: none, as in KaflowSQL: records have no key (spread over the topic's partitions)")
-    if p.output.format.lower() != "json":
-        result.drop(
-            "output.format",
-            f"{p.output.format}: the Kafka sink writes JSON (Avro comes with schema registry support); "
-            "consumers of the topic read JSON objects",
-        )
+    if p.output.format.lower() == "avro":
+        sink["format"] = "avro"  # its registry comes from config.yaml (apply_engine_config, output_registry)
+    elif p.output.format.lower() != "json":
+        result.drop("output.format", f"{p.output.format}: the Kafka sink writes json or avro; this one writes JSON")
     if p.output.schema_:
         result.note("output.schema: its Avro field types typed the columns projected as is")
     return sink

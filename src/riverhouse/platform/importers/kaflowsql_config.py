@@ -35,9 +35,12 @@ def apply_engine_config(spec: dict[str, Any], kafka: dict[str, Any], result: Imp
     if isinstance(brokers, list) and brokers and all(isinstance(b, str) for b in brokers):
         spec["kafka"]["bootstrap_servers"] = ",".join(brokers)
         result.note("kafka.bootstrap_servers: config.yaml's kafka.brokers")
+    url = kafka.get("schemaRegistry")
+    if spec["sink"].get("format") == "avro" and isinstance(url, str) and url:
+        spec["sink"]["schema_registry"] = {"url": url}
+        result.note(f"output.format avro: the values' schema is registered at {url} under <topic>-value")
     if not kafka.get("useAvro"):
         return
-    url = kafka.get("schemaRegistry")
     if not isinstance(url, str) or not url:
         result.drop(
             "config.yaml kafka.useAvro", "true without kafka.schemaRegistry: Riverhouse reads Avro through a registry"

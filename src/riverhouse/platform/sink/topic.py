@@ -127,7 +127,7 @@ class TopicSink:
         self.transactional_id = transactional_id(spec.name, sink)
         self.columns = SinkColumns.of(spec)
         key = sink.key if sink.key is not None else ([] if spec.is_join else list(spec.sink_source.key))
-        self.encoder = encoder_for(sink.format, self.columns.columns, key)
+        self.encoder = encoder_for(sink, spec.name, self.columns.columns, key)
         self._config: dict[str, Any] | None = None
         self._producer: Any = None
         self._reasons: list[str] = []
@@ -301,6 +301,8 @@ class TopicSink:
         if rebuild is not None:
             headers.append((REBUILD_HEADER, rebuild.encode()))
         record = progress_record(self.spec.name, self.sink.topic, progress)
+        for rows in chunks:
+            self.encoder.prepare(rows)  # an Avro schema registered before the transaction begins
         for attempt in range(1, ABORTABLE_ATTEMPTS + 1):
             crash_point("before_topic_transaction")
             try:

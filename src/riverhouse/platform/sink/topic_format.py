@@ -1,9 +1,9 @@
 """How a Kafka sink writes rows: record values and keys as bytes, from an Arrow chunk.
 
-`encoder_for(sink, columns)` is the one place a format is chosen. JSON is built column by column
+`encoder_for(sink, ...)` is the one place a format is chosen. JSON is built column by column
 with Arrow's compute kernels (a row's text is the columns' fragments joined), which is what keeps
 the driver from being the bottleneck: a Python `json.dumps` per row costs about ten times more.
-Avro (with the schema registry) plugs in here as another `RowEncoder`.
+Avro, with the schema registry, is another `RowEncoder` (sink/topic_avro.py).
 
 JSON values, one object per record, columns in the output's order:
 - strings as JSON strings; integers and floats as numbers; booleans; null as `null`;
@@ -22,10 +22,13 @@ import json
 import math
 from datetime import UTC, date, datetime
 from decimal import Decimal
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
+
+if TYPE_CHECKING:
+    from riverhouse.platform.spec_sinks import KafkaSinkSpec
 
 CONTROL_CHARACTERS = r"[\x00-\x1f]"
 
@@ -35,18 +38,23 @@ class RowEncoder(Protocol):
 
     content_type: str
 
+    def prepare(self, rows: pa.Table) -> None:
+        """Whatever must happen before these rows are produced, outside the transaction (a schema's registration)."""
+
     def values(self, rows: pa.Table) -> list[bytes]: ...
 
     def keys(self, rows: pa.Table) -> list[bytes | None]: ...
 
 
-def encoder_for(format: str, columns: list[str], key: list[str]) -> RowEncoder:
+def encoder_for(sink: KafkaSinkSpec, pipeline: str, columns: list[str], key: list[str]) -> RowEncoder:
     """The encoder of a sink's `format` for these value columns and key columns."""
-    if format == "json":
-        return JsonRows(columns, key)
-    # The spec admits only json today (spec_sinks.KafkaSinkSpec.format); Avro arrives with the
-    # schema registry: an encoder holding the registered schema id, writing the Confluent wire format.
-    raise ValueError(f"Kafka sink format {format!r} is not supported yet: use json")
+    if sink.format == "avro":
+        from riverhouse.platform.sink.topic_avro import AvroRows
+
+        assert sink.schema_registry is not None  # the spec requires it for avro
+        registry = sink.schema_registry
+        return AvroRows(columns, key, registry.client(), registry.subject_for(sink.topic), f"{pipeline}_{sink.topic}")
+    return JsonRows(columns, key)
 
 
 class JsonRows:
@@ -55,6 +63,9 @@ class JsonRows:
     def __init__(self, columns: list[str], key: list[str]):
         self.columns = columns
         self.key = key
+
+    def prepare(self, rows: pa.Table) -> None:
+        pass
 
     def values(self, rows: pa.Table) -> list[bytes]:
         return _as_bytes(json_objects(rows, self.columns))
@@ -138,18 +149,18 @@ def _python_fragments(array: pa.Array) -> pa.Array:
 
 def _pylist(array: pa.Array) -> list[Any]:
     """Python values, maps as dicts (Arrow gives a map as a list of (key, value) pairs)."""
-    return [_maps_as_dicts(v, array.type) for v in array.to_pylist()]
+    return [maps_as_dicts(v, array.type) for v in array.to_pylist()]
 
 
-def _maps_as_dicts(value: Any, kind: pa.DataType) -> Any:
+def maps_as_dicts(value: Any, kind: pa.DataType) -> Any:
     if value is None:
         return None
     if pa.types.is_map(kind):
-        return {str(k): _maps_as_dicts(v, kind.item_type) for k, v in value}
+        return {str(k): maps_as_dicts(v, kind.item_type) for k, v in value}
     if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
-        return [_maps_as_dicts(v, kind.value_type) for v in value]
+        return [maps_as_dicts(v, kind.value_type) for v in value]
     if pa.types.is_struct(kind):
-        return {f.name: _maps_as_dicts(value.get(f.name), f.type) for f in kind}
+        return {f.name: maps_as_dicts(value.get(f.name), f.type) for f in kind}
     return value
 
 
