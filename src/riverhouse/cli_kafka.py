@@ -170,11 +170,12 @@ def kafka_tail(
     from riverhouse.platform.kafka.client import KafkaSourceError
     from riverhouse.platform.kafka.tail import BEGINNING, count_by_header, read_committed
     from riverhouse.platform.sink.topic import VERSION_HEADER
+    from riverhouse.platform.spec_base import SpecError
 
     spec = None if spec_file is None else load_spec_or_fail(spec_file)
     config, _ = kafka_client_config(settings_for(home), spec, bootstrap)
-    decode = _avro_decoder(spec, topic)
     try:
+        decode = _avro_decoder(spec, topic)
         records = read_committed(config, topic, BEGINNING, follow=follow and not count)
         if count:
             counts = count_by_header(records, VERSION_HEADER)
@@ -191,7 +192,7 @@ def kafka_tail(
                 err.print(f"(stopped after {max_records} records: --max 0 reads them all)", highlight=False)
                 break
             _print_record(record, as_json, decode)
-    except (KafkaSourceError, PipelineError) as exc:  # PipelineError: the registry an Avro value needs
+    except (KafkaSourceError, PipelineError, SpecError) as exc:  # PipelineError: the registry an Avro value needs
         fail(str(exc))
     except KeyboardInterrupt:
         pass

@@ -340,6 +340,14 @@ def test_the_kafka_sink_writes_avro_a_registry_consumer_decodes(
     path = TableLayout(settings.warehouse, spec.name).silver("orders")
     write_deltalake(path, table.slice(0, 25), partition_by=["_event_date"], mode="append")
     write_deltalake(path, table.slice(25), partition_by=["_event_date"], mode="append")  # a second version
+    # The subject exists (another producer's, KaflowSQL's record name): the sink keeps the name, since
+    # a renamed record is an incompatible change, and adds its fields as a compatible new version.
+    earlier = {
+        "type": "record",
+        "name": "Value",
+        "fields": [{"name": "order_id", "type": ["null", "string"], "default": None}],
+    }
+    register(registry.api, f"{topic}-value", earlier)
     with TopicSink(spec, spec.topic_sinks[0], settings, log=lambda m: None) as sink:
         assert sink.produce_new_versions().rows == 40
 
@@ -350,6 +358,7 @@ def test_the_kafka_sink_writes_avro_a_registry_consumer_decodes(
     with urllib.request.urlopen(f"{registry.api}/subjects/{topic}-value/versions/latest", timeout=10) as answer:
         latest = json.loads(answer.read())
     assert latest["id"] == ids.pop()  # registered under the topic name strategy's subject
+    assert json.loads(latest["schema"])["name"] == "Value" and latest["version"] == 2
     writer = fastavro.parse_schema(json.loads(latest["schema"]))
     decoded = {}
     for record in records:

@@ -445,6 +445,24 @@ def test_kaflowsql_engine_config_gives_the_brokers_and_avro_sources_through_its_
     assert without.validate().topic_sinks[0].format == "json"
 
 
+def test_kaflowsql_writes_avro_as_its_engine_does_when_use_avro_is_set(tmp_path: Path) -> None:
+    """KaflowSQL's producer writes Avro iff config.yaml sets kafka.useAvro; output.format does not decide."""
+    from riverhouse.platform.importers.kaflowsql import import_kaflowsql
+
+    config = yaml.safe_load((FIXTURES / "kaflowsql_config.yaml").read_text())
+    config["kafka"]["useAvro"] = False
+    engine = tmp_path / "config.yaml"
+    engine.write_text(yaml.safe_dump(config))
+    spec = import_kaflowsql(FIXTURES / "kaflowsql_transactions.yaml", engine).validate()  # output.format: avro
+    assert spec.topic_sinks[0].format == "json" and spec.topic_sinks[0].schema_registry is None
+    json_output = tmp_path / "pipeline.yaml"
+    json_output.write_text(
+        (FIXTURES / "kaflowsql_transactions.yaml").read_text().replace("format: avro", "format: json")
+    )
+    spec = import_kaflowsql(json_output, FIXTURES / "kaflowsql_config.yaml").validate()  # useAvro: true
+    assert spec.topic_sinks[0].format == "avro"
+
+
 def config_file_text(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "pipeline.yaml"
     path.write_text(text)

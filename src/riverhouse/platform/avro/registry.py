@@ -85,6 +85,17 @@ class Registry:
             self.cache[schema_id] = self._get(f"schemas/ids/{int(schema_id)}")["schema"]
         return self.cache[schema_id]
 
+    def latest_record_name(self, subject: str) -> str | None:
+        """The record name of the subject's latest schema; None when the subject has no version."""
+        try:
+            found = self._get(f"subjects/{urllib.parse.quote(subject, safe='')}/versions/latest")
+        except RegistryError as exc:
+            if "has no subjects/" in str(exc):
+                return None
+            raise
+        schema = json.loads(found["schema"])
+        return schema.get("name") if isinstance(schema, dict) else None
+
     def latest(self, subject: str) -> tuple[int, str]:
         """(schema id, schema JSON) of the subject's latest version."""
         try:

@@ -117,8 +117,8 @@ def output_registry(sink: dict[str, Any], result: ImportResult) -> None:
     del sink["format"]
     result.drop(
         "output.format",
-        "avro: the values' schema is registered in a schema registry, and none is known (give KaflowSQL's "
-        "config.yaml with kafka.schemaRegistry: --engine-config); the sink writes JSON objects",
+        "avro: KaflowSQL writes Avro when its config.yaml sets kafka.useAvro and kafka.schemaRegistry "
+        "(give it with --config); without them the sink writes JSON objects",
     )
 
 

@@ -36,9 +36,11 @@ def apply_engine_config(spec: dict[str, Any], kafka: dict[str, Any], result: Imp
         spec["kafka"]["bootstrap_servers"] = ",".join(brokers)
         result.note("kafka.bootstrap_servers: config.yaml's kafka.brokers")
     url = kafka.get("schemaRegistry")
-    if spec["sink"].get("format") == "avro" and isinstance(url, str) and url:
-        spec["sink"]["schema_registry"] = {"url": url}
-        result.note(f"output.format avro: the values' schema is registered at {url} under <topic>-value")
+    # KaflowSQL's engine writes its output as Avro when useAvro is set (whatever output.format says).
+    spec["sink"].pop("format", None)
+    if kafka.get("useAvro") and isinstance(url, str) and url:
+        spec["sink"] |= {"format": "avro", "schema_registry": {"url": url}}
+        result.note(f"kafka.useAvro: the output's schema is registered at {url} under <topic>-value, as KaflowSQL does")
     if not kafka.get("useAvro"):
         return
     if not isinstance(url, str) or not url:

@@ -335,6 +335,9 @@ class TopicSink:
                     f"({self._reason(exc)}), producing it again ({attempt}/{ABORTABLE_ATTEMPTS - 1})"
                 )
                 self._producer.abort_transaction(COMMIT_TIMEOUT_S)
+            except Exception:  # not Kafka's (an encoding error): read_committed consumers need not wait
+                self._abort_quietly()
+                raise
 
     def _send(self, rows: pa.Table, headers: list[tuple[str, bytes]]) -> None:
         # The per-record call is the sink's hot loop (~1 µs of Python each): kept bare.

@@ -9,8 +9,8 @@ registered under the subject `<topic>-value` (TopicNameStrategy) or the sink's `
 - every field is optional (`["null", T]`, default null), so a column added to the table later
   gives a schema the registry accepts as a backward-compatible new version;
 - string -> string; int8/16/32 -> int; int64 -> long; float -> float; double -> double;
-  boolean -> boolean; binary -> bytes; a timestamp -> long `timestamp-micros` (UTC; a timestamp
-  without a time zone -> `local-timestamp-micros`); date -> int `date`; decimal(p, s) -> bytes
+  boolean -> boolean; binary -> bytes; a timestamp -> long `timestamp-micros` (UTC, nested ones
+  too: Spark's timestamps are instants); date -> int `date`; decimal(p, s) -> bytes
   `decimal`; array -> array; a map with string keys -> map; a struct -> a record.
 
 The schema is registered before a transaction begins (`prepare`), so a registry that refuses
@@ -81,6 +81,10 @@ class AvroRows:
 
         schema = record_schema(self.record_name, rows.select(self.columns).schema)
         text = json.dumps(schema, separators=(",", ":"))
+        if not self._ids:  # first use: a subject that exists keeps its record's name (a change is incompatible)
+            self.record_name = self.registry.latest_record_name(self.subject) or self.record_name
+            schema = record_schema(self.record_name, rows.select(self.columns).schema)
+            text = json.dumps(schema, separators=(",", ":"))
         if text not in self._ids:
             # Written with the top-level times as their numbers (_as_numbers): the same bytes, without
             # a Python datetime per value (a 100,000-row chunk 2.4 -> 1.3 s).
@@ -138,7 +142,7 @@ def _avro_type(kind: pa.DataType, name: str, names: set[str]) -> Any:
     if t.is_binary(kind) or t.is_large_binary(kind):
         return "bytes"
     if t.is_timestamp(kind):
-        return {"type": "long", "logicalType": "timestamp-micros" if kind.tz else "local-timestamp-micros"}
+        return {"type": "long", "logicalType": "timestamp-micros"}  # Spark's timestamps are UTC instants
     if t.is_date(kind):
         return {"type": "int", "logicalType": "date"}
     if t.is_decimal(kind):
