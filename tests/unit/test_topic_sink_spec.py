@@ -84,7 +84,7 @@ def test_sink_problems_are_named_where_they_are() -> None:
     data["sink"] = {**TOPIC_SINK, "topic": "bad topic!"}
     found = problems(data)
     assert found[0][0] == "sink.topic" and "legal Kafka topic" in found[0][1]
-    found = problems(with_sinks("clickhouse", {**TOPIC_SINK, "format": "avro"}))
+    found = problems(with_sinks("clickhouse", {**TOPIC_SINK, "format": "xml"}))
     assert found[0][0] == "sinks[1].format" and "json" in found[0][2]
 
 

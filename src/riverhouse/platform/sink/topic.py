@@ -38,7 +38,7 @@ from riverhouse.platform.faults import crash_point
 from riverhouse.platform.kafka.bootstrap import resolve_bootstrap
 from riverhouse.platform.kafka.client import librdkafka_config, watermarks
 from riverhouse.platform.sink.clickhouse import PARTITION_COLUMN, sink_table_path
-from riverhouse.platform.sink.topic_format import encoder_for
+from riverhouse.platform.sink.topic_avro import encoder_for
 from riverhouse.platform.sink.topic_ledger import (
     Progress,
     TopicSinkError,

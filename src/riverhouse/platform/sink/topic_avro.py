@@ -27,12 +27,15 @@ import struct
 from collections.abc import Callable
 from datetime import date, datetime
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from riverhouse.platform.errors import PipelineError
-from riverhouse.platform.sink.topic_format import JsonRows, maps_as_dicts
+from riverhouse.platform.sink.topic_format import JsonRows, RowEncoder, maps_as_dicts
+
+if TYPE_CHECKING:
+    from riverhouse.platform.spec_sinks import KafkaSinkSpec
 
 MAGIC = 0
 NAME_RE = re.compile(r"[^A-Za-z0-9_]")
@@ -188,3 +191,12 @@ def _json_value(value: Any) -> Any:
     if isinstance(value, bytes):
         return value.hex()
     raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+def encoder_for(sink: KafkaSinkSpec, pipeline: str, columns: list[str], key: list[str]) -> RowEncoder:
+    """The encoder of a sink's `format` for these value columns and key columns."""
+    if sink.format == "avro":
+        assert sink.schema_registry is not None  # the spec requires it for avro
+        registry = sink.schema_registry
+        return AvroRows(columns, key, registry.client(), registry.subject_for(sink.topic), f"{pipeline}_{sink.topic}")
+    return JsonRows(columns, key)

@@ -22,13 +22,10 @@ import json
 import math
 from datetime import UTC, date, datetime
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
-
-if TYPE_CHECKING:
-    from riverhouse.platform.spec_sinks import KafkaSinkSpec
 
 CONTROL_CHARACTERS = r"[\x00-\x1f]"
 
@@ -44,17 +41,6 @@ class RowEncoder(Protocol):
     def values(self, rows: pa.Table) -> list[bytes]: ...
 
     def keys(self, rows: pa.Table) -> list[bytes | None]: ...
-
-
-def encoder_for(sink: KafkaSinkSpec, pipeline: str, columns: list[str], key: list[str]) -> RowEncoder:
-    """The encoder of a sink's `format` for these value columns and key columns."""
-    if sink.format == "avro":
-        from riverhouse.platform.sink.topic_avro import AvroRows
-
-        assert sink.schema_registry is not None  # the spec requires it for avro
-        registry = sink.schema_registry
-        return AvroRows(columns, key, registry.client(), registry.subject_for(sink.topic), f"{pipeline}_{sink.topic}")
-    return JsonRows(columns, key)
 
 
 class JsonRows:
