@@ -256,3 +256,88 @@ def test_registry_credentials_are_sent_only_when_they_are_the_pipelines_own(monk
         assert seen == ["Basic " + base64.b64encode(b"svc:yours").decode()]
     finally:
         server.shutdown()
+
+
+def test_registry_credentials_do_not_follow_a_redirect_to_another_host() -> None:
+    """A registry that redirects (a proxy, a moved endpoint, a hostile URL) gets the credentials;
+    the redirect's target, another host here, does not."""
+    import http.server
+    import threading
+
+    from riverhouse.platform.avro.registry import Registry
+
+    seen: dict[str, str | None] = {}
+
+    class Target(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen["target"] = self.headers.get("Authorization")
+            body = json.dumps({"schema": json.dumps(V1)}).encode()
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    # 127.0.0.2 is another host to urllib (the loopback range answers on every address)
+    target = http.server.HTTPServer(("127.0.0.2", 0), Target)
+
+    class Redirecting(Target):
+        def do_GET(self) -> None:
+            seen["registry"] = self.headers.get("Authorization")
+            self.send_response(307)
+            self.send_header("Location", f"http://127.0.0.2:{target.server_address[1]}{self.path}")
+            self.end_headers()
+
+    registry = http.server.HTTPServer(("127.0.0.1", 0), Redirecting)
+    for server in (target, registry):
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = Registry(f"http://127.0.0.1:{registry.server_address[1]}", username="svc", password="pw")
+        assert json.loads(client.schema(7)) == V1
+        assert seen["registry"] is not None and seen["registry"].startswith("Basic ")
+        assert seen["target"] is None
+    finally:
+        registry.shutdown()
+        target.shutdown()
+
+
+@pytest.mark.parametrize(("failures", "answered"), [(2, True), (3, False)])
+def test_a_registry_blip_is_retried_then_named(monkeypatch: pytest.MonkeyPatch, failures: int, answered: bool) -> None:
+    """A 503 (a registry restarting behind its proxy) is tried three times in all: a blip that
+    ends in time is not an error; one that does not is named with the registry's answer."""
+    import http.server
+    import threading
+
+    from riverhouse.platform.avro import registry as registry_module
+    from riverhouse.platform.avro.registry import Registry, RegistryError
+
+    monkeypatch.setattr(registry_module, "RETRY_PAUSES_S", (0.01, 0.01))
+    calls: list[str] = []
+
+    class Blipping(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            calls.append(self.rfile.read(int(self.headers["Content-Length"])).decode())
+            if len(calls) <= failures:
+                self.send_response(503)
+                self.end_headers()
+                return
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b'{"id": 42}')
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Blipping)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = Registry(f"http://127.0.0.1:{server.server_address[1]}")
+        if answered:
+            assert client.register("t-value", json.dumps(V1)) == 42
+        else:
+            with pytest.raises(RegistryError, match=r"answered HTTP 503 for subjects/t-value/versions"):
+                client.register("t-value", json.dumps(V1))
+        assert len(calls) == 3 and len(set(calls)) == 1  # the same registration each time
+    finally:
+        server.shutdown()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -20,6 +21,10 @@ from typing import Any
 from riverhouse.platform.errors import PipelineError
 
 TIMEOUT_S = 10.0
+# A blip (a restart, a proxy's 503) is retried after these pauses; then the error is raised. Every
+# request is safe to repeat: GETs, and a registration of the same schema answers the same id.
+RETRY_PAUSES_S = (0.25, 1.0)
+TRANSIENT_HTTP = frozenset({502, 503, 504})
 CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
 
 
@@ -41,14 +46,26 @@ class Registry:
     versions: dict[int, int] = field(default_factory=dict, repr=False)  # subject version -> schema id
 
     def _get(self, path: str, body: Any = None) -> Any:
-        """GET `path`, or POST `body` (JSON) to it."""
+        """GET `path`, or POST `body` (JSON) to it; a blip is retried (RETRY_PAUSES_S)."""
+        for pause in RETRY_PAUSES_S:
+            try:
+                return self._request(path, body)
+            except _Transient:
+                time.sleep(pause)
+        try:
+            return self._request(path, body)
+        except _Transient as last:
+            raise last.error from None
+
+    def _request(self, path: str, body: Any) -> Any:
         request = urllib.request.Request(f"{self.url.rstrip('/')}/{path}", headers={"Accept": CONTENT_TYPE})
         if body is not None:
             request.data = json.dumps(body).encode()
             request.add_header("Content-Type", CONTENT_TYPE)
         if self.username is not None:
             token = base64.b64encode(f"{self.username}:{self.password or ''}".encode()).decode()
-            request.add_header("Authorization", f"Basic {token}")
+            # Unredirected: urllib copies add_header's headers to a redirect's target, which may be another host.
+            request.add_unredirected_header("Authorization", f"Basic {token}")
         try:
             with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
                 return json.loads(response.read())
@@ -65,12 +82,22 @@ class Registry:
                     f"the schema registry at {self.url} refused the schema for {path} (HTTP {exc.code}): "
                     f"{_message(exc)}"
                 ) from None
-            raise RegistryError(f"the schema registry at {self.url} answered HTTP {exc.code} for {path}") from None
-        except (urllib.error.URLError, OSError, ValueError) as exc:
+            error = RegistryError(f"the schema registry at {self.url} answered HTTP {exc.code} for {path}")
+            if exc.code in TRANSIENT_HTTP:
+                raise _Transient(error) from None
+            raise error from None
+        except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
+            raise _Transient(
+                RegistryUnreachable(
+                    f"cannot reach the schema registry at {self.url} ({reason}); start it "
+                    "(`riverhouse registry start` for the local one) or fix schema_registry.url"
+                )
+            ) from None
+        except ValueError as exc:  # not JSON: not a registry's API
             raise RegistryUnreachable(
-                f"cannot reach the schema registry at {self.url} ({reason}); start it "
-                "(`riverhouse registry start` for the local one) or fix schema_registry.url"
+                f"the schema registry at {self.url} did not answer as a schema registry ({exc}); fix "
+                "schema_registry.url (Apicurio's is .../apis/ccompat/v7)"
             ) from None
 
     def register(self, subject: str, schema: str) -> int:
@@ -87,26 +114,30 @@ class Registry:
 
     def latest_record_name(self, subject: str) -> str | None:
         """The record name of the subject's latest schema; None when the subject has no version."""
+        found = self._latest(subject)
+        if found is None:
+            return None
+        schema = json.loads(found[1])
+        return schema.get("name") if isinstance(schema, dict) else None
+
+    def latest(self, subject: str) -> tuple[int, str]:
+        """(schema id, schema JSON) of the subject's latest version."""
+        found = self._latest(subject)
+        if found is None:
+            raise RegistryError(
+                f"the schema registry at {self.url} has no subject {subject!r}: register the topic's schema "
+                "first (a producer does), set schema_registry.subject, or give the reader schema in avro_schema"
+            )
+        return found
+
+    def _latest(self, subject: str) -> tuple[int, str] | None:
+        """(schema id, schema JSON) of the subject's latest version, cached; None when it has none."""
         try:
             found = self._get(f"subjects/{urllib.parse.quote(subject, safe='')}/versions/latest")
         except RegistryError as exc:
             if "has no subjects/" in str(exc):
                 return None
             raise
-        schema = json.loads(found["schema"])
-        return schema.get("name") if isinstance(schema, dict) else None
-
-    def latest(self, subject: str) -> tuple[int, str]:
-        """(schema id, schema JSON) of the subject's latest version."""
-        try:
-            found = self._get(f"subjects/{urllib.parse.quote(subject, safe='')}/versions/latest")
-        except RegistryError as exc:
-            if "has no subjects/" not in str(exc):
-                raise
-            raise RegistryError(
-                f"the schema registry at {self.url} has no subject {subject!r}: register the topic's schema "
-                "first (a producer does), set schema_registry.subject, or give the reader schema in avro_schema"
-            ) from None
         self.cache[int(found["id"])] = found["schema"]
         return int(found["id"]), found["schema"]
 
@@ -121,6 +152,14 @@ class Registry:
                 self.cache[known] = found["schema"]
                 self.versions[int(version)] = known
         return dict(self.cache)
+
+
+class _Transient(Exception):
+    """A failure worth one more try; `error` is what is raised when the tries are spent."""
+
+    def __init__(self, error: RegistryError):
+        super().__init__(str(error))
+        self.error = error
 
 
 def _message(exc: urllib.error.HTTPError) -> str:

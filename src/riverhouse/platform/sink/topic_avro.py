@@ -82,12 +82,9 @@ class AvroRows:
     def _schema(self, rows: pa.Table) -> tuple[int, Any]:
         import fastavro
 
-        schema = record_schema(self.record_name, rows.select(self.columns).schema)
-        text = json.dumps(schema, separators=(",", ":"))
         if not self._ids:  # first use: a subject that exists keeps its record's name (a change is incompatible)
             self.record_name = self.registry.latest_record_name(self.subject) or self.record_name
-            schema = record_schema(self.record_name, rows.select(self.columns).schema)
-            text = json.dumps(schema, separators=(",", ":"))
+        text = json.dumps(record_schema(self.record_name, rows.select(self.columns).schema), separators=(",", ":"))
         if text not in self._ids:
             # Written with the top-level times as their numbers (_as_numbers): the same bytes, without
             # a Python datetime per value (a 100,000-row chunk 2.4 -> 1.3 s).
