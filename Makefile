@@ -56,12 +56,13 @@ $(JARS_STAMP): jvm/pom.xml $(JAVA_SRC) | $(STAMP) mvn-check
 	@rm -rf $(JARS).old && { [ ! -e $(JARS) ] || mv $(JARS) $(JARS).old; } && mv $(JARS).new $(JARS) && rm -rf $(JARS).old
 	@$(MAKE) --no-print-directory class-archive
 
-# The engine's JVM maps the classes its start loads from an archive (class-data sharing): it
-# answers in ~6 s instead of ~9 (runtime/class_archive.py); the local broker's JVM has one too.
-# Made once after the jars (an engine, then a broker, started and stopped); again with
+# The engine's JVM maps the classes its start and a first batch load from an archive (class-data
+# sharing): it answers in ~6 s instead of ~9 (runtime/class_archive.py); the local broker's JVM has
+# one too. Made once after the jars (an engine started, trained and stopped, then a broker started
+# and stopped); again with
 # `make class-archive` after changing the JDK. Best effort: without them JVMs start as before.
 class-archive: | $(STAMP)
-	@echo "==> class-data archives for the engine's and the local broker's JVMs (each started and stopped once, ~40 s)"
+	@echo "==> class-data archives for the engine's and the local broker's JVMs (~60 s)"
 	@$(BIN)/riverhouse engine archive || echo "no class-data archive: engines start without one"
 	@$(BIN)/riverhouse kafka archive || echo "no class-data archive: local brokers start without one"
 

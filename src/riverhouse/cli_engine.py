@@ -125,10 +125,11 @@ def engine_status(
 def engine_archive() -> None:
     """Write the class-data archive engines start from (~6 s instead of ~9); `make install` runs it.
 
-    Starts an engine in a scratch folder and stops it: its JVM writes the classes its start loaded
-    (~30 s, ~180 MB in the jars folder). Run it again after changing the JDK or the jars.
+    Starts an engine in a scratch folder, runs a first batch's work on it (archive_training.py) and
+    stops it: its JVM writes the classes it loaded (~55 s, ~230 MB in the jars folder). Run it again
+    after changing the JDK or the jars.
     """
-    err.print("writing the class-data archive: an engine is started and stopped once (~30 s)...", highlight=False)
+    err.print("writing the class-data archive: an engine is started, trained and stopped (~55 s)...", highlight=False)
     started = time.monotonic()
     try:
         made = engine.make_class_archive()

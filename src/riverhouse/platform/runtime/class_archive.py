@@ -3,9 +3,10 @@
 HotSpot maps the classes an archive holds instead of reading, parsing and verifying them from
 the jars again (AppCDS: a JVM started with `-XX:ArchiveClassesAtExit` writes one when it exits,
 `-XX:SharedArchiveFile` uses it). `make jars` builds it once, right after fetching the jars
-(`riverhouse engine archive`, `engine.make_class_archive`): an engine started and stopped in a
-scratch folder, so the archive holds what an engine's start loads (Spark, its Connect server,
-Delta's catalog). It is valid for one JDK and one class path, so its name carries a digest of
+(`riverhouse engine archive`, `engine.make_class_archive`): an engine started in a scratch folder,
+trained with a first batch's work (archive_training.py) and stopped, so the archive holds what an
+engine's start loads (Spark, its Connect server, Delta's catalog) and what a first batch loads
+(JSON parsing, Parquet's writer, Delta's log, a streaming query, joins). It is valid for one JDK and one class path, so its name carries a digest of
 both: another JDK, Spark home or jar set finds no archive and starts as before. The JVM also
 checks the jars' sizes and times itself, and ignores an archive that does not match them (a
 warning in the engine's log). Measured: bench/analysis.md, "The demo on a new engine".

@@ -203,9 +203,16 @@ def class_archive(master: str | None = None) -> Path:
 def make_class_archive() -> Path | None:
     """Start an engine that writes the class-data archive as it exits, and stop it; the archive (None: none written)."""
 
+    from riverhouse.platform.runtime.archive_training import train
+
     def run(scratch: Path, write: str) -> None:
-        start(scratch / "engine", java_options=f"{SHORT_LIVED_JAVA_OPTIONS} {write}")
-        stop(scratch / "engine")  # the JVM writes the archive as it exits
+        state = start(scratch / "engine", java_options=f"{SHORT_LIVED_JAVA_OPTIONS} {write}")
+        try:
+            train(state.url, scratch / "training")  # the first batch's classes, too
+        except Exception as exc:  # best effort: an archive of the start's classes still helps
+            print(f"the class-data archive holds the engine's start only: its training failed ({exc})", file=sys.stderr)
+        finally:
+            stop(scratch / "engine")  # the JVM writes the archive as it exits
 
     return make(class_archive(), run)
 
