@@ -229,3 +229,24 @@ def test_reset_plan_keeps_the_topic_and_starts_the_ledger_over(tmp_path: Path) -
     (line,) = [line for line in plan.describe() if "Kafka" in line]
     assert "riverhouse-ledger.orders_clean" in line and "keeps its records" in line
     assert not any("ClickHouse" in line for line in plan.describe())
+
+
+def test_an_avro_sinks_registry_credentials_are_resolved_only_when_it_writes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sink that writes nothing (`riverhouse reset` builds one to mark its ledger) needs no
+    registry secret; the first chunk it writes does, and a missing one is named."""
+    from riverhouse.platform.sink.topic_avro import encoder_for
+
+    data = base()
+    secret = f"RIVERHOUSE_SECRET_{data['name'].upper()}__REGISTRY_PASSWORD"
+    monkeypatch.delenv(secret, raising=False)
+    registry = {
+        "url": "http://127.0.0.1:9/apis/ccompat/v7",
+        "auth": {"username": "u", "password": f"${{env:{secret}}}"},
+    }
+    data["sink"] = {**TOPIC_SINK, "format": "avro", "schema_registry": registry}
+    spec = parse_spec(data)
+    encoder = encoder_for(spec.topic_sinks[0], spec.name, ["order_id"], ["order_id"])
+    rows = pa.table({"order_id": ["a"]})
+    assert encoder.keys(rows) == [b"a"]  # keys need no registry
+    with pytest.raises(SpecError, match=secret):
+        encoder.prepare(rows)

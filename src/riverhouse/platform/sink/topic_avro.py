@@ -47,12 +47,20 @@ class AvroRows:
     content_type = "application/vnd.confluent.avro"
 
     def __init__(self, columns: list[str], key: list[str], registry: Any, subject: str, record_name: str):
+        """`registry`: an avro.registry.Registry, or a function that makes one on first use (its
+        credentials resolved only then: a sink that produces nothing, a reset, needs none)."""
         self.columns = columns
         self._keys = JsonRows(columns, key)
-        self.registry = registry  # resolved credentials: never log it
+        self._registry = registry  # resolved credentials: never log it
         self.subject = subject
         self.record_name = avro_name(record_name)
         self._ids: dict[str, tuple[int, Any]] = {}  # schema JSON -> (schema id, fastavro's parsed schema)
+
+    @property
+    def registry(self) -> Any:
+        if callable(self._registry):
+            self._registry = self._registry()
+        return self._registry
 
     def prepare(self, rows: pa.Table) -> None:
         """Register the schema of these rows (once per distinct schema) before they are produced."""
@@ -195,5 +203,5 @@ def encoder_for(sink: KafkaSinkSpec, pipeline: str, columns: list[str], key: lis
     if sink.format == "avro":
         assert sink.schema_registry is not None  # the spec requires it for avro
         registry = sink.schema_registry
-        return AvroRows(columns, key, registry.client(), registry.subject_for(sink.topic), f"{pipeline}_{sink.topic}")
+        return AvroRows(columns, key, registry.client, registry.subject_for(sink.topic), f"{pipeline}_{sink.topic}")
     return JsonRows(columns, key)
