@@ -73,10 +73,10 @@ jars: $(JARS_STAMP) ## the JVM jars only
 $(STAMP): pyproject.toml | java-check
 	@echo "==> creating $(VENV) and installing riverhouse (first run takes a few minutes)"
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	@if $(BIN)/python -m pip install -q --disable-pip-version-check uv >/dev/null 2>&1; then \
-	  $(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python -e '.[dev]'; \
+	@if $(BIN)/python -m pip install -q --disable-pip-version-check uv >/dev/null 2>&1 && \
+	  $(BIN)/uv pip install -q --native-tls --compile-bytecode --python $(BIN)/python -e '.[dev]'; then :; \
 	else \
-	  echo "(uv could not be installed: pip installs the same packages, more slowly)"; \
+	  echo "(uv could not install them: pip installs the same packages, more slowly)"; \
 	  $(BIN)/python -m pip install -q --disable-pip-version-check --upgrade pip 2>&1 | { grep -v "is ignored: it is neither" || true; }; \
 	  $(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev]' 2>&1 | { grep -v "is ignored: it is neither" || true; }; \
 	fi

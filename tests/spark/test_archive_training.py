@@ -28,7 +28,11 @@ def test_the_training_parses_deduplicates_and_appends_through_a_stream(
     env = {k: v for k, v in os.environ.items() if k not in _CLIENT_ENV}
     code = "import sys; from pathlib import Path; from riverhouse.platform.runtime.archive_training import train; train(sys.argv[1], Path(sys.argv[2]))"
     done = subprocess.run(
-        [sys.executable, "-c", code, test_engine, str(tmp_path / "training")], env=env, capture_output=True, text=True
+        [sys.executable, "-c", code, test_engine, str(tmp_path / "training")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     rows = spark.read.format("delta").load(str(tmp_path / "training" / "silver")).collect()

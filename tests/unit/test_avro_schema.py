@@ -258,9 +258,10 @@ def test_registry_credentials_are_sent_only_when_they_are_the_pipelines_own(monk
         server.shutdown()
 
 
-def test_registry_credentials_do_not_follow_a_redirect_to_another_host() -> None:
-    """A registry that redirects (a proxy, a moved endpoint, a hostile URL) gets the credentials;
-    the redirect's target, another host here, does not."""
+def test_registry_credentials_follow_a_redirect_on_the_same_host_only() -> None:
+    """A registry that redirects (a proxy, a moved endpoint, a hostile URL): the credentials go on
+    to a path on the same host and port, not to another host ("localhost" is another host name to
+    urllib than 127.0.0.1)."""
     import http.server
     import threading
 
@@ -279,14 +280,18 @@ def test_registry_credentials_do_not_follow_a_redirect_to_another_host() -> None
         def log_message(self, *args: Any) -> None:
             pass
 
-    # 127.0.0.2 is another host to urllib (the loopback range answers on every address)
-    target = http.server.HTTPServer(("127.0.0.2", 0), Target)
+    target = http.server.HTTPServer(("127.0.0.1", 0), Target)
 
     class Redirecting(Target):
         def do_GET(self) -> None:
+            if self.path.startswith("/moved/"):  # the same host and port
+                seen["moved"] = self.headers.get("Authorization")
+                super().do_GET()
+                return
             seen["registry"] = self.headers.get("Authorization")
             self.send_response(307)
-            self.send_header("Location", f"http://127.0.0.2:{target.server_address[1]}{self.path}")
+            where = f"http://localhost:{target.server_address[1]}" if "/ids/7" in self.path else "/moved"
+            self.send_header("Location", f"{where}{self.path}")
             self.end_headers()
 
     registry = http.server.HTTPServer(("127.0.0.1", 0), Redirecting)
@@ -294,9 +299,11 @@ def test_registry_credentials_do_not_follow_a_redirect_to_another_host() -> None
         threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         client = Registry(f"http://127.0.0.1:{registry.server_address[1]}", username="svc", password="pw")
-        assert json.loads(client.schema(7)) == V1
+        assert json.loads(client.schema(7)) == V1  # to another host
         assert seen["registry"] is not None and seen["registry"].startswith("Basic ")
         assert seen["target"] is None
+        assert json.loads(client.schema(8)) == V1  # to another path on the registry's host
+        assert seen["moved"] == seen["registry"]
     finally:
         registry.shutdown()
         target.shutdown()

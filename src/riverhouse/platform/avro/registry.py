@@ -65,9 +65,9 @@ class Registry:
         if self.username is not None:
             token = base64.b64encode(f"{self.username}:{self.password or ''}".encode()).decode()
             # Unredirected: urllib copies add_header's headers to a redirect's target, which may be another host.
-            request.add_unredirected_header("Authorization", f"Basic {token}")
+            request.add_unredirected_header("Authorization", f"Basic {token}")  # see _SameHostRedirects
         try:
-            with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
+            with _OPENER.open(request, timeout=TIMEOUT_S) as response:
                 return json.loads(response.read())
         except urllib.error.HTTPError as exc:
             if exc.code in (401, 403):
@@ -88,6 +88,11 @@ class Registry:
             raise error from None
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
+            if isinstance(reason, TimeoutError):  # already waited TIMEOUT_S: not worth another wait
+                raise RegistryUnreachable(
+                    f"cannot reach the schema registry at {self.url} (no answer in {TIMEOUT_S:.0f} s); start it "
+                    "(`riverhouse registry start` for the local one) or fix schema_registry.url"
+                ) from None
             raise _Transient(
                 RegistryUnreachable(
                     f"cannot reach the schema registry at {self.url} ({reason}); start it "
@@ -131,7 +136,7 @@ class Registry:
         return found
 
     def _latest(self, subject: str) -> tuple[int, str] | None:
-        """(schema id, schema JSON) of the subject's latest version, cached; None when it has none."""
+        """(schema id, schema JSON) of the subject's latest version (its schema kept in the cache); None when it has none."""
         try:
             found = self._get(f"subjects/{urllib.parse.quote(subject, safe='')}/versions/latest")
         except RegistryError as exc:
@@ -152,6 +157,29 @@ class Registry:
                 self.cache[known] = found["schema"]
                 self.versions[int(version)] = known
         return dict(self.cache)
+
+
+class _SameHostRedirects(urllib.request.HTTPRedirectHandler):
+    """urllib drops an unredirected header (the credentials) on every redirect: put it back when the
+    redirect stays on the same host and port (a trailing slash, http -> https), never for another."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        auth = req.unredirected_hdrs.get("Authorization")
+        if new is not None and auth is not None:
+            old, target = urllib.parse.urlsplit(req.full_url), urllib.parse.urlsplit(new.full_url)
+            if (old.hostname, old.port) == (target.hostname, target.port) or (
+                old.hostname == target.hostname
+                and old.scheme == "http"
+                and target.scheme == "https"
+                and old.port in (None, 80)
+                and target.port in (None, 443)
+            ):
+                new.add_unredirected_header("Authorization", auth)
+        return new
+
+
+_OPENER = urllib.request.build_opener(_SameHostRedirects)
 
 
 class _Transient(Exception):

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 ROWS = 300
+TIMEOUT_S = 300
 KEYS, STREAM_KEYS = 60, 90  # the table's first write has 60 keys, the stream's batch 90
 SCHEMA = "id string, n long, amount decimal(10,2), ts timestamp, tags array<string>"
 
@@ -39,7 +40,9 @@ def train(url: str, scratch: Path) -> None:
             .trigger(availableNow=True)
             .start()
         )
-        query.awaitTermination()
+        if not query.awaitTermination(TIMEOUT_S):  # a hung stream must not hang `make install`
+            query.stop()
+            raise RuntimeError(f"the training's streaming query did not end within {TIMEOUT_S} s")
         _joined(session.read.format("delta").load(silver), session.read.text(stream)).collect()
     finally:
         release_session(session)
