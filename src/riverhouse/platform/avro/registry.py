@@ -89,21 +89,19 @@ class Registry:
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             if isinstance(reason, TimeoutError):  # already waited TIMEOUT_S: not worth another wait
-                raise RegistryUnreachable(
-                    f"cannot reach the schema registry at {self.url} (no answer in {TIMEOUT_S:.0f} s); start it "
-                    "(`riverhouse registry start` for the local one) or fix schema_registry.url"
-                ) from None
-            raise _Transient(
-                RegistryUnreachable(
-                    f"cannot reach the schema registry at {self.url} ({reason}); start it "
-                    "(`riverhouse registry start` for the local one) or fix schema_registry.url"
-                )
-            ) from None
+                raise self._unreachable(f"no answer in {TIMEOUT_S:.0f} s") from None
+            raise _Transient(self._unreachable(reason)) from None
         except ValueError as exc:  # not JSON: not a registry's API
             raise RegistryUnreachable(
                 f"the schema registry at {self.url} did not answer as a schema registry ({exc}); fix "
                 "schema_registry.url (Apicurio's is .../apis/ccompat/v7)"
             ) from None
+
+    def _unreachable(self, reason: object) -> RegistryUnreachable:
+        return RegistryUnreachable(
+            f"cannot reach the schema registry at {self.url} ({reason}); start it "
+            "(`riverhouse registry start` for the local one) or fix schema_registry.url"
+        )
 
     def register(self, subject: str, schema: str) -> int:
         """Register `schema` (JSON text) under `subject`, or find it there: its schema id."""

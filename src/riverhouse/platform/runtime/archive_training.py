@@ -64,13 +64,13 @@ def _deduplicated(raw: Any) -> Any:
     from pyspark.sql.connect import functions as F
     from pyspark.sql.connect.window import Window
 
-    parsed = raw.select(F.from_json("value", SCHEMA).alias("r"), F.col("value")).select("r.*", "value")
+    parsed = raw.select(F.from_json("value", SCHEMA).alias("r")).select("r.*")
     latest = Window.partitionBy("id").orderBy(F.col("n").desc())
-    return parsed.withColumn("_rn", F.row_number().over(latest)).where("_rn = 1").drop("_rn", "value")
+    return parsed.withColumn("_rn", F.row_number().over(latest)).where("_rn = 1").drop("_rn")
 
 
 def _joined(silver: Any, raw: Any) -> Any:
-    """A LEFT JOIN within a time window, then a count per key (as gold does)."""
+    """A LEFT JOIN within a time window, then a sum per key (as gold's join and tally do); 90 rows."""
     from pyspark.sql.connect import functions as F
 
     right = _deduplicated(raw).select(F.col("id").alias("r_id"), F.col("ts").alias("r_ts"), "amount")
