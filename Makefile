@@ -59,8 +59,8 @@ $(JARS_STAMP): jvm/pom.xml $(JAVA_SRC) | $(STAMP) mvn-check
 # The engine's JVM maps the classes its start and a first batch load from an archive (class-data
 # sharing): it answers in ~6 s instead of ~9 (runtime/class_archive.py); the local broker's JVM has
 # one too. Made once after the jars (an engine started, trained and stopped, then a broker started
-# and stopped); again with
-# `make class-archive` after changing the JDK. Best effort: without them JVMs start as before.
+# and stopped); again with `make class-archive` after changing the JDK. Best effort: without them
+# JVMs start as before.
 class-archive: | $(STAMP)
 	@echo "==> class-data archives for the engine's and the local broker's JVMs (~60 s)"
 	@$(BIN)/riverhouse engine archive || echo "no class-data archive: engines start without one"
