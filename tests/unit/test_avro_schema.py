@@ -317,7 +317,7 @@ def test_a_registry_blip_is_retried_then_named(monkeypatch: pytest.MonkeyPatch, 
     import threading
 
     from riverhouse.platform.avro import registry as registry_module
-    from riverhouse.platform.avro.registry import Registry, RegistryError
+    from riverhouse.platform.avro.registry import Registry, RegistryUnreachable
 
     monkeypatch.setattr(registry_module, "RETRY_PAUSES_S", (0.01, 0.01))
     calls: list[str] = []
@@ -343,8 +343,60 @@ def test_a_registry_blip_is_retried_then_named(monkeypatch: pytest.MonkeyPatch, 
         if answered:
             assert client.register("t-value", json.dumps(V1)) == 42
         else:
-            with pytest.raises(RegistryError, match=r"answered HTTP 503 for subjects/t-value/versions"):
+            with pytest.raises(RegistryUnreachable, match=r"answered HTTP 503 for subjects/t-value/versions"):
                 client.register("t-value", json.dumps(V1))
         assert len(calls) == 3 and len(set(calls)) == 1  # the same registration each time
+    finally:
+        server.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("failure", "reason"),
+    [("proxy_503", r"answered HTTP 503"), ("broken_answer", r"its answer broke off: IncompleteRead")],
+)
+def test_a_registry_behind_a_failing_proxy_counts_as_unreachable(
+    monkeypatch: pytest.MonkeyPatch, failure: str, reason: str
+) -> None:
+    """A proxy answering 503 for a registry that is down, or an answer that breaks off mid-body, is
+    the registry being unreachable: a source's batch keeps the schemas it already fetched (a
+    backfill, which must read every version, fails naming it), never a bare HTTP error or a trace."""
+    import http.server
+    import threading
+
+    from riverhouse.platform.avro import registry as registry_module
+    from riverhouse.platform.avro.registry import RegistryUnreachable
+    from riverhouse.platform.ingest.avro import WriterSchemas
+
+    monkeypatch.setattr(registry_module, "RETRY_PAUSES_S", (0.01, 0.01))
+    calls: list[str] = []
+
+    class Failing(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            calls.append(self.path)
+            if failure == "proxy_503":
+                self.send_response(503)
+                self.end_headers()
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", "100")
+            self.end_headers()
+            self.wfile.write(b"[1, 2")  # then the connection closes: 5 of the 100 bytes promised
+            self.close_connection = True
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Failing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        src = parse_spec(spec_data(avro_schema=V1, schema_registry={"url": url})).sources["s"]
+        client = src.schema_registry.client()  # type: ignore[union-attr]
+        client.cache[7] = json.dumps(V1)  # fetched by an earlier batch of the run
+        writers = WriterSchemas.fetch(src, client)
+        assert (writers.complete, writers.schemas) == (False, {7: json.dumps(V1)})
+        assert calls == ["/subjects/t-value/versions"] * 3  # tried three times, then the cache
+        with pytest.raises(RegistryUnreachable, match=rf"cannot reach the schema registry at {url} \({reason}"):
+            WriterSchemas.fetch(src, client, must_answer=True)
     finally:
         server.shutdown()

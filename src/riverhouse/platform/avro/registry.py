@@ -10,6 +10,7 @@ credentials (spec_avro.py refuses them there).
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import time
 import urllib.error
@@ -82,10 +83,11 @@ class Registry:
                     f"the schema registry at {self.url} refused the schema for {path} (HTTP {exc.code}): "
                     f"{_message(exc)}"
                 ) from None
-            error = RegistryError(f"the schema registry at {self.url} answered HTTP {exc.code} for {path}")
-            if exc.code in TRANSIENT_HTTP:
-                raise _Transient(error) from None
-            raise error from None
+            if exc.code in TRANSIENT_HTTP:  # a proxy's answer: the registry behind it is down or restarting
+                raise _Transient(self._unreachable(f"answered HTTP {exc.code} for {path}")) from None
+            raise RegistryError(f"the schema registry at {self.url} answered HTTP {exc.code} for {path}") from None
+        except http.client.HTTPException as exc:  # the answer broke off (IncompleteRead, a bad status line)
+            raise _Transient(self._unreachable(f"its answer broke off: {type(exc).__name__}")) from None
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             if isinstance(reason, TimeoutError):  # already waited TIMEOUT_S: not worth another wait
