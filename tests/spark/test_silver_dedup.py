@@ -24,6 +24,7 @@ from riverhouse.platform.state.tables import (
     ensure_delta_table,
     open_table,
     read_inserts,
+    silver_properties,
     silver_schema,
     spark_schema,
 )
@@ -57,12 +58,16 @@ def batch(events: list[tuple[str, timedelta, int]]) -> pa.Table:
 def write(
     spark: Any, path: str, events: list[tuple[str, timedelta, int]], batch_id: int, app: str = "app"
 ) -> int | None:
-    """The batch through the ingest's silver step; returns the rows appended (None: the batch was replayed)."""
+    """The batch through the ingest's silver step, with its key range as the writer observes it;
+    returns the rows appended (None: the batch was replayed)."""
     rows = batch(events)
     df = spark.createDataFrame(rows.to_pylist(), spark_schema(SCHEMA))
     times = rows.column("_event_time").to_pylist()
     bounds = (min(times) - WINDOW, max(times) + WINDOW)
-    out: Appended = insert_new(path, df, ["order_id"], WINDOW, bounds, app, batch_id)
+    keys = [e[0] for e in events]
+    out: Appended = insert_new(
+        path, df, ["order_id"], WINDOW, bounds, app, batch_id, key_range=("order_id", min(keys), max(keys))
+    )
     return out.rows
 
 
@@ -73,7 +78,7 @@ def silver_ids(spark: Any, path: str) -> list[tuple[str, int]]:
 @pytest.fixture
 def silver(spark: Any, tmp_path: Path) -> str:
     path = str(tmp_path / "silver")
-    ensure_delta_table(spark, path, SCHEMA, ["_event_date"], SILVER_PROPERTIES)
+    ensure_delta_table(spark, path, SCHEMA, ["_event_date"], silver_properties(orders_spec("t").sink_source))
     return path
 
 
@@ -123,6 +128,35 @@ def test_only_silver_rows_within_the_batchs_window_are_read(spark: Any, silver: 
     files = files_overlapping(silver, "_event_time", day5 - WINDOW, day5 + WINDOW, "_event_date")
     assert files and all("_event_date=2026-01-06" in f for f in files), files
     assert files_overlapping(silver, "_event_time", T0 + timedelta(days=9), T0 + timedelta(days=9), "_event_date") == []
+
+
+def test_only_silver_files_within_the_batchs_key_range_are_read(spark: Any, silver: str) -> None:
+    """Keys that grow with time: a batch reads only the files whose key statistics overlap its own
+    keys. Delta keeps string statistics to 32 characters: a file of longer keys is still found."""
+    long = "p" * 40
+    for batch_id, keys in enumerate([["a1", "a2"], ["m1", "m2"], [long + "a", long + "z"]]):
+        write(spark, silver, [(k, timedelta(minutes=i), 10 * batch_id + i) for i, k in enumerate(keys)], batch_id)
+
+    def chosen(lowest: str, highest: str) -> list[str]:
+        files = files_overlapping(
+            silver, "_event_time", T0 - WINDOW, T0 + WINDOW, "_event_date", key_range=("order_id", lowest, highest)
+        )
+        return sorted(r[0] for r in spark.read.parquet(*files).select("order_id").collect()) if files else []
+
+    assert chosen("a0", "z") == ["a1", "a2", "m1", "m2", long + "a", long + "z"]
+    assert chosen("a0", "m9") == ["a1", "a2", "m1", "m2"]
+    assert chosen("m0", "m9") == ["m1", "m2"]
+    assert chosen("b", "l") == []
+    assert chosen("m2", long + "b") == ["m1", "m2", long + "a", long + "z"]
+    # Within the long keys' 32-character prefix, beyond their truncated statistics' exact values.
+    assert chosen(long + "m", long + "m") == [long + "a", long + "z"]
+    # Beyond the 32 characters the statistics keep, a key cannot be told apart: its file is read.
+    assert chosen(long + "zz", long + "zz") == [long + "a", long + "z"]
+    assert chosen("q", "r") == []
+    # A batch of a stored key and a new one: the stored one is found in the only file read.
+    assert write(spark, silver, [("m2", timedelta(minutes=3), 90), ("n1", timedelta(minutes=3), 91)], 3) == 1
+    assert write(spark, silver, [(long + "z", timedelta(minutes=3), 92)], 4) == 0
+    assert ("n1", 91) in silver_ids(spark, silver) and ("m2", 90) not in silver_ids(spark, silver)
 
 
 def test_in_batch_dedup_in_spark_keeps_what_the_walk_keeps(spark: Any) -> None:

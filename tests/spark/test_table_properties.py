@@ -40,3 +40,36 @@ def test_every_table_checkpoints_every_100_commits(spark: Any, tmp_path: Path) -
     ensure_gold_tables(spark, joined, gold_layout)
     for path in (gold_path(gold_layout, joined), gold_quarantine_path(gold_layout, joined)):
         assert interval(path) == "100", path
+
+
+def stats_columns(path: str) -> str | None:
+    return DeltaLog(path).metadata().get("configuration", {}).get("delta.dataSkippingStatsColumns")
+
+
+@pytest.mark.parametrize(("key_type", "stats"), [("string", True), ("long", True), ("timestamp", False)])
+def test_silver_keeps_statistics_of_a_key_whose_range_narrows_the_lookup(
+    spark: Any, tmp_path: Path, key_type: str, stats: bool
+) -> None:
+    """A string or integer dedup key gets min/max statistics in silver (the ingest reads only the
+    files whose key range overlaps a batch's); a key of another type does not pay for them."""
+    from riverhouse.platform.spec import parse_spec
+
+    spec = parse_spec(
+        {
+            "name": f"props_key_{key_type}",
+            "sources": {
+                "s": {
+                    "topic": "t",
+                    "key": ["k"],
+                    "fields": [{"name": "k", "type": key_type}, {"name": "n", "type": "long"}],
+                    "dedup": {"window": "1h"},
+                }
+            },
+            "sink": {"table": "t", "order_by": ["k"]},
+        }
+    )
+    layout = TableLayout(Settings.from_env(tmp_path / "home").warehouse, spec.name)
+    ensure_source_tables(spark, spec, layout, "s")
+    expected = "_event_time,_kafka_timestamp" + (",k" if stats else "")
+    assert stats_columns(layout.silver("s")) == expected
+    assert stats_columns(layout.bronze("s")) == "_event_time"

@@ -57,9 +57,9 @@ from riverhouse.platform.state.settings import Settings
 from riverhouse.platform.state.tables import (
     GOLD_PROPERTIES,
     KAFKA_IDENTITY,
-    SILVER_PROPERTIES,
     TableLayout,
     ensure_delta_table,
+    silver_properties,
     silver_schema,
     spark_schema,
 )
@@ -138,7 +138,7 @@ def ensure_gold_tables(spark: Any, spec: PipelineSpec, layout: TableLayout) -> A
     ensure_delta_table(spark, gold_path(layout, spec), schema, ["_left_event_date"], GOLD_PROPERTIES)
     ensure_delta_table(spark, gold_quarantine_path(layout, spec), schema, ["_left_event_date"], GOLD_PROPERTIES)
     for name, src in spec.sources.items():
-        ensure_delta_table(spark, layout.silver(name), silver_schema(src), ["_event_date"], SILVER_PROPERTIES)
+        ensure_delta_table(spark, layout.silver(name), silver_schema(src), ["_event_date"], silver_properties(src))
     return spark_schema(schema)
 
 

@@ -143,24 +143,32 @@ def time_bounds(lo_micros: int, hi_micros: int, window: timedelta) -> tuple[date
 
 
 def not_in_silver(
-    spark: Any, silver_path: str, unique: Any, key: list[str], window: timedelta, bounds: tuple[datetime, datetime]
+    spark: Any,
+    silver_path: str,
+    unique: Any,
+    key: list[str],
+    window: timedelta,
+    bounds: tuple[datetime, datetime],
+    key_range: tuple[str, Any, Any] | None = None,
 ) -> Any:
     """The batch's rows that no silver row duplicates: same key, event times within `window`.
 
     Silver is read only where a duplicate can be: the files whose days and `_event_time`
-    statistics overlap `bounds`, chosen from the Delta log (`delta_log.files_overlapping`: what
-    Delta's planner would choose, without rebuilding the snapshot after every commit), read by
-    Spark as Parquet, key and event-time columns only. The batch is the build side of both
-    joins, so memory follows the batch, not the window: first the silver rows that match a
-    batch row (a broadcast of the batch's keys), then the batch rows that match none of those
-    (a broadcast of the matches, at most a batch's worth of keys).
+    statistics overlap `bounds` and whose key statistics overlap the batch's `key_range` (the
+    lowest and highest of its first key column, `state/tables.key_range_column`), chosen from
+    the Delta log (`delta_log.files_overlapping`: what Delta's planner would choose, without
+    rebuilding the snapshot after every commit), read by Spark as Parquet, key and event-time
+    columns only. The batch is the build side of both joins, so memory follows the batch, not
+    the window: first the silver rows that match a batch row (a broadcast of the batch's keys),
+    then the batch rows that match none of those (a broadcast of the matches, at most a batch's
+    worth of keys).
     """
     from pyspark.sql import functions as F
     from pyspark.sql.types import StructField, StructType
 
     lo, hi = bounds
     micros = _micros_literal(window)
-    files = files_overlapping(silver_path, "_event_time", lo, hi, "_event_date")
+    files = files_overlapping(silver_path, "_event_time", lo, hi, "_event_date", key_range=key_range)
     if not files:
         return unique  # silver holds nothing within a window of this batch
     stored_types = {f.name: f.dataType for f in unique.schema.fields}
@@ -199,13 +207,16 @@ def insert_new(
     batch_id: int,
     metadata: dict[str, Any] | None = None,
     hint: ProgressHint | None = None,
+    key_range: tuple[str, Any, Any] | None = None,
 ) -> Appended:
-    """Dedup the batch in Spark, leave out what silver already holds, append the rest once per batch id."""
+    """Dedup the batch in Spark, leave out what silver already holds, append the rest once per batch id.
+
+    `key_range`: (column, lowest, highest) of the batch's valid rows, when known (`not_in_silver`)."""
     lo, hi = bounds  # the batch's own span, widened by the window on both sides
     span = int((hi - lo - 2 * window) / timedelta(microseconds=1))
     in_batch = dedup_batch(valid, key, window, observation_name("rh_dedup", silver_path), span)
     try:
-        fresh = not_in_silver(valid.sparkSession, silver_path, in_batch.unique, key, window, bounds)
+        fresh = not_in_silver(valid.sparkSession, silver_path, in_batch.unique, key, window, bounds, key_range)
         # One file per day and batch (a batch is bounded by maxOffsetsPerTrigger): fewer files for
         # the next batches' lookups and for compaction.
         fresh = fresh.coalesce(1)

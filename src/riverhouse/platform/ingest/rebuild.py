@@ -40,10 +40,10 @@ from riverhouse.platform.state.settings import Settings
 from riverhouse.platform.state.tables import (
     BRONZE_PROPERTIES,
     KAFKA_IDENTITY,
-    SILVER_PROPERTIES,
     TableLayout,
     bronze_schema,
     ensure_delta_table,
+    silver_properties,
     silver_schema,
     spark_schema,
 )
@@ -163,7 +163,7 @@ def rebuild_silver(
     result = RebuildResult(table=layout.silver(source), window=label)
     schema = spark_schema(silver_schema(src))
     ensure_delta_table(spark, layout.bronze(source), bronze_schema(src), ["_event_date"], BRONZE_PROPERTIES)
-    ensure_delta_table(spark, layout.silver(source), silver_schema(src), ["_event_date"], SILVER_PROPERTIES)
+    ensure_delta_table(spark, layout.silver(source), silver_schema(src), ["_event_date"], silver_properties(src))
     in_window = between("_event_time", "_event_date", start, end, hi_open=True)
     # The stream must not write silver while its window is replaced.
     with pipeline_lock(checkpoint_dir(settings, spec.name, source), spec.name, wait_s=LOCK_WAIT_S, log=log):

@@ -59,11 +59,11 @@ from riverhouse.platform.state.settings import Settings
 from riverhouse.platform.state.tables import (
     BRONZE_PROPERTIES,
     QUARANTINE_PROPERTIES,
-    SILVER_PROPERTIES,
     TableLayout,
     bronze_schema,
     ensure_delta_table,
     quarantine_schema,
+    silver_properties,
     silver_schema,
 )
 
@@ -121,7 +121,7 @@ def ensure_source_tables(spark: Any, spec: PipelineSpec, layout: TableLayout, so
     src = spec.sources[source]
     ensure_delta_table(spark, layout.bronze(source), bronze_schema(src), ["_event_date"], BRONZE_PROPERTIES)
     ensure_delta_table(spark, layout.quarantine(source), quarantine_schema(src), ["_event_date"], QUARANTINE_PROPERTIES)
-    ensure_delta_table(spark, layout.silver(source), silver_schema(src), ["_event_date"], SILVER_PROPERTIES)
+    ensure_delta_table(spark, layout.silver(source), silver_schema(src), ["_event_date"], silver_properties(src))
 
 
 _QUERY_START = threading.Lock()

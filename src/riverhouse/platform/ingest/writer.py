@@ -32,7 +32,13 @@ from riverhouse.platform.spec import PipelineSpec, SourceSpec
 from riverhouse.platform.state.checkpoints import BatchChannel
 from riverhouse.platform.state.delta_log import MARK_MAX_EVENT_TIME, DeltaLog
 from riverhouse.platform.state.delta_spark import append_once
-from riverhouse.platform.state.tables import TableLayout, bronze_schema, quarantine_schema, silver_schema
+from riverhouse.platform.state.tables import (
+    TableLayout,
+    bronze_schema,
+    key_range_column,
+    quarantine_schema,
+    silver_schema,
+)
 
 
 @dataclass
@@ -84,6 +90,8 @@ class BatchWriter:
         self.bronze_columns = bronze_schema(self.src).names
         self.quarantine_columns = quarantine_schema(self.src).names
         self.silver_columns = silver_schema(self.src).names
+        # The batch's range of this key column narrows silver's lookup (state/tables.key_range_column).
+        self.key_column = key_range_column(self.src)
         # An Avro source's registry client (credentials resolved here, in the run): the body
         # decodes each batch with the writer schemas it fetches (ingest/avro.py).
         registry = self.src.schema_registry
@@ -147,18 +155,16 @@ class BatchWriter:
         ok = F.col("_status") == "ok"
         valid_time = F.unix_micros(F.when(ok, F.col("_event_time")))
         mark = time.monotonic()
+        observed = [self.key_column] if self.key_column is not None else []  # the key range reads it
         bronze = append_once(
-            rows.select(*self.bronze_columns),
+            rows.select(*self.bronze_columns, *observed),
             self.bronze_path,
             self.app_id,
             batch_id,
             hint=self.channel,
             table="bronze",
-            observe=[
-                F.sum(F.when(ok, 1).otherwise(0)).alias("valid"),
-                F.min(valid_time).alias("lo"),
-                F.max(valid_time).alias("hi"),
-            ],
+            observe=self._observed(ok, valid_time),
+            columns=self.bronze_columns,
         )
         figures = self._figures(rows, ok, valid_time) if bronze.replayed else {"read": bronze.rows, **bronze.observed}
         metrics.read = int(figures["read"] or 0)
@@ -196,16 +202,25 @@ class BatchWriter:
         finally:
             pool.shutdown(wait=False)
 
-    def _figures(self, rows: Any, ok: Any, valid_time: Any) -> dict[str, Any]:
-        """The batch's counts when bronze already had it (a replay): one aggregate over the cache."""
+    def _observed(self, ok: Any, valid_time: Any) -> list[Any]:
+        """What bronze's append observes of the batch: its valid rows, their event-time bounds and key range."""
         from pyspark.sql import functions as F
 
-        row = rows.agg(
-            F.count(F.lit(1)).alias("read"),
+        figures = [
             F.sum(F.when(ok, 1).otherwise(0)).alias("valid"),
             F.min(valid_time).alias("lo"),
             F.max(valid_time).alias("hi"),
-        ).first()
+        ]
+        if self.key_column is not None:
+            key = F.when(ok, F.col(self.key_column))
+            figures += [F.min(key).alias("key_lo"), F.max(key).alias("key_hi")]
+        return figures
+
+    def _figures(self, rows: Any, ok: Any, valid_time: Any) -> dict[str, Any]:
+        """The batch's figures when bronze already had it (a replay): one aggregate over the cache."""
+        from pyspark.sql import functions as F
+
+        row = rows.agg(F.count(F.lit(1)).alias("read"), *self._observed(ok, valid_time)).first()
         return row.asDict()
 
     def _write_silver(self, valid: Any, batch_id: int, metrics: BatchMetrics, figures: dict[str, Any]) -> None:
@@ -218,7 +233,12 @@ class BatchWriter:
         else:
             bounds = time_bounds(int(figures["lo"]), int(figures["hi"]), dedup.window)
             key = self.src.dedup_key
-            silver = insert_new(self.silver_path, valid, key, dedup.window, bounds, self.app_id, batch_id, mark, hint)
+            key_range = None
+            if self.key_column is not None and figures.get("key_lo") is not None:
+                key_range = (self.key_column, figures["key_lo"], figures["key_hi"])
+            silver = insert_new(
+                self.silver_path, valid, key, dedup.window, bounds, self.app_id, batch_id, mark, hint, key_range
+            )
         metrics.silver_version = silver.version
         if silver.replayed:
             metrics.replayed = metrics.valid

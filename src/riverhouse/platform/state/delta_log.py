@@ -305,11 +305,20 @@ _FILE_INDEX: dict[str, Any] = {}
 
 
 def files_overlapping(
-    table_path: str, column: str, lo: Any, hi: Any | None, date_column: str, version: int | None = None
+    table_path: str,
+    column: str,
+    lo: Any,
+    hi: Any | None,
+    date_column: str,
+    version: int | None = None,
+    key_range: tuple[str, Any, Any] | None = None,
 ) -> list[str]:
     """Data files of the table (at `version`, default its latest) whose `column` statistics overlap [lo, hi].
 
-    `hi` None: no upper bound.
+    `hi` None: no upper bound. `key_range` (column, lowest, highest): also only the files whose
+    statistics of that column overlap [lowest, highest] (a string or integer column: Delta's
+    string statistics are bounds in UTF-8 byte order, as Spark's min and max, and pyarrow's
+    comparison, are; a truncated maximum is written above every value it stands for).
 
     What Delta's own planner does before a scan (partition values, then min/max statistics),
     done on the driver from the log with delta-rs, which keeps the table's state between calls
@@ -333,6 +342,10 @@ def files_overlapping(
         keep = pc.and_(keep, pc.fill_null(pc.greater_equal(adds.column(f"max.{column}"), lo), True))
         if hi is not None:
             keep = pc.and_(keep, pc.fill_null(pc.less_equal(adds.column(f"min.{column}"), hi), True))
+    if key_range is not None and f"min.{key_range[0]}" in adds.column_names:
+        name, lowest, highest = key_range
+        keep = pc.and_(keep, pc.fill_null(pc.greater_equal(adds.column(f"max.{name}"), lowest), True))
+        keep = pc.and_(keep, pc.fill_null(pc.less_equal(adds.column(f"min.{name}"), highest), True))
     chosen = adds.filter(keep).column("path").to_pylist()
     root = table.table_uri.rstrip("/")
     return [path if "://" in path else f"{root}/{path}" for path in chosen]

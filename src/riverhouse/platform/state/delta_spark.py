@@ -60,12 +60,14 @@ def append_once(
     hint: ProgressHint | None = None,
     table: str = "",
     observe: list[Any] | None = None,
+    columns: list[str] | None = None,
 ) -> Appended:
     """Append `rows` to the Delta table at `path` unless it already holds `app_id`'s batch `batch_id`.
 
     The commit's userMetadata carries the mark (app id, batch id) and `metadata`. `observe`:
     extra aggregate columns computed while writing (Spark's observed metrics, no extra job);
-    the row count is always among them.
+    the row count is always among them. `columns`: the columns written, when `rows` holds more
+    that an observed aggregate reads.
     """
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
@@ -86,6 +88,8 @@ def append_once(
     mark = {MARK_APP: app_id, MARK_BATCH: batch_id, **(metadata or {})}
     observation = Observation(observation_name(f"rh_append_{table or 'rows'}", path))
     observed = rows.observe(observation, F.count(F.lit(1)).alias("_rows"), *(observe or []))
+    if columns is not None:
+        observed = observed.select(*columns)
     observed.write.format("delta").mode("append").option("userMetadata", json.dumps(mark, sort_keys=True)).save(path)
     figures = dict(observation.get)
     written = int(figures.pop("_rows"))

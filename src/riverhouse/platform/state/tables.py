@@ -151,6 +151,36 @@ SILVER_PROPERTIES = {
 GOLD_PROPERTIES = {"delta.dataSkippingStatsColumns": "_left_event_time", **CHECKPOINT_INTERVAL}
 
 
+# Key types whose order is one in Spark's min and max, Delta's file statistics and pyarrow's comparison.
+KEY_RANGE_TYPES = ("string", "int", "long")
+
+
+def key_range_column(src: SourceSpec) -> str | None:
+    """A deduplicated source's first key column, when its range can narrow silver's lookup
+    (ingest/dedup.not_in_silver).
+
+    Two rows are duplicates only if their keys are equal, so also their first columns: a silver
+    file whose first-column statistics lie outside the batch's own range holds no duplicate.
+    Keys that grow with time (order numbers, time-ordered ids) leave most of a long window's
+    files out; random keys leave none out, at no cost.
+    """
+    if src.dedup is None:
+        return None
+    first = src.dedup_key[0]
+    return first if src.field(first).type in KEY_RANGE_TYPES else None
+
+
+def silver_properties(src: SourceSpec) -> dict[str, str]:
+    """SILVER_PROPERTIES, with statistics on the dedup key's first column too when its range can
+    narrow the ingest's lookup of silver (`key_range_column`). A table made before keeps the
+    properties it was made with: its lookups are narrowed by time only."""
+    column = key_range_column(src)
+    if column is None:
+        return SILVER_PROPERTIES
+    stats = f"{SILVER_PROPERTIES['delta.dataSkippingStatsColumns']},{column}"
+    return {**SILVER_PROPERTIES, "delta.dataSkippingStatsColumns": stats}
+
+
 def ensure_delta_table(
     spark: Any, path: str, schema: pa.Schema, partition_by: list[str], properties: dict[str, str] | None = None
 ) -> None:
