@@ -99,6 +99,11 @@ def _scenario_lines(s: dict[str, Any]) -> list[str]:
                 f"before, so {r['bytes_per_key']:,.1f} bytes/key (live heap after: "
                 f"{r['live_heap_bytes_per_key']:,.1f} bytes/key)"
             )
+            if r.get("growing_keys_step_s") is not None:
+                notes.append(
+                    f"a batch of keys that grow with time read {r['growing_keys_files_read']} of the window's "
+                    f"{r['growing_keys_files_in_window']} silver files and took {r['growing_keys_step_s']:.1f} s"
+                )
             if r.get("marginal_bytes_per_key") is not None:
                 notes.append(
                     f"{r['marginal_bytes_per_key']:,.1f} bytes of the silver step's peak RSS per key added since the "
@@ -421,7 +426,10 @@ def method_lines() -> list[str]:
         "(10% duplicates of stored keys, 90% new) through the engine's silver step (one aggregate per "
         "key, the anti-join with silver's window, the append). bytes/key = (the JVM's peak RSS during the step - its RSS "
         "before) / N. Beside it: the heap in use at its peak and after a GC, the whole JVM's peak RSS / N, "
-        "and silver's Parquet bytes on disk / N.",
+        "and silver's Parquet bytes on disk / N. That batch's duplicates are spread over every stored key, the "
+        "worst case; then a batch of keys that grow with time (duplicates of the newest keys, the rest above "
+        "them) goes through the same step with its key range, as the stream's batches do: the silver files "
+        "it read of those in the window, and its time.",
         "- Spark's own metrics: the bench's Spark sessions write Spark's event log; each completed "
         "stage's wall time and its tasks' executor run and CPU time are summed by what the job did "
         "(each batch write names its observed metrics in its plan; Delta names its log replay in the "

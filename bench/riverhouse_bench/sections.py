@@ -78,11 +78,13 @@ def state_lines(s: dict[str, Any]) -> list[str]:
         "dedup, anti-join with silver's window, append) in a fresh JVM after a warm-up. Memory figures are "
         "per stored key: the JVM's peak RSS during the step over its RSS before (the target's figure), its "
         "peak heap in use over the baseline heap, the heap still live after the step and a GC, and the "
-        "whole JVM's peak RSS (baseline included).",
+        "whole JVM's peak RSS (baseline included). The batch's duplicates are spread over every stored key "
+        "(its key range leaves no file out); a second batch, of keys that grow with time, reads only the "
+        "files its key range overlaps.",
         "",
         "| keys | silver bytes/key on disk | batch | silver step s | JVM RSS before | JVM RSS peak | RSS bytes/key "
-        "| peak heap bytes/key | live heap bytes/key | whole JVM bytes/key |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| peak heap bytes/key | live heap bytes/key | whole JVM bytes/key | growing keys: files read, step s |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in runs:
         step_s = r.get("silver_step_s", r.get("merge_s", 0.0))  # merge_s: results of the MERGE engine
@@ -90,9 +92,15 @@ def state_lines(s: dict[str, Any]) -> list[str]:
             f"| {r['keys']:,} | {r['delta_bytes_per_key']:,.1f} | {r['batch_events']:,} | {step_s:.1f} | "
             f"{r['jvm_baseline_rss_bytes'] / 2**20:,.0f} MiB | {r['jvm_peak_rss_bytes'] / 2**20:,.0f} MiB | "
             f"{r['bytes_per_key']:,.1f} | {r['heap_bytes_per_key']:,.1f} | {r['live_heap_bytes_per_key']:,.1f} | "
-            f"{r['jvm_total_rss_bytes_per_key']:,.1f} |"
+            f"{r['jvm_total_rss_bytes_per_key']:,.1f} | {_growing(r)} |"
         )
     return lines
+
+
+def _growing(r: dict[str, Any]) -> str:
+    if r.get("growing_keys_step_s") is None:  # runs from before the key range
+        return "-"
+    return f"{r['growing_keys_files_read']} of {r['growing_keys_files_in_window']}, {r['growing_keys_step_s']:.1f}"
 
 
 def _f(value: Any, spec: str = "{:.2f}") -> str:
