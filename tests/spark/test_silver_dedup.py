@@ -133,8 +133,8 @@ def test_only_silver_rows_within_the_batchs_window_are_read(spark: Any, silver: 
 def test_only_silver_files_within_the_batchs_key_range_are_read(spark: Any, silver: str) -> None:
     """Keys that grow with time: a batch reads only the files whose key statistics overlap its own
     keys. Delta keeps string statistics to 32 characters: a file of longer keys is still found."""
-    long = "p" * 40
-    for batch_id, keys in enumerate([["a1", "a2"], ["m1", "m2"], [long + "a", long + "z"]]):
+    long, wide = "p" * 40, "\u20ac\U0001f600" * 20  # 40 characters; the second, 40 of 2 to 4 bytes each
+    for batch_id, keys in enumerate([["a1", "a2"], ["m1", "m2"], [long + "a", long + "z"], [wide + "a", wide + "z"]]):
         write(spark, silver, [(k, timedelta(minutes=i), 10 * batch_id + i) for i, k in enumerate(keys)], batch_id)
 
     def chosen(lowest: str, highest: str) -> list[str]:
@@ -144,6 +144,7 @@ def test_only_silver_files_within_the_batchs_key_range_are_read(spark: Any, silv
         return sorted(r[0] for r in spark.read.parquet(*files).select("order_id").collect()) if files else []
 
     assert chosen("a0", "z") == ["a1", "a2", "m1", "m2", long + "a", long + "z"]
+    assert chosen("\u20ac", "\U0010ffff") == [wide + "a", wide + "z"]
     assert chosen("a0", "m9") == ["a1", "a2", "m1", "m2"]
     assert chosen("m0", "m9") == ["m1", "m2"]
     assert chosen("b", "l") == []
@@ -153,10 +154,43 @@ def test_only_silver_files_within_the_batchs_key_range_are_read(spark: Any, silv
     # Beyond the 32 characters the statistics keep, a key cannot be told apart: its file is read.
     assert chosen(long + "zz", long + "zz") == [long + "a", long + "z"]
     assert chosen("q", "r") == []
+    assert chosen(wide + "m", wide + "m") == [wide + "a", wide + "z"]  # truncated statistics, non-ASCII
+    assert chosen(wide + "\U0010ffff", wide + "\U0010ffff") == [wide + "a", wide + "z"]
     # A batch of a stored key and a new one: the stored one is found in the only file read.
-    assert write(spark, silver, [("m2", timedelta(minutes=3), 90), ("n1", timedelta(minutes=3), 91)], 3) == 1
-    assert write(spark, silver, [(long + "z", timedelta(minutes=3), 92)], 4) == 0
+    assert write(spark, silver, [("m2", timedelta(minutes=3), 90), ("n1", timedelta(minutes=3), 91)], 4) == 1
+    assert write(spark, silver, [(long + "z", timedelta(minutes=3), 92)], 5) == 0
     assert ("n1", 91) in silver_ids(spark, silver) and ("m2", 90) not in silver_ids(spark, silver)
+
+
+def test_an_integer_keys_range_narrows_the_files_too(spark: Any, tmp_path: Path) -> None:
+    """Integer statistics (an `int` key's are int32 in the log) against the batch's Python ints."""
+    from pyspark.sql import functions as F
+
+    path = str(tmp_path / "ints")
+    for lo in (0, 100, 200):
+        (
+            spark.range(lo, lo + 10)
+            .select(
+                F.col("id").cast("int").alias("k"),
+                F.lit(T0).alias("_event_time"),
+                F.lit(T0.date()).alias("_event_date"),
+            )
+            .coalesce(1)
+            .write.format("delta")
+            .partitionBy("_event_date")
+            .option("delta.dataSkippingStatsColumns", "_event_time,k")
+            .mode("append")
+            .save(path)
+        )
+
+    def chosen(lowest: int, highest: int) -> list[int]:
+        files = files_overlapping(
+            path, "_event_time", T0 - WINDOW, T0 + WINDOW, "_event_date", key_range=("k", lowest, highest)
+        )
+        return sorted({r[0] // 100 for r in spark.read.parquet(*files).select("k").collect()}) if files else []
+
+    assert chosen(5, 105) == [0, 1]
+    assert chosen(109, 109) == [1] and chosen(110, 199) == [] and chosen(-5, 2**40) == [0, 1, 2]
 
 
 def test_in_batch_dedup_in_spark_keeps_what_the_walk_keeps(spark: Any) -> None:

@@ -46,25 +46,35 @@ def stats_columns(path: str) -> str | None:
     return DeltaLog(path).metadata().get("configuration", {}).get("delta.dataSkippingStatsColumns")
 
 
-@pytest.mark.parametrize(("key_type", "stats"), [("string", True), ("long", True), ("timestamp", False)])
+AVRO_KEYED = {"type": "record", "name": "R", "fields": [{"name": "k", "type": "string"}, {"name": "n", "type": "long"}]}
+
+
+@pytest.mark.parametrize(
+    ("key_type", "avro", "stats"),
+    [("string", False, True), ("long", False, True), ("timestamp", False, False), ("string", True, False)],
+)
 def test_silver_keeps_statistics_of_a_key_whose_range_narrows_the_lookup(
-    spark: Any, tmp_path: Path, key_type: str, stats: bool
+    spark: Any, tmp_path: Path, key_type: str, avro: bool, stats: bool
 ) -> None:
-    """A string or integer dedup key gets min/max statistics in silver (the ingest reads only the
-    files whose key range overlaps a batch's); a key of another type does not pay for them."""
+    """A string (from JSON) or integer dedup key gets min/max statistics in silver (the ingest reads
+    only the files whose key range overlaps a batch's); a key of another type does not pay for them.
+    Nor does an Avro string key: its bytes need not be UTF-8, and Delta's statistics of such bytes
+    do not keep their order."""
     from riverhouse.platform.spec import parse_spec
 
+    source: dict[str, Any] = {
+        "topic": "t",
+        "key": ["k"],
+        "fields": [{"name": "k", "type": key_type}, {"name": "n", "type": "long"}],
+        "dedup": {"window": "1h"},
+    }
+    if avro:
+        source.update(format="avro", avro_schema=AVRO_KEYED, schema_registry={"url": "http://127.0.0.1:1"})
+        del source["fields"]
     spec = parse_spec(
         {
-            "name": f"props_key_{key_type}",
-            "sources": {
-                "s": {
-                    "topic": "t",
-                    "key": ["k"],
-                    "fields": [{"name": "k", "type": key_type}, {"name": "n", "type": "long"}],
-                    "dedup": {"window": "1h"},
-                }
-            },
+            "name": f"props_key_{key_type}_{'avro' if avro else 'json'}",
+            "sources": {"s": source},
             "sink": {"table": "t", "order_by": ["k"]},
         }
     )

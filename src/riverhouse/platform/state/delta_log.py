@@ -316,7 +316,8 @@ def files_overlapping(
     """Data files of the table (at `version`, default its latest) whose `column` statistics overlap [lo, hi].
 
     `hi` None: no upper bound. `key_range` (column, lowest, highest): also only the files whose
-    statistics of that column overlap [lowest, highest] (a string or integer column: Delta's
+    statistics of that column overlap [lowest, highest] (an integer column, or a string column of
+    valid UTF-8: Delta's
     string statistics are bounds in UTF-8 byte order, as Spark's min and max, and pyarrow's
     comparison, are; a truncated maximum is written above every value it stands for).
 
@@ -344,11 +345,19 @@ def files_overlapping(
             keep = pc.and_(keep, pc.fill_null(pc.less_equal(adds.column(f"min.{column}"), hi), True))
     if key_range is not None and f"min.{key_range[0]}" in adds.column_names:
         name, lowest, highest = key_range
-        keep = pc.and_(keep, pc.fill_null(pc.greater_equal(adds.column(f"max.{name}"), lowest), True))
-        keep = pc.and_(keep, pc.fill_null(pc.less_equal(adds.column(f"min.{name}"), highest), True))
+        least, most = (_comparable(adds.column(f"{stat}.{name}")) for stat in ("min", "max"))
+        keep = pc.and_(keep, pc.fill_null(pc.greater_equal(most, lowest), True))
+        keep = pc.and_(keep, pc.fill_null(pc.less_equal(least, highest), True))
     chosen = adds.filter(keep).column("path").to_pylist()
     root = table.table_uri.rstrip("/")
     return [path if "://" in path else f"{root}/{path}" for path in chosen]
+
+
+def _comparable(column: Any) -> Any:
+    """A statistics column pyarrow can compare with a Python value (it cannot with string_view)."""
+    import pyarrow as pa
+
+    return column.cast(pa.string()) if pa.types.is_string_view(column.type) else column
 
 
 def table_root(table_path: str) -> str:
