@@ -317,9 +317,9 @@ def files_overlapping(
 
     `hi` None: no upper bound. `key_range` (column, lowest, highest): also only the files whose
     statistics of that column overlap [lowest, highest] (an integer column, or a string column of
-    valid UTF-8: Delta's
-    string statistics are bounds in UTF-8 byte order, as Spark's min and max, and pyarrow's
-    comparison, are; a truncated maximum is written above every value it stands for).
+    valid UTF-8: Delta's string statistics are bounds in UTF-8 byte order, as Spark's min and
+    max, and pyarrow's comparison, are; a truncated maximum is written above every value it
+    stands for).
 
     What Delta's own planner does before a scan (partition values, then min/max statistics),
     done on the driver from the log with delta-rs, which keeps the table's state between calls
