@@ -86,6 +86,24 @@ def test_plain_avro_bodies_read_every_logical_type_and_nested_record(spark: Any)
     assert rows[2]["_reason"] == "the Avro body does not decode with its schema"
 
 
+def test_avro_text_that_is_not_utf8_is_rejected_as_a_json_record_is(spark: Any) -> None:
+    """Avro's strings are UTF-8 by its specification, and `from_avro` keeps whatever bytes come: a
+    string field, or a string inside an array, that is not UTF-8 is quarantined with the field named."""
+    src = source(avro_schema=SCHEMA)
+    ok = body({**RECORD, "score": 0.5})
+    assert ok.startswith(b"\x04p1") and ok.count(b"\x04\x02a\x02b\x00") == 1  # id "p1"; tags ["a", "b"]
+    bad_id = b"\x04p\x80" + ok[3:]
+    bad_tag = ok.replace(b"\x04\x02a\x02b\x00", b"\x04\x02\xff\x02b\x00")
+    parsed = parse_records(kafka_rows(spark, [ok, bad_id, bad_tag]), src)
+    rows = parsed.orderBy("_offset").select("_status", "_reason").collect()  # the text itself is not UTF-8
+    assert [r["_reason"] for r in rows] == [
+        None,
+        "field 'id' is not valid UTF-8 text",
+        "field 'tags' is not valid UTF-8 text",
+    ]
+    assert [r["_status"] for r in rows] == ["ok", "rejected", "rejected"]
+
+
 def test_registry_records_are_decoded_with_their_writer_schema_by_id(spark: Any) -> None:
     older = {**SCHEMA, "fields": [f for f in SCHEMA["fields"] if f["name"] != "score"]}  # before `score` existed
     src = source(avro_schema=SCHEMA, schema_registry={"url": "http://registry.invalid:8081"})

@@ -23,7 +23,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from riverhouse.platform.avro.schema import resolution_problem
-from riverhouse.platform.ingest.record_rules import Check, Decoded, at_path, non_finite_checks
+from riverhouse.platform.ingest.record_rules import Check, Decoded, any_leaf, at_path, non_finite_checks
 from riverhouse.platform.spec import SourceSpec
 
 
@@ -129,7 +129,21 @@ def decode_avro(batch: DataFrame, src: SourceSpec, oversized: Column, writers: W
     checks.append((parsed.isNull() | _undecoded(parsed, reader), "the Avro body does not decode with its schema"))
     raw = {f.name: at_path(parsed, f.segments) for f in src.fields}
     typed = {f.name: raw[f.name].cast(f.type) for f in src.fields}
-    return df, typed, checks, non_finite_checks(src, raw)
+    return df, typed, checks, [*non_finite_checks(src, raw), *_utf8_checks(src, raw)]
+
+
+def _utf8_checks(src: SourceSpec, raw: dict[str, Column]) -> list[Check]:
+    """Text that is not UTF-8 in a string field (or inside an array or map of strings).
+
+    Avro's strings are UTF-8 by its specification, but `from_avro` keeps the bytes as they are;
+    a JSON record must be valid UTF-8 as a whole (ingest/parse.py). Rejected, so every string in
+    silver is text: ClickHouse, the checks and the statistics of a string key read it as such.
+    """
+    return [
+        (any_leaf(raw[f.name], f.ftype, lambda x: ~F.is_valid_utf8(x)), f"field {f.label} is not valid UTF-8 text")
+        for f in src.fields
+        if f.ftype.leaf.name == "string"
+    ]
 
 
 def _undecoded(parsed: Column, reader_text: str) -> Column:

@@ -164,18 +164,14 @@ def key_range_column(src: SourceSpec) -> str | None:
     Keys that grow with time (order numbers, time-ordered ids) leave most of a long window's
     files out; random keys leave none out, at no cost.
 
-    A string key only from JSON, whose records must be valid UTF-8 (ingest/parse.py): Spark's
-    `from_avro` keeps an Avro string's bytes as they are, and Delta writes a statistic of bytes
-    that are not UTF-8 with U+FFFD in their place, which does not keep their order (a file could
-    be left out that holds the key).
+    A string key's values are valid UTF-8 (the parse rejects a record that is not, JSON's and
+    Avro's alike): Delta writes a statistic of bytes that are not UTF-8 with U+FFFD in their
+    place, which would not keep their order, and a file that holds the key could be left out.
     """
     if src.dedup is None:
         return None
     first = src.dedup_key[0]
-    typ = src.field(first).type
-    if typ not in KEY_RANGE_TYPES or (typ == "string" and src.format != "json"):
-        return None
-    return first
+    return first if src.field(first).type in KEY_RANGE_TYPES else None
 
 
 def silver_properties(src: SourceSpec) -> dict[str, str]:
