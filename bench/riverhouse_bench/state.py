@@ -154,19 +154,24 @@ def _live_heap(spark: Any) -> int:
     return int(runtime.totalMemory() - runtime.freeMemory())
 
 
+def _step_settings() -> tuple[Any, timedelta, tuple[datetime, datetime]]:
+    """The bench source, its dedup window, and the event-time bounds of a batch on BASE."""
+    src = orders_spec("bench_state", "bench_state").sources["orders"]
+    window = src.dedup.window if src.dedup else timedelta(hours=1)
+    return src, window, (BASE - window, BASE + window)
+
+
 def _silver_step(spark: Any, path: str, keys: int, batch_rows: int, batch_id: int) -> Any:
     """One batch through the engine's dedup: 10% duplicates of stored keys, the rest new keys (`keys` and up)."""
     from pyspark.sql import functions as F
 
     from riverhouse.platform.ingest.dedup import insert_new
 
-    src = orders_spec("bench_state", "bench_state").sources["orders"]
-    window = src.dedup.window if src.dedup else timedelta(hours=1)
+    src, window, bounds = _step_settings()
     repeats = max(1, batch_rows // 10)
     stored = spark.range(0, repeats).select((F.col("id") * max(1, keys // repeats)).alias("id"))
     new = spark.range(keys, keys + batch_rows - repeats)
     batch = _silver_rows(spark, stored.unionByName(new), batch_id=batch_id, offset_base=keys)
-    bounds = (BASE - window, BASE + window)
     # No key_range: the duplicates are spread over every stored key, so the batch's key range
     # (which the stream's batches pass) would leave no silver file out; this is the worst case.
     outcome = insert_new(path, batch, src.dedup_key, window, bounds, "bench-state", batch_id)
@@ -179,12 +184,10 @@ def _growing_keys_step(spark: Any, path: str, stored: int, batch_rows: int, batc
     from riverhouse.platform.ingest.dedup import insert_new
     from riverhouse.platform.state.delta_log import files_overlapping
 
-    src = orders_spec("bench_state", "bench_state").sources["orders"]
-    window = src.dedup.window if src.dedup else timedelta(hours=1)
+    src, window, bounds = _step_settings()
     repeats = max(1, batch_rows // 10)
     ids = spark.range(stored - repeats, stored + batch_rows - repeats)
     batch = _silver_rows(spark, ids, batch_id=batch_id, offset_base=2 * stored)
-    bounds = (BASE - window, BASE + window)
     key_range = ("order_id", f"o-{stored - repeats:010d}", f"o-{stored + batch_rows - repeats - 1:010d}")
     lo, hi = bounds
     every = files_overlapping(path, "_event_time", lo, hi, "_event_date")

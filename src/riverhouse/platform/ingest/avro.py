@@ -9,8 +9,9 @@ decode is rejected with that reason (quarantine), like bad JSON.
 
 The writer schemas are fetched by the batch body before each batch (`WriterSchemas.fetch`), so a
 version registered mid-stream is read from the next batch on. When the registry cannot be reached
-(or its proxy answers 502/503/504) the cached ones keep working, and a record with an id not in the cache fails the batch (Spark's
-`raise_error`): nothing is committed, and the next run reads it once the registry answers.
+(or its proxy answers 502/503/504) the cached ones keep working, and a record with an id not in
+the cache fails the batch (Spark's `raise_error`): nothing is committed, and the next run reads
+it once the registry answers.
 """
 
 from __future__ import annotations

@@ -339,25 +339,29 @@ def files_overlapping(
     keep = pc.greater_equal(day, lo.date())
     if hi is not None:
         keep = pc.and_(keep, pc.less_equal(day, hi.date()))
-    if f"min.{column}" in adds.column_names:
-        keep = pc.and_(keep, pc.fill_null(pc.greater_equal(adds.column(f"max.{column}"), lo), True))
-        if hi is not None:
-            keep = pc.and_(keep, pc.fill_null(pc.less_equal(adds.column(f"min.{column}"), hi), True))
-    if key_range is not None and f"min.{key_range[0]}" in adds.column_names:
-        name, lowest, highest = key_range
-        least, most = (_comparable(adds.column(f"{stat}.{name}")) for stat in ("min", "max"))
-        keep = pc.and_(keep, pc.fill_null(pc.greater_equal(most, lowest), True))
-        keep = pc.and_(keep, pc.fill_null(pc.less_equal(least, highest), True))
+    for name, lowest, highest in [(column, lo, hi), *([key_range] if key_range is not None else [])]:
+        if f"min.{name}" in adds.column_names:
+            keep = pc.and_(keep, _overlapping(adds, name, lowest, highest))
     chosen = adds.filter(keep).column("path").to_pylist()
     root = table.table_uri.rstrip("/")
     return [path if "://" in path else f"{root}/{path}" for path in chosen]
 
 
-def _comparable(column: Any) -> Any:
-    """A statistics column pyarrow can compare with a Python value (it cannot with string_view)."""
+def _overlapping(adds: Any, name: str, lowest: Any, highest: Any | None) -> Any:
+    """Which add actions' min/max statistics of `name` overlap [lowest, highest] (`highest` None: no
+    upper bound); a file without them is kept. string_view statistics are compared as strings
+    (pyarrow cannot compare string_view with a Python value)."""
     import pyarrow as pa
+    import pyarrow.compute as pc
 
-    return column.cast(pa.string()) if pa.types.is_string_view(column.type) else column
+    def stat(which: str) -> Any:
+        column = adds.column(f"{which}.{name}")
+        return column.cast(pa.string()) if pa.types.is_string_view(column.type) else column
+
+    keep = pc.fill_null(pc.greater_equal(stat("max"), lowest), True)
+    if highest is not None:
+        keep = pc.and_(keep, pc.fill_null(pc.less_equal(stat("min"), highest), True))
+    return keep
 
 
 def table_root(table_path: str) -> str:
