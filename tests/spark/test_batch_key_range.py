@@ -50,8 +50,8 @@ def test_the_key_range_reaches_silvers_lookup(tmp_path: Path, monkeypatch: pytes
     writer = body(tmp_path)
     handed: list[Any] = []
 
-    def insert_new(*args: Any) -> Any:
-        handed.append(args[-1])
+    def insert_new(*args: Any, **kwargs: Any) -> Any:
+        handed.append((args[-1], kwargs.get("columns")))
         raise RuntimeError("stop here")
 
     monkeypatch.setattr(writer_module, "insert_new", insert_new)
@@ -60,4 +60,5 @@ def test_the_key_range_reaches_silvers_lookup(tmp_path: Path, monkeypatch: pytes
     figures = {"read": 3, "valid": 3, "lo": micros, "hi": micros, "key_lo": "o-5", "key_hi": "o-7"}
     with pytest.raises(RuntimeError, match="stop here"):
         writer._write_silver(object(), 0, writer_module.BatchMetrics(batch_id=0), figures)
-    assert handed == [("order_id", "o-5", "o-7")]
+    # The silver columns go with it, so the lookup does not ask the engine for them.
+    assert handed == [(("order_id", "o-5", "o-7"), writer.silver_columns)]

@@ -22,8 +22,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from riverhouse.platform.state.delta_log import files_overlapping
-from riverhouse.platform.state.delta_spark import Appended, ProgressHint, append_once, observation_name
+from riverhouse.platform.state.delta_log import DeltaLog, files_overlapping
+from riverhouse.platform.state.delta_spark import (
+    Appended,
+    ProgressHint,
+    append_once,
+    observation_name,
+    observe_batch,
+)
 
 ORDER_COLUMNS = ["_event_time", "_topic", "_partition", "_offset"]
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -88,9 +94,15 @@ class InBatch:
 
 
 def dedup_batch(
-    valid: Any, key: list[str], window: timedelta, name: str = "rh_dedup", span_micros: int | None = None
+    valid: Any,
+    key: list[str],
+    window: timedelta,
+    name: str = "rh_dedup",
+    span_micros: int | None = None,
+    columns: list[str] | None = None,
+    read_twice: bool = True,
 ) -> InBatch:
-    """The batch's valid rows minus in-batch duplicates, as a cached Spark plan; and the keys walked.
+    """The batch's valid rows minus in-batch duplicates, as a Spark plan; and the keys walked.
 
     One hash aggregate per key: its first event (by event time, then Kafka coordinates: `min_by`
     over the ordering struct) and the span of its event times. When the span is within the
@@ -99,27 +111,35 @@ def dedup_batch(
     own group, on an executor; that branch (a Python stage) is planned only when such keys exist,
     which the aggregate's observed count says. `span_micros`: the batch's own event-time span
     (its latest valid event time minus its earliest, which the bronze append observed); when it
-    is within the window no key can span more, so no count job is run to find out. The result
-    is persisted, since the silver step reads it twice (probe and anti-join); the caller
-    releases it (`InBatch.release`).
+    is within the window no key can span more, so no count job is run to find out.
+
+    The aggregate is cached when more than one job reads it: the count, or a silver lookup that
+    reads the result twice (probe and anti-join: `read_twice`). A batch with no silver file to
+    look up is read once, by its append, and caches nothing. The caller releases the caches
+    (`InBatch.release`). `columns`: `valid`'s columns when the caller knows them (under Spark
+    Connect, `valid.columns` asks the engine to analyse the plan).
     """
     from pyspark import StorageLevel
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
-    columns = valid.columns
+    columns = valid.columns if columns is None else columns
     micros = _micros_literal(window)
     span = F.unix_micros(F.max("_event_time")) - F.unix_micros(F.min("_event_time"))
     per_key = valid.groupBy(*key).agg(
         F.min_by(F.struct(*columns), F.struct(*ORDER_COLUMNS)).alias("_first"), span.alias("_span")
     )
-    per_key = per_key.persist(StorageLevel.MEMORY_AND_DISK)
+    counted = span_micros is None or span_micros > micros  # else no key spans more than the whole batch does
+    cached: list[Any] = []
+    if counted or read_twice:
+        per_key = per_key.persist(StorageLevel.MEMORY_AND_DISK)
+        cached.append(per_key)
     is_long = F.col("_span") > F.lit(micros)
-    if span_micros is not None and span_micros <= micros:
-        long_keys = 0  # no key spans more than the whole batch does
+    if not counted:
+        long_keys = 0
     else:
         seen = Observation(name)
-        per_key.observe(seen, F.sum(F.when(is_long, 1).otherwise(0)).alias("long")).count()
+        observe_batch(per_key, seen, [F.sum(F.when(is_long, 1).otherwise(0)).alias("long")]).count()
         long_keys = int(seen.get["long"] or 0)
     unique = per_key.where(~is_long).select(*[F.col(f"_first.{c}").alias(c) for c in columns])
     if long_keys:
@@ -131,8 +151,8 @@ def dedup_batch(
         spanning = valid.join(per_key.where(is_long).select(*key), key, "left_semi")
         walked = spanning.groupBy(*key).applyInArrow(walk, schema)
         unique = unique.unionByName(walked).persist(StorageLevel.MEMORY_AND_DISK)
-        return InBatch(unique, long_keys, [unique, per_key])
-    return InBatch(unique, long_keys, [per_key])
+        return InBatch(unique, long_keys, [unique, *cached])
+    return InBatch(unique, long_keys, cached)
 
 
 def time_bounds(lo_micros: int, hi_micros: int, window: timedelta) -> tuple[datetime, datetime]:
@@ -142,23 +162,27 @@ def time_bounds(lo_micros: int, hi_micros: int, window: timedelta) -> tuple[date
     return lo, hi
 
 
-def not_in_silver(
-    spark: Any,
-    silver_path: str,
-    unique: Any,
-    key: list[str],
-    window: timedelta,
-    bounds: tuple[datetime, datetime],
-    key_range: tuple[str, Any, Any] | None = None,
-) -> Any:
-    """The batch's rows that no silver row duplicates: same key, event times within `window`.
+def silver_files(
+    silver_path: str, bounds: tuple[datetime, datetime], key_range: tuple[str, Any, Any] | None = None
+) -> list[str]:
+    """The silver files that can hold a duplicate of the batch's rows: those whose days and
+    `_event_time` statistics overlap `bounds` and whose key statistics overlap the batch's
+    `key_range` (the lowest and highest of its first key column, `state/tables.key_range_column`),
+    chosen from the Delta log (`delta_log.files_overlapping`: what Delta's planner would choose,
+    without rebuilding the snapshot after every commit)."""
+    lo, hi = bounds
+    return files_overlapping(silver_path, "_event_time", lo, hi, "_event_date", key_range=key_range)
 
-    Silver is read only where a duplicate can be: the files whose days and `_event_time`
-    statistics overlap `bounds` and whose key statistics overlap the batch's `key_range` (the
-    lowest and highest of its first key column, `state/tables.key_range_column`), chosen from
-    the Delta log (`delta_log.files_overlapping`: what Delta's planner would choose, without
-    rebuilding the snapshot after every commit), read by Spark as Parquet, key and event-time
-    columns only. The batch is the build side of both joins, so memory follows the batch, not
+
+def not_in_silver(
+    spark: Any, silver_path: str, unique: Any, key: list[str], window: timedelta, files: list[str], columns: list[str]
+) -> Any:
+    """The batch's rows (`unique`, with `columns`) that no silver row duplicates: same key, event
+    times within `window`.
+
+    Silver is read only where a duplicate can be: `files` (`silver_files`), read by Spark as
+    Parquet, key and event-time columns only, with their types from the table's log (no round
+    trip to the engine). The batch is the build side of both joins, so memory follows the batch, not
     the window: first the silver rows that match a batch row (a broadcast of the batch's keys),
     then the batch rows that match none of those (a broadcast of the matches, at most a batch's
     worth of keys).
@@ -166,12 +190,10 @@ def not_in_silver(
     from pyspark.sql import functions as F
     from pyspark.sql.types import StructField, StructType
 
-    lo, hi = bounds
     micros = _micros_literal(window)
-    files = files_overlapping(silver_path, "_event_time", lo, hi, "_event_date", key_range=key_range)
     if not files:
         return unique  # silver holds nothing within a window of this batch
-    stored_types = {f.name: f.dataType for f in unique.schema.fields}
+    stored_types = {f.name: f.dataType for f in DeltaLog(silver_path).schema().fields}
     # No filter on the time bounds here: the files were chosen by them, the join's condition
     # checks each pair, and a literal that changes every batch would make Spark generate and
     # compile new code for this scan every batch (bench/analysis.md).
@@ -194,7 +216,7 @@ def not_in_silver(
     for k in key:
         batch = batch.withColumn(f"_b_{k}", F.col(k))
     kept = batch.join(F.broadcast(matched), within("_b_", "_s_"), "left_anti")
-    return kept.select(*unique.columns)
+    return kept.select(*columns)
 
 
 def insert_new(
@@ -208,15 +230,20 @@ def insert_new(
     metadata: dict[str, Any] | None = None,
     hint: ProgressHint | None = None,
     key_range: tuple[str, Any, Any] | None = None,
+    columns: list[str] | None = None,
 ) -> Appended:
     """Dedup the batch in Spark, leave out what silver already holds, append the rest once per batch id.
 
-    `key_range`: (column, lowest, highest) of the batch's valid rows, when known (`not_in_silver`)."""
+    `key_range`: (column, lowest, highest) of the batch's valid rows, when known (`silver_files`).
+    `columns`: `valid`'s columns, when known (else asked of Spark)."""
     lo, hi = bounds  # the batch's own span, widened by the window on both sides
     span = int((hi - lo - 2 * window) / timedelta(microseconds=1))
-    in_batch = dedup_batch(valid, key, window, observation_name("rh_dedup", silver_path), span)
+    columns = valid.columns if columns is None else columns
+    files = silver_files(silver_path, bounds, key_range)
+    name = observation_name("rh_dedup", silver_path)
+    in_batch = dedup_batch(valid, key, window, name, span, columns, read_twice=bool(files))
     try:
-        fresh = not_in_silver(valid.sparkSession, silver_path, in_batch.unique, key, window, bounds, key_range)
+        fresh = not_in_silver(valid.sparkSession, silver_path, in_batch.unique, key, window, files, columns)
         # One file per day and batch (a batch is bounded by maxOffsetsPerTrigger): fewer files for
         # the next batches' lookups and for compaction.
         fresh = fresh.coalesce(1)

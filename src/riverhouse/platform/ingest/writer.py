@@ -237,7 +237,17 @@ class BatchWriter:
             if self.key_column is not None and figures.get("key_lo") is not None:
                 key_range = (self.key_column, figures["key_lo"], figures["key_hi"])
             silver = insert_new(
-                self.silver_path, valid, key, dedup.window, bounds, self.app_id, batch_id, mark, hint, key_range
+                self.silver_path,
+                valid,
+                key,
+                dedup.window,
+                bounds,
+                self.app_id,
+                batch_id,
+                mark,
+                hint,
+                key_range,
+                columns=self.silver_columns,  # known: no round trip to the engine for them
             )
         metrics.silver_version = silver.version
         if silver.replayed:

@@ -87,7 +87,7 @@ def append_once(
     before = log.latest_version()
     mark = {MARK_APP: app_id, MARK_BATCH: batch_id, **(metadata or {})}
     observation = Observation(observation_name(f"rh_append_{table or 'rows'}", path))
-    observed = rows.observe(observation, F.count(F.lit(1)).alias("_rows"), *(observe or []))
+    observed = observe_batch(rows, observation, [F.count(F.lit(1)).alias("_rows"), *(observe or [])])
     if columns is not None:
         observed = observed.select(*columns)
     observed.write.format("delta").mode("append").option("userMetadata", json.dumps(mark, sort_keys=True)).save(path)
@@ -103,6 +103,32 @@ def append_once(
     if hint is not None:
         hint.record_table(table, app_id, batch_id, version)
     return Appended(version, written, figures)
+
+
+def observe_batch(rows: Any, observation: Any, exprs: list[Any]) -> Any:
+    """`rows.observe(observation, *exprs)` for a frame that is not a streaming one (a micro-batch
+    in foreachBatch, a backfill's rows).
+
+    Spark Connect's `observe` first asks the engine whether the frame is streaming: a round trip
+    in which the engine analyses the whole plan (20-40 ms a write, two writes a batch,
+    bench/analysis.md). Riverhouse never observes a streaming frame, so that question is left
+    out: the plan is the one `observe` builds (pyspark 4's client, pinned in pyproject.toml),
+    and any other session observes as usual.
+    """
+    try:
+        from pyspark.sql.connect import plan as connect_plan
+        from pyspark.sql.connect.dataframe import DataFrame as ConnectFrame
+        from pyspark.sql.connect.observation import Observation as ConnectObservation
+    except ImportError:  # pyspark without Spark Connect's client
+        return rows.observe(observation, *exprs)
+    if not (isinstance(rows, ConnectFrame) and isinstance(observation, ConnectObservation)):
+        return rows.observe(observation, *exprs)
+    if observation._result is not None:  # the check `observe` makes: an observation is used once
+        return rows.observe(observation, *exprs)  # raises REUSE_OBSERVATION
+    observation._result = {}
+    observed = ConnectFrame(connect_plan.CollectMetrics(rows._plan, observation, list(exprs)), rows._session)
+    observed._cached_schema = rows._cached_schema
+    return observed
 
 
 def observation_name(step: str, path: str) -> str:

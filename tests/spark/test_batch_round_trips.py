@@ -1,0 +1,165 @@
+"""What a micro-batch asks of the engine beyond its jobs, and what it caches.
+
+Under Spark Connect every schema lookup, `persist` and streaming check is a round trip in which
+the engine analyses the batch's plan (20-100 ms each, bench/analysis.md). A batch body asks only
+to cache its rows and to release them; the in-batch dedup's aggregate is cached only when more
+than one job reads it. The rows written are checked too: leaving a cache out must not change them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from riverhouse.platform.faults import FaultPlan
+from riverhouse.platform.ingest.dedup import dedup_batch
+from riverhouse.platform.ingest.parse import parse_records
+from riverhouse.platform.ingest.stream import ensure_source_tables
+from riverhouse.platform.ingest.writer import BatchWriter
+from riverhouse.platform.runtime.spark import is_connect
+from riverhouse.platform.state.checkpoints import BatchChannel
+from riverhouse.platform.state.delta_spark import observe_batch
+from riverhouse.platform.state.settings import Settings
+from riverhouse.platform.state.tables import TableLayout, open_table, silver_schema, spark_schema
+from tests.conftest import orders_spec
+
+pytestmark = pytest.mark.spark
+T0 = datetime(2026, 1, 1, 12, tzinfo=UTC)
+WINDOW = timedelta(hours=1)
+
+
+@pytest.fixture
+def analysed(spark: Any) -> Iterator[list[str]]:
+    """The methods of every plan-analysis request the client sends the engine while the test runs."""
+    if not is_connect(spark):
+        pytest.skip("round trips to the engine: Spark Connect only (RIVERHOUSE_TEST_ENGINE=local runs in-process)")
+    from pyspark.sql.connect.client.core import SparkConnectClient
+
+    calls: list[str] = []
+    original = SparkConnectClient._analyze
+
+    def counting(self: Any, method: str, **kwargs: Any) -> Any:
+        calls.append(method)
+        return original(self, method, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(SparkConnectClient, "_analyze", counting)
+        yield calls
+
+
+def kafka_batch(spark: Any, ids: list[str], first_offset: int) -> Any:
+    """A parsed micro-batch as the streaming query hands it to the body: orders 100 ms apart."""
+    values = [
+        json.dumps(
+            {
+                "order_id": order_id,
+                "user_id": "u1",
+                "amount": 1,
+                "price": 9.5,
+                "created_at": (T0 + timedelta(milliseconds=100 * (first_offset + i))).isoformat(),
+            }
+        ).encode()
+        for i, order_id in enumerate(ids)
+    ]
+    n = len(values)
+    headers = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+    table = pa.table(
+        {
+            "topic": ["orders"] * n,
+            "partition": pa.array([0] * n, pa.int32()),
+            "offset": pa.array(range(first_offset, first_offset + n), pa.int64()),
+            "timestamp": pa.array([T0] * n, pa.timestamp("us", tz="UTC")),
+            "key": pa.array([i.encode() for i in ids], pa.binary()),
+            "value": pa.array(values, pa.binary()),
+            "headers": pa.array([[]] * n, headers),
+        }
+    )
+    spec = orders_spec("round_trips")
+    return parse_records(spark.createDataFrame(table), spec.sink_source)
+
+
+def test_a_batch_body_asks_the_engine_only_to_cache_and_release_its_rows(
+    spark: Any, analysed: list[str], tmp_path: Path
+) -> None:
+    spec = orders_spec("round_trips")
+    layout = TableLayout(Settings.from_env(tmp_path / "home").warehouse, spec.name)
+    ensure_source_tables(spark, spec, layout, spec.sink_source_name)
+    channel = BatchChannel(tmp_path / "checkpoint", run="r1")
+    writer = BatchWriter(spec, spec.sink_source_name, layout, "app", channel, FaultPlan())
+
+    first = kafka_batch(spark, [f"o{i:04d}" for i in range(40)], 0)
+    analysed.clear()
+    assert writer._process(first, 0).inserted == 40
+    # The first batch: silver is empty, so nothing is looked up and the dedup's aggregate is not cached.
+    assert analysed == ["persist", "unpersist"]
+
+    # Duplicates of the newest rows silver holds, and new keys: silver's last file is looked up,
+    # so the aggregate is cached as well (the lookup reads it twice).
+    second = kafka_batch(spark, [f"o{i:04d}" for i in range(30, 60)], 40)
+    analysed.clear()
+    metrics = writer._process(second, 1)
+    assert (metrics.inserted, metrics.duplicates_dropped) == (20, 10)
+    assert sorted(analysed) == ["persist", "persist", "unpersist", "unpersist"]
+
+    ids = open_table(layout.silver(spec.sink_source_name)).to_pyarrow_table(columns=["order_id"]).column("order_id")
+    assert sorted(ids.to_pylist()) == [f"o{i:04d}" for i in range(60)]
+
+
+def test_the_dedup_caches_its_aggregate_only_when_two_jobs_read_it(spark: Any) -> None:
+    schema = silver_schema(orders_spec("t").sink_source)
+    times = [T0, T0 + timedelta(minutes=1), T0 + timedelta(minutes=2)]
+    rows = pa.table(
+        {
+            "order_id": ["a", "a", "b"],
+            "user_id": ["u"] * 3,
+            "amount": [1] * 3,
+            "price": [1.0] * 3,
+            "created_at": times,
+            "_event_time": times,
+            "_event_date": [t.date() for t in times],
+            "_topic": ["t"] * 3,
+            "_partition": [0] * 3,
+            "_offset": [1, 2, 3],
+            "_kafka_timestamp": times,
+            "_batch_id": [0] * 3,
+        },
+        schema=schema,
+    )
+    df = spark.createDataFrame(rows.to_pylist(), spark_schema(schema))
+    span = int(timedelta(minutes=2) / timedelta(microseconds=1))
+
+    def kept(**options: Any) -> tuple[int, list[tuple[str, int]]]:
+        in_batch = dedup_batch(df, ["order_id"], WINDOW, columns=schema.names, **options)
+        try:
+            got = sorted((r[0], r[1]) for r in in_batch.unique.select("order_id", "_offset").collect())
+            return len(in_batch.cached), got
+        finally:
+            in_batch.release()
+
+    expected = [("a", 1), ("b", 3)]
+    assert kept(span_micros=span, read_twice=False) == (0, expected)  # read once, by the append
+    assert kept(span_micros=span, read_twice=True) == (1, expected)  # probe and anti-join
+    assert kept(span_micros=None, read_twice=False) == (1, expected)  # the long-key count reads it first
+
+
+def test_an_observed_write_of_a_batch_skips_the_streaming_check_and_still_gets_its_metrics(
+    spark: Any, analysed: list[str], tmp_path: Path
+) -> None:
+    from pyspark.errors import PySparkAssertionError
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+
+    rows = spark.range(0, 25).withColumn("even", (F.col("id") % 2) == 0)
+    observation = Observation("rh_test_observe_batch")
+    observed = observe_batch(rows, observation, [F.count(F.lit(1)).alias("n"), F.sum(F.col("even").cast("int"))])
+    observed.write.format("parquet").save(str(tmp_path / "out"))
+    assert "is_streaming" not in analysed
+    assert observation.get == {"n": 25, "sum(CAST(even AS INT))": 13}
+    with pytest.raises(PySparkAssertionError, match="REUSE_OBSERVATION"):
+        observe_batch(rows, observation, [F.count(F.lit(1))])
