@@ -2,8 +2,8 @@
 
 Under Spark Connect every schema lookup, `persist` and streaming check is a round trip in which
 the engine analyses the batch's plan (20-100 ms each, bench/analysis.md). A batch body asks only
-to cache its rows and to release them; the in-batch dedup's aggregate is cached only when more
-than one job reads it. The rows written are checked too: leaving a cache out must not change them.
+to cache what it caches (its rows, the dedup's aggregate) and to release it. The rows written are
+checked too.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import pyarrow as pa
 import pytest
 
 from riverhouse.platform.faults import FaultPlan
-from riverhouse.platform.ingest.dedup import dedup_batch
 from riverhouse.platform.ingest.parse import parse_records
 from riverhouse.platform.ingest.stream import ensure_source_tables
 from riverhouse.platform.ingest.writer import BatchWriter
@@ -26,12 +25,11 @@ from riverhouse.platform.runtime.spark import is_connect
 from riverhouse.platform.state.checkpoints import BatchChannel
 from riverhouse.platform.state.delta_spark import observe_batch
 from riverhouse.platform.state.settings import Settings
-from riverhouse.platform.state.tables import TableLayout, open_table, silver_schema, spark_schema
+from riverhouse.platform.state.tables import TableLayout, open_table
 from tests.conftest import orders_spec
 
 pytestmark = pytest.mark.spark
 T0 = datetime(2026, 1, 1, 12, tzinfo=UTC)
-WINDOW = timedelta(hours=1)
 
 
 @pytest.fixture
@@ -93,14 +91,14 @@ def test_a_batch_body_asks_the_engine_only_to_cache_and_release_its_rows(
     channel = BatchChannel(tmp_path / "checkpoint", run="r1")
     writer = BatchWriter(spec, spec.sink_source_name, layout, "app", channel, FaultPlan())
 
+    # The batch's rows and the dedup's aggregate are cached and released: nothing else is asked
+    # (no schema lookup, no streaming check), whether silver is empty or looked up.
     first = kafka_batch(spark, [f"o{i:04d}" for i in range(40)], 0)
     analysed.clear()
     assert writer._process(first, 0).inserted == 40
-    # The first batch: silver is empty, so nothing is looked up and the dedup's aggregate is not cached.
-    assert analysed == ["persist", "unpersist"]
+    assert sorted(analysed) == ["persist", "persist", "unpersist", "unpersist"]
 
-    # Duplicates of the newest rows silver holds, and new keys: silver's last file is looked up,
-    # so the aggregate is cached as well (the lookup reads it twice).
+    # Duplicates of the newest rows silver holds, and new keys: silver's last file is looked up.
     second = kafka_batch(spark, [f"o{i:04d}" for i in range(30, 60)], 40)
     analysed.clear()
     metrics = writer._process(second, 1)
@@ -109,43 +107,6 @@ def test_a_batch_body_asks_the_engine_only_to_cache_and_release_its_rows(
 
     ids = open_table(layout.silver(spec.sink_source_name)).to_pyarrow_table(columns=["order_id"]).column("order_id")
     assert sorted(ids.to_pylist()) == [f"o{i:04d}" for i in range(60)]
-
-
-def test_the_dedup_caches_its_aggregate_only_when_two_jobs_read_it(spark: Any) -> None:
-    schema = silver_schema(orders_spec("t").sink_source)
-    times = [T0, T0 + timedelta(minutes=1), T0 + timedelta(minutes=2)]
-    rows = pa.table(
-        {
-            "order_id": ["a", "a", "b"],
-            "user_id": ["u"] * 3,
-            "amount": [1] * 3,
-            "price": [1.0] * 3,
-            "created_at": times,
-            "_event_time": times,
-            "_event_date": [t.date() for t in times],
-            "_topic": ["t"] * 3,
-            "_partition": [0] * 3,
-            "_offset": [1, 2, 3],
-            "_kafka_timestamp": times,
-            "_batch_id": [0] * 3,
-        },
-        schema=schema,
-    )
-    df = spark.createDataFrame(rows.to_pylist(), spark_schema(schema))
-    span = int(timedelta(minutes=2) / timedelta(microseconds=1))
-
-    def kept(**options: Any) -> tuple[int, list[tuple[str, int]]]:
-        in_batch = dedup_batch(df, ["order_id"], WINDOW, columns=schema.names, **options)
-        try:
-            got = sorted((r[0], r[1]) for r in in_batch.unique.select("order_id", "_offset").collect())
-            return len(in_batch.cached), got
-        finally:
-            in_batch.release()
-
-    expected = [("a", 1), ("b", 3)]
-    assert kept(span_micros=span, read_twice=False) == (0, expected)  # read once, by the append
-    assert kept(span_micros=span, read_twice=True) == (1, expected)  # probe and anti-join
-    assert kept(span_micros=None, read_twice=False) == (1, expected)  # the long-key count reads it first
 
 
 def test_an_observed_write_of_a_batch_skips_the_streaming_check_and_still_gets_its_metrics(

@@ -100,9 +100,8 @@ def dedup_batch(
     name: str = "rh_dedup",
     span_micros: int | None = None,
     columns: list[str] | None = None,
-    read_twice: bool = True,
 ) -> InBatch:
-    """The batch's valid rows minus in-batch duplicates, as a Spark plan; and the keys walked.
+    """The batch's valid rows minus in-batch duplicates, as a cached Spark plan; and the keys walked.
 
     One hash aggregate per key: its first event (by event time, then Kafka coordinates: `min_by`
     over the ordering struct) and the span of its event times. When the span is within the
@@ -113,11 +112,13 @@ def dedup_batch(
     (its latest valid event time minus its earliest, which the bronze append observed); when it
     is within the window no key can span more, so no count job is run to find out.
 
-    The aggregate is cached when more than one job reads it: the count, or a silver lookup that
-    reads the result twice (probe and anti-join: `read_twice`). A batch with no silver file to
-    look up is read once, by its append, and caches nothing. The caller releases the caches
-    (`InBatch.release`). `columns`: `valid`'s columns when the caller knows them (under Spark
-    Connect, `valid.columns` asks the engine to analyse the plan).
+    The aggregate is cached: the silver step reads it twice (probe and anti-join). A batch with
+    no silver file to look up reads it once, by its append, and leaving the cache out then was
+    measured slower in-process (small batches 1.29-1.44 s against 1.14, bench/analysis.md; likely
+    because the append's single file then runs the aggregate's last stage in one task). The
+    caller releases it (`InBatch.release`). `columns`:
+    `valid`'s columns when the caller knows them (under Spark Connect, `valid.columns` asks the
+    engine to analyse the plan).
     """
     from pyspark import StorageLevel
     from pyspark.sql import Observation
@@ -129,14 +130,10 @@ def dedup_batch(
     per_key = valid.groupBy(*key).agg(
         F.min_by(F.struct(*columns), F.struct(*ORDER_COLUMNS)).alias("_first"), span.alias("_span")
     )
-    counted = span_micros is None or span_micros > micros  # else no key spans more than the whole batch does
-    cached: list[Any] = []
-    if counted or read_twice:
-        per_key = per_key.persist(StorageLevel.MEMORY_AND_DISK)
-        cached.append(per_key)
+    per_key = per_key.persist(StorageLevel.MEMORY_AND_DISK)
     is_long = F.col("_span") > F.lit(micros)
-    if not counted:
-        long_keys = 0
+    if span_micros is not None and span_micros <= micros:
+        long_keys = 0  # no key spans more than the whole batch does
     else:
         seen = Observation(name)
         observe_batch(per_key, seen, [F.sum(F.when(is_long, 1).otherwise(0)).alias("long")]).count()
@@ -151,8 +148,8 @@ def dedup_batch(
         spanning = valid.join(per_key.where(is_long).select(*key), key, "left_semi")
         walked = spanning.groupBy(*key).applyInArrow(walk, schema)
         unique = unique.unionByName(walked).persist(StorageLevel.MEMORY_AND_DISK)
-        return InBatch(unique, long_keys, [unique, *cached])
-    return InBatch(unique, long_keys, cached)
+        return InBatch(unique, long_keys, [unique, per_key])
+    return InBatch(unique, long_keys, [per_key])
 
 
 def time_bounds(lo_micros: int, hi_micros: int, window: timedelta) -> tuple[datetime, datetime]:
@@ -241,7 +238,7 @@ def insert_new(
     columns = valid.columns if columns is None else columns
     files = silver_files(silver_path, bounds, key_range)
     name = observation_name("rh_dedup", silver_path)
-    in_batch = dedup_batch(valid, key, window, name, span, columns, read_twice=bool(files))
+    in_batch = dedup_batch(valid, key, window, name, span, columns)
     try:
         fresh = not_in_silver(valid.sparkSession, silver_path, in_batch.unique, key, window, files, columns)
         # One file per day and batch (a batch is bounded by maxOffsetsPerTrigger): fewer files for
