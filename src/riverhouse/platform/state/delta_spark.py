@@ -110,11 +110,13 @@ def observe_batch(rows: Any, observation: Any, exprs: list[Any]) -> Any:
     in foreachBatch, a backfill's rows).
 
     Spark Connect's `observe` first asks the engine whether the frame is streaming: a round trip
-    in which the engine analyses the whole plan (20-40 ms a write, two writes a batch,
+    in which the engine analyses the whole plan (15-40 ms a write, two writes a batch,
     bench/analysis.md). Riverhouse never observes a streaming frame, so that question is left
     out: the plan is the one `observe` builds (pyspark 4's client, pinned in pyproject.toml),
     and any other session observes as usual.
     """
+    if not type(rows).__module__.startswith("pyspark.sql.connect"):  # an in-process session's frame
+        return rows.observe(observation, *exprs)
     try:
         from pyspark.sql.connect import plan as connect_plan
         from pyspark.sql.connect.dataframe import DataFrame as ConnectFrame
