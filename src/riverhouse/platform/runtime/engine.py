@@ -396,18 +396,6 @@ def stop(state_dir: Path, timeout_s: float = 30.0) -> bool:
     return True
 
 
-def _group_members(pgid: int) -> list[tuple[int, str]]:
-    """(pid, command line) of every process in the process group `pgid`."""
-    members = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            if int(processes.stat_fields(proc.name)[2]) == pgid:
-                members.append((int(proc.name), (proc / "cmdline").read_text().replace("\0", " ")))
-    return members
-
-
 def _kill_leftovers(pgid: int) -> None:
     """Python workers a killed engine left behind (its process group outlives its JVM).
 
@@ -415,7 +403,7 @@ def _kill_leftovers(pgid: int) -> None:
     the server it talks to. Only pyspark's workers are killed: the group id is the dead JVM's
     pid, which the system may since have given to an unrelated process.
     """
-    for pid, cmdline in _group_members(pgid):
+    for pid, cmdline in processes.group_members(pgid):
         if pid != pgid and "pyspark" in cmdline:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -428,7 +416,7 @@ def memory_used(pid: int) -> int:
     local engine's workers are forked from its fork server and share most of its pages, which a
     sum of resident sizes (RSS) counted once per worker.
     """
-    return sum(_proportional_bytes(member) for member, _ in _group_members(pid))
+    return sum(_proportional_bytes(member) for member, _ in processes.group_members(pid))
 
 
 def _proportional_bytes(pid: int) -> int:

@@ -37,14 +37,45 @@ def pid_alive(pid: int) -> bool:
 
 
 def group_alive(pgid: int) -> bool:
-    """Whether any process of the group is left (zombies not yet reaped by their parent count)."""
+    """Whether a process of the group is left that has not exited.
+
+    An exited member stays a zombie until its parent reaps it; an engine's parent is the
+    command that started it, long gone, so init reaps it, which on some machines takes seconds
+    (2 s measured with a 0.4 s JVM shutdown). A zombie holds no port, memory or file, so it
+    does not count.
+    """
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    if not Path("/proc/self/stat").exists():  # no /proc to tell zombies by
+        return True
+    return any(state != "Z" for _, state in _group_states(pgid))
+
+
+def group_members(pgid: int) -> list[tuple[int, str]]:
+    """(pid, command line) of every process in the process group `pgid` that has not exited."""
+    members = []
+    for pid, state in _group_states(pgid):
+        if state != "Z":
+            with contextlib.suppress(OSError):
+                members.append((pid, Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")))
+    return members
+
+
+def _group_states(pgid: int) -> list[tuple[int, str]]:
+    """(pid, state letter) of the processes of the group `pgid`, from /proc."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat_fields(proc.name)
+            if int(fields[2]) == pgid:
+                found.append((int(proc.name), fields[0]))
+    return found
 
 
 def free_port(host: str = "127.0.0.1") -> int:
