@@ -36,6 +36,7 @@ from riverhouse.cli_support import (
 from riverhouse.cli_validate import validate
 from riverhouse.platform.kafka import local_kafka
 from riverhouse.platform.runtime import engine, processes
+from riverhouse.platform.runtime.interpreter_exit import skip_final_collection
 from riverhouse.platform.state.settings import redact_dsn
 
 app = typer.Typer(
@@ -413,6 +414,7 @@ def main() -> None:
     # The Spark Connect client warns before it raises when an engine stops answering; the run's
     # own error (naming `riverhouse engine start`) says it better.
     warnings.filterwarnings("ignore", message=r".*RETRIES_EXCEEDED.*", category=UserWarning)
+    skip_final_collection()
     app()
 
 

@@ -20,11 +20,14 @@ import dagster as dg
 
 from riverhouse.assets import build_pipeline_assets
 from riverhouse.assets.orchestration import build_orchestration
+from riverhouse.platform.runtime.interpreter_exit import skip_final_collection
 from riverhouse.platform.spec import PipelineSpec, SpecError, load_spec_folder
 from riverhouse.platform.state.settings import Settings, dsn_database
 from riverhouse.resources import resources_from_settings
 
 SPEC_ERRORS_GROUP = "spec_errors"
+# A run worker (and the code server) loads this module: its exit skips the last full collection.
+skip_final_collection()
 logger = logging.getLogger("riverhouse.definitions")
 
 
