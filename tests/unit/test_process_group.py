@@ -49,3 +49,51 @@ def test_a_live_member_keeps_the_group_alive_after_its_leader_exits() -> None:
         processes.terminate(leader.pid, lambda: processes.group_alive(leader.pid), timeout_s=10, group=True)
         leader.wait()
     assert not processes.group_alive(leader.pid)
+
+
+LEADER_ENDS_FIRST = """
+import ctypes, socket, sys, threading
+server = socket.socket()
+server.bind(("127.0.0.1", 0))
+server.listen()
+print(server.getsockname()[1], flush=True)
+def serve():
+    sys.stdin.readline()  # until the test says so
+    server.close()
+    import os
+    os._exit(0)
+threading.Thread(target=serve).start()
+ctypes.CDLL(None).pthread_exit(None)  # the first thread ends; the process and its socket live on
+"""
+
+
+def test_a_process_whose_first_thread_ended_is_alive_while_another_runs() -> None:
+    """What a JVM looks like as it shuts down: the zombie state, threads still running, its port open."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LEADER_ENDS_FIRST],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        port = int(proc.stdout.readline())
+        deadline = time.monotonic() + 10
+        while processes.stat_fields(proc.pid)[0] != "Z" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert processes.stat_fields(proc.pid)[0] == "Z"  # as /proc shows it
+        assert processes.port_open("127.0.0.1", port)
+        assert processes.pid_alive(proc.pid) and processes.group_alive(proc.pid)
+        assert [pid for pid, _ in processes.group_members(proc.pid)] == [proc.pid]
+        proc.stdin.write("done\n")
+        proc.stdin.flush()
+        _exited(proc)
+        deadline = time.monotonic() + 10
+        while int(processes.stat_fields(proc.pid)[17]) > 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not processes.pid_alive(proc.pid) and not processes.group_alive(proc.pid)
+        assert not processes.port_open("127.0.0.1", port)
+    finally:
+        proc.kill()
+        proc.wait()

@@ -30,10 +30,17 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     try:  # a zombie child of ours still answers kill(0)
-        status = Path(f"/proc/{pid}/status").read_text()
-        return "\nState:\tZ" not in status
+        return not _exited(stat_fields(pid))
     except OSError:
         return True
+
+
+def _exited(fields: list[str]) -> bool:
+    """Whether `/proc/<pid>/stat` (`stat_fields`) describes a process that has exited: a zombie
+    with no thread left. A process whose first thread has ended shows the zombie state too while
+    its other threads still run (a JVM's launcher thread, as the JVM shuts down, its sockets
+    still open), so the state letter alone does not tell."""
+    return fields[0] == "Z" and int(fields[17]) <= 1  # field 20 of proc(5): num_threads
 
 
 def group_alive(pgid: int) -> bool:
@@ -41,8 +48,8 @@ def group_alive(pgid: int) -> bool:
 
     An exited member stays a zombie until its parent reaps it; an engine's parent is the
     command that started it, long gone, so init reaps it, which on some machines takes seconds
-    (2 s measured with a 0.4 s JVM shutdown). A zombie holds no port, memory or file, so it
-    does not count.
+    (2 s measured with a 0.4 s JVM shutdown). A zombie with no thread left holds no port, memory
+    or file, so it does not count.
     """
     try:
         os.killpg(pgid, 0)
@@ -52,21 +59,21 @@ def group_alive(pgid: int) -> bool:
         return True
     if not Path("/proc/self/stat").exists():  # no /proc to tell zombies by
         return True
-    return any(state != "Z" for _, state in _group_states(pgid))
+    return any(not exited for _, exited in _group_states(pgid))
 
 
 def group_members(pgid: int) -> list[tuple[int, str]]:
     """(pid, command line) of every process in the process group `pgid` that has not exited."""
     members = []
-    for pid, state in _group_states(pgid):
-        if state != "Z":
+    for pid, exited in _group_states(pgid):
+        if not exited:
             with contextlib.suppress(OSError):
                 members.append((pid, Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")))
     return members
 
 
-def _group_states(pgid: int) -> list[tuple[int, str]]:
-    """(pid, state letter) of the processes of the group `pgid`, from /proc."""
+def _group_states(pgid: int) -> list[tuple[int, bool]]:
+    """(pid, whether it has exited) of the processes of the group `pgid`, from /proc."""
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -74,7 +81,7 @@ def _group_states(pgid: int) -> list[tuple[int, str]]:
         with contextlib.suppress(OSError, ValueError, IndexError):
             fields = stat_fields(proc.name)
             if int(fields[2]) == pgid:
-                found.append((int(proc.name), fields[0]))
+                found.append((int(proc.name), _exited(fields)))
     return found
 
 
