@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import uuid
 from collections.abc import Iterator
@@ -30,6 +31,12 @@ from riverhouse.platform.state.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
 skip_final_collection()  # the test processes exit without their last full collection, as the CLI does
+# A suite started in the background by a non-interactive shell (`make test &` in a script) ignores
+# SIGINT, and every process a test starts inherits that. Some then stop slowly: Dagster's cleanup of
+# a step's compute-log `tail` waited out its 30 s timeout (tests/dagster_assets/test_demo_steps.py:
+# 62 s instead of 2), and other teardowns took 30 s more. Tests run as they do from a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 TEST_ENGINE = os.environ.get("RIVERHOUSE_TEST_ENGINE", "connect").strip().lower() != "local"
