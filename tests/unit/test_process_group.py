@@ -17,7 +17,7 @@ from riverhouse.platform.runtime import processes
 pytestmark = pytest.mark.unit
 
 
-def _exited(proc: subprocess.Popen[bytes]) -> None:
+def _wait_until_zombie(proc: subprocess.Popen[bytes]) -> None:
     """Waits until `proc` has exited without reaping it: it stays a zombie child of this test."""
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
@@ -30,7 +30,7 @@ def _exited(proc: subprocess.Popen[bytes]) -> None:
 def test_a_group_of_zombies_is_not_alive() -> None:
     proc = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
     try:
-        _exited(proc)
+        _wait_until_zombie(proc)
         assert not processes.group_alive(proc.pid)
         assert processes.group_members(proc.pid) == []
     finally:
@@ -41,7 +41,7 @@ def test_a_live_member_keeps_the_group_alive_after_its_leader_exits() -> None:
     code = "import subprocess, sys; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])"
     leader = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
     try:
-        _exited(leader)  # its child lives on in the leader's group
+        _wait_until_zombie(leader)  # its child lives on in the leader's group
         assert processes.group_alive(leader.pid)
         members = processes.group_members(leader.pid)
         assert len(members) == 1 and "time.sleep(60)" in members[0][1]
@@ -88,7 +88,7 @@ def test_a_process_whose_first_thread_ended_is_alive_while_another_runs() -> Non
         assert [pid for pid, _ in processes.group_members(proc.pid)] == [proc.pid]
         proc.stdin.write("done\n")
         proc.stdin.flush()
-        _exited(proc)
+        _wait_until_zombie(proc)
         deadline = time.monotonic() + 10
         while int(processes.stat_fields(proc.pid)[17]) > 1 and time.monotonic() < deadline:
             time.sleep(0.02)
