@@ -100,6 +100,7 @@ def dedup_batch(
     name: str = "rh_dedup",
     span_micros: int | None = None,
     columns: list[str] | None = None,
+    read_twice: bool = True,
 ) -> InBatch:
     """The batch's valid rows minus in-batch duplicates, as a cached Spark plan; and the keys walked.
 
@@ -112,11 +113,12 @@ def dedup_batch(
     (its latest valid event time minus its earliest, which the bronze append observed); when it
     is within the window no key can span more, so no count job is run to find out.
 
-    The aggregate is cached: the silver step reads it twice (probe and anti-join). A batch with
-    no silver file to look up reads it once, by its append, and leaving the cache out then was
-    measured slower in-process (small batches 1.29-1.44 s against 1.14, bench/analysis.md; likely
-    because the append's single file then runs the aggregate's last stage in one task). The
-    caller releases it (`InBatch.release`). `columns`:
+    The aggregate is cached when two jobs read it: the count of long keys, or the silver lookup's
+    semi join and the append (`read_twice`: silver has files in the batch's range). A batch with
+    no silver file to look up reads it once, by its append; a cache then costs a plan for the
+    cache and, under Spark Connect, two round trips to the engine (`persist`, `unpersist`):
+    small batches through the engine 1.23 -> 1.13 s median, unchanged in-process
+    (bench/analysis.md). The caller releases what was cached (`InBatch.release`). `columns`:
     `valid`'s columns when the caller knows them (under Spark Connect, `valid.columns` asks the
     engine to analyse the plan).
     """
@@ -130,9 +132,13 @@ def dedup_batch(
     per_key = valid.groupBy(*key).agg(
         F.min_by(F.struct(*columns), F.struct(*ORDER_COLUMNS)).alias("_first"), span.alias("_span")
     )
-    per_key = per_key.persist(StorageLevel.MEMORY_AND_DISK)
     is_long = F.col("_span") > F.lit(micros)
-    if span_micros is not None and span_micros <= micros:
+    counted = span_micros is None or span_micros > micros  # a job counts the keys that span more
+    cached = []
+    if read_twice or counted:
+        per_key = per_key.persist(StorageLevel.MEMORY_AND_DISK)
+        cached.append(per_key)
+    if not counted:
         long_keys = 0  # no key spans more than the whole batch does
     else:
         seen = Observation(name)
@@ -149,7 +155,7 @@ def dedup_batch(
         walked = spanning.groupBy(*key).applyInArrow(walk, schema)
         unique = unique.unionByName(walked).persist(StorageLevel.MEMORY_AND_DISK)
         return InBatch(unique, long_keys, [unique, per_key])
-    return InBatch(unique, long_keys, [per_key])
+    return InBatch(unique, long_keys, cached)
 
 
 def time_bounds(lo_micros: int, hi_micros: int, window: timedelta) -> tuple[datetime, datetime]:
@@ -238,7 +244,7 @@ def insert_new(
     columns = valid.columns if columns is None else columns
     files = silver_files(silver_path, bounds, key_range)
     name = observation_name("rh_dedup", silver_path)
-    in_batch = dedup_batch(valid, key, window, name, span, columns)
+    in_batch = dedup_batch(valid, key, window, name, span, columns, read_twice=bool(files))
     try:
         fresh = not_in_silver(valid.sparkSession, silver_path, in_batch.unique, key, window, files, columns)
         # One file per day and batch (a batch is bounded by maxOffsetsPerTrigger): fewer files for
