@@ -1,4 +1,4 @@
-"""What a micro-batch asks of the engine beyond its jobs, and what it caches.
+"""What a micro-batch and a gold run ask of the engine beyond their jobs, and what they cache.
 
 Under Spark Connect every schema lookup, `persist` and streaming check is a round trip in which
 the engine analyses the batch's plan (20-100 ms each, bench/analysis.md). A batch body asks only
@@ -132,3 +132,27 @@ def test_an_observed_write_of_a_batch_skips_the_streaming_check_and_still_gets_i
     assert observation.get == {"n": 25, "sum(CAST(even AS INT))": 13}
     with pytest.raises(PySparkAssertionError, match="REUSE_OBSERVATION"):
         observe_batch(rows, observation, [F.count(F.lit(1))])
+
+
+def test_a_gold_run_caches_its_candidates_and_its_rows_and_releases_both(
+    spark: Any, analysed: list[str], tmp_path: Path
+) -> None:
+    """The driving events a gold run considers are read by two jobs (their counts, the join): cached
+    once, so silver's new files are read and their duplicates dropped once; released after."""
+    from riverhouse.platform.gold.joins import gold_path, run_gold
+    from tests.integration.test_joins import join_spec
+    from tests.spark.test_gold_run import TOPICS, append, emitted, order, user
+
+    spec = join_spec(TOPICS, "left", name="gold_round_trips")
+    settings = Settings.from_env(tmp_path / "home")
+    layout = TableLayout(settings.warehouse, spec.name)
+    append(spark, spec, layout, "users", [user("e1", "u1", "A", "10:00")], 0)
+    append(spark, spec, layout, "orders", [order("o1", "u1", "10:30"), order("o2", "u2", "10:40")], 0)
+    run_gold(spark, spec, settings, drain=True)  # creates gold's tables (their schema is analysed once)
+
+    append(spark, spec, layout, "orders", [order("o3", "u1", "10:50")], 10)
+    analysed.clear()
+    result = run_gold(spark, spec, settings, drain=True)
+    assert (result.processed, result.matched) == (1, 1)
+    assert sorted(analysed) == ["persist", "persist", "unpersist", "unpersist"]
+    assert emitted(spark, gold_path(layout, spec)) == [("o1", "A"), ("o2", None), ("o3", "A")]

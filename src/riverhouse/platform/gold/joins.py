@@ -251,32 +251,63 @@ def _run_gold(spark: Any, spec: PipelineSpec, settings: Settings, drain: bool) -
         is_closed = F.lit(False)
     else:
         is_closed = F.col("_event_time") <= F.lit(stream_watermark - close_after)
-    counts = None
     if candidates is not None:
-        candidates = candidates.withColumn("_closed", is_closed)
-        closed_time = F.when(F.col("_closed"), F.col("_event_time"))
-        counts = candidates.agg(
-            F.count(F.lit(1)).alias("candidates"),
-            F.count(closed_time).alias("closed"),
-            F.min(F.when(F.col("_closed"), F.col("_event_date"))).alias("first_day"),
-            F.min(closed_time).alias("lo"),
-            F.max(closed_time).alias("hi"),
-            F.max("_event_time").alias("max_t"),
-        ).first()
-        result.pending = int(counts["candidates"]) - int(counts["closed"])
-    # What the next run must look at again: events not closed yet.
-    if drain:
-        max_t = spark_time(counts["max_t"]) if counts is not None else None
-        next_watermark = max(
-            filter(None, [state.watermark, (max_t + close_after) if max_t else None, stream_watermark]), default=None
-        )
-    else:
-        next_watermark = max(filter(None, [state.watermark, stream_watermark]), default=None)
-    result.gold_version = gold_version
-    if candidates is None or counts is None or not counts["closed"]:
-        result.seconds = time.monotonic() - started
-        return result
+        # Cached by the counts' job and read again by the join: silver's new files are read, and
+        # their identity's duplicates dropped (a shuffle), once per run (bench/analysis.md).
+        candidates = candidates.withColumn("_closed", is_closed).persist()
+    try:
+        counts = _counts(candidates, result)
+        # What the next run must look at again: events not closed yet.
+        if drain:
+            max_t = spark_time(counts["max_t"]) if counts is not None else None
+            next_watermark = max(
+                filter(None, [state.watermark, (max_t + close_after) if max_t else None, stream_watermark]),
+                default=None,
+            )
+        else:
+            next_watermark = max(filter(None, [state.watermark, stream_watermark]), default=None)
+        result.gold_version = gold_version
+        if candidates is not None and counts is not None and counts["closed"]:
+            progress = GoldState(current, next_watermark, state.run + 1)
+            _emit(spark, spec, layout, versions, target, candidates, counts, progress, result)
+    finally:
+        if candidates is not None:
+            candidates.unpersist()
+    result.seconds = time.monotonic() - started
+    return result
 
+
+def _counts(candidates: DataFrame | None, result: GoldResult) -> Any:
+    """The candidates' counts and the closed ones' time bounds (one aggregate), or None without candidates."""
+    if candidates is None:
+        return None
+    closed_time = F.when(F.col("_closed"), F.col("_event_time"))
+    counts = candidates.agg(
+        F.count(F.lit(1)).alias("candidates"),
+        F.count(closed_time).alias("closed"),
+        F.min(F.when(F.col("_closed"), F.col("_event_date"))).alias("first_day"),
+        F.min(closed_time).alias("lo"),
+        F.max(closed_time).alias("hi"),
+        F.max("_event_time").alias("max_t"),
+    ).first()
+    result.pending = int(counts["candidates"]) - int(counts["closed"])
+    return counts
+
+
+def _emit(
+    spark: Any,
+    spec: PipelineSpec,
+    layout: TableLayout,
+    versions: dict[str, int],
+    target: Any,
+    candidates: DataFrame,
+    counts: Any,
+    progress: GoldState,
+    result: GoldResult,
+) -> None:
+    """Join the closed candidates gold does not hold yet; append the rejected to gold's quarantine, then
+    the rows to gold under the run's mark (`progress`)."""
+    path, gold_version = gold_path(layout, spec), result.gold_version
     closed = candidates.where("_closed").drop("_closed")
     fresh = closed
     if _holds_rows(path, gold_version):  # a new gold table: no Spark job reads its empty snapshot
@@ -288,11 +319,9 @@ def _run_gold(spark: Any, spec: PipelineSpec, settings: Settings, drain: bool) -
     rows = None
     try:
         # Read by the counts and both appends: joined once (events the query fails on, rejected).
-        rows, tally = evaluate_rows(spark, spec, plan, fresh, lookups, views, target, lambda r: _tally(r, result))
+        rows, tally = evaluate_rows(spark, spec, spec.plan, fresh, lookups, views, target, lambda r: _tally(r, result))
         if not result.processed:
-            result.seconds = time.monotonic() - started
-            return result
-        progress = GoldState(current, next_watermark, state.run + 1)
+            return
         if result.rejected:
             # Insert-if-absent: a crash after this commit and before gold's replays these rows.
             quarantine = gold_quarantine_path(layout, spec)
@@ -314,8 +343,6 @@ def _run_gold(spark: Any, spec: PipelineSpec, settings: Settings, drain: bool) -
             rows.unpersist()
         drop_views(spark, views)
     result.gold_version = table_version(path)
-    result.seconds = time.monotonic() - started
-    return result
 
 
 def _holds_rows(path: str, version: int) -> bool:
