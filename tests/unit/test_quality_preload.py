@@ -66,3 +66,27 @@ print("ok")
 def test_great_expectations_defers_scipy_stats_and_altair_until_used() -> None:
     proc = subprocess.run([sys.executable, "-c", _DEFERRED_SCRIPT], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+
+
+_RACE_SCRIPT = """
+import sys
+import time
+import sqlalchemy as db
+from riverhouse.platform.pipeline import Pipeline  # noqa: F401 - what a Dagster step has imported
+from riverhouse.platform.quality import expectations
+assert "sqlalchemy.orm" not in sys.modules
+expectations.preload()
+thread = expectations._PRELOADING[0]
+while thread.is_alive():
+    db.select(1)  # what Dagster's event storage builds on the step's thread meanwhile
+    time.sleep(0.001)  # the import goes on between statements (a spinning loop slowed it 10x)
+assert "great_expectations" in sys.modules
+print("ok")
+"""
+
+
+def test_statements_built_while_great_expectations_imports_do_not_meet_a_half_imported_orm() -> None:
+    # A resident query's ingest step ended while GX was importing; Dagster's storage then built a
+    # statement and the step failed on SQLAlchemy's half-initialised ORM (bench/analysis.md).
+    proc = subprocess.run([sys.executable, "-c", _RACE_SCRIPT], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]

@@ -131,6 +131,13 @@ def preload() -> None:
     if "great_expectations" in sys.modules or _PRELOADING:
         return
     _quiet_gx()  # the environment is set on the calling thread, before any other reads it
+    # GX imports SQLAlchemy's ORM, whose first module registers an inspector for every object
+    # before the ORM's other modules are initialised; Dagster's event storage on the calling
+    # thread runs that inspector for each statement it builds, and met the half-initialised
+    # module (a triggered run's step failed: `sqlalchemy.orm.exc` has no `UnmappedClassError`).
+    # So the ORM is imported here first, whole (~0.2 s).
+    import sqlalchemy.orm  # noqa: F401
+
     thread = threading.Thread(target=_gx, name="riverhouse-gx-import", daemon=True)
     _PRELOADING.append(thread)
     thread.start()
