@@ -102,7 +102,7 @@ def dedup_batch(
     columns: list[str] | None = None,
     read_twice: bool = True,
 ) -> InBatch:
-    """The batch's valid rows minus in-batch duplicates, as a cached Spark plan; and the keys walked.
+    """The batch's valid rows minus in-batch duplicates, as a Spark plan; and the keys walked.
 
     One hash aggregate per key: its first event (by event time, then Kafka coordinates: `min_by`
     over the ordering struct) and the span of its event times. When the span is within the
@@ -134,7 +134,7 @@ def dedup_batch(
     )
     is_long = F.col("_span") > F.lit(micros)
     counted = span_micros is None or span_micros > micros  # a job counts the keys that span more
-    cached = []
+    cached: list[Any] = []
     if read_twice or counted:
         per_key = per_key.persist(StorageLevel.MEMORY_AND_DISK)
         cached.append(per_key)
