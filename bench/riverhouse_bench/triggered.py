@@ -48,6 +48,7 @@ REMOTE_VARIABLE = "RIVERHOUSE_SPARK_REMOTE"
 RUN_TAG = "riverhouse/bench_run"
 # DagsterEventType values (a run's start and success keep their old "PIPELINE_" names).
 RUN_START, RUN_SUCCESS, STEP_START, STEP_SUCCESS = "PIPELINE_START", "PIPELINE_SUCCESS", "STEP_START", "STEP_SUCCESS"
+STEP_FAILURE = "STEP_FAILURE"
 MATERIALIZATION, CHECK = "ASSET_MATERIALIZATION", "ASSET_CHECK_EVALUATION"
 FIGURES = ("launch_s", "ingest_step_s", "first_batch_s", "engine_s", "covered_s", "clickhouse_s", "run_s")
 
@@ -100,6 +101,8 @@ def run_timeline(
         "checks_failed": [
             e["metadata"].get("check") for e in events if e["type"] == CHECK and not e["metadata"].get("passed")
         ],
+        # A failed step's own error (the run process's stderr ends with the tail of a traceback).
+        "step_errors": [f"{e['step']}: {e['metadata'].get('error')}" for e in events if e["type"] == STEP_FAILURE],
     }
     out["engine_s"] = (
         round(out["first_batch_s"] - out["ingest_step_s"], 3)
@@ -206,7 +209,7 @@ class TriggeredRuns:
         run = run_timeline(triggered_at, self.events(key), self.silver_commits(spec), spec.name)
         run.update(key=key, process_s=round(exited - triggered_at, 3), expected_rows=stats.unique)
         if ran.returncode != 0 or not run["success"]:
-            run["error"] = (ran.stderr or ran.stdout).strip()[-800:]
+            run["error"] = "; ".join(run["step_errors"]) or (ran.stderr or ran.stdout).strip()[-800:]
         return run
 
     def events(self, key: str) -> list[dict[str, Any]]:
@@ -228,6 +231,8 @@ class TriggeredRuns:
                 if event.event_type_value == CHECK:
                     check = event.event_specific_data
                     metadata = {"check": check.check_name, "passed": bool(check.passed)}
+                if event.event_type_value == STEP_FAILURE and event.event_specific_data.error is not None:
+                    metadata = {"error": event.event_specific_data.error.message.strip()[:800]}
                 out.append(
                     {
                         "type": event.event_type_value,

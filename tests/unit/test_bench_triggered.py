@@ -25,6 +25,7 @@ def test_the_event_names_are_dagsters() -> None:
     assert dg.DagsterEventType.RUN_START.value == triggered.RUN_START
     assert dg.DagsterEventType.RUN_SUCCESS.value == triggered.RUN_SUCCESS
     assert dg.DagsterEventType.STEP_START.value == triggered.STEP_START
+    assert dg.DagsterEventType.STEP_FAILURE.value == triggered.STEP_FAILURE
     assert dg.DagsterEventType.ASSET_MATERIALIZATION.value == triggered.MATERIALIZATION
     assert dg.DagsterEventType.ASSET_CHECK_EVALUATION.value == triggered.CHECK
 
@@ -59,6 +60,19 @@ def test_a_failed_run_has_no_success_and_no_first_batch() -> None:
     run = run_timeline(T0, [_event("PIPELINE_START", 2.0)], [(0, T0 - 5.0)], "trig")
     assert run["success"] is False and run["first_batch_s"] is None and run["engine_s"] is None
     assert run["launch_s"] == 2.0 and run["rows_loaded"] == 0
+    assert run["step_errors"] == []
+
+
+def test_a_failed_step_is_named_with_its_error() -> None:
+    error = "AttributeError: partially initialized module 'sqlalchemy.orm.exc' has no attribute 'UnmappedClassError'"
+    events = [
+        _event("PIPELINE_START", 2.0),
+        _event("STEP_START", 2.1, step="ingest_trig_orders"),
+        _event("STEP_FAILURE", 3.0, step="ingest_trig_orders", error=error),
+    ]
+    run = run_timeline(T0, events, [], "trig")
+    assert run["success"] is False
+    assert run["step_errors"] == [f"ingest_trig_orders: {error}"]
 
 
 def test_spread_is_nearest_rank_over_the_runs_that_have_the_figure() -> None:
