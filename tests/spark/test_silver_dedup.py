@@ -236,6 +236,34 @@ def test_a_batch_within_one_window_skips_the_long_key_count_and_keeps_the_same_r
     assert kept(beyond, window_us + 1) == (1, [("a", 1), ("a", 2)])
 
 
+def test_a_batch_within_one_window_keeps_the_first_event_by_time_topic_partition_offset(spark: Any) -> None:
+    """The common path (`first_per_key`, no count): a randomized batch within one window, with copies
+    at the same event time on other topics and partitions, keeps what the reference walk keeps."""
+    rng = random.Random(11)
+    rows = []
+    for i in range(900):
+        key = f"k{rng.randrange(200)}"
+        at = timedelta(seconds=rng.choice([0, 0, 5, 30, 59]))  # many ties on the event time
+        rows.append((key, at, rng.choice(["orders", "orders_b"]), rng.randrange(3), 10_000 - i))
+    table = batch([(k, at, offset) for k, at, _, _, offset in rows])
+    table = table.set_column(table.schema.get_field_index("_topic"), "_topic", pa.array([r[2] for r in rows]))
+    table = table.set_column(
+        table.schema.get_field_index("_partition"), "_partition", pa.array([r[3] for r in rows], pa.int32())
+    )
+    df = spark.createDataFrame(table.to_pylist(), spark_schema(SCHEMA)).repartition(3)
+    in_batch = dedup_batch(df, ["order_id"], WINDOW, span_micros=59_000_000, read_twice=False)
+    assert in_batch.long_keys == 0 and not in_batch.cached
+    got = sorted(
+        (r[0], r[1], r[2], r[3])
+        for r in in_batch.unique.select("order_id", "_topic", "_partition", "_offset").collect()
+    )
+    reference = dedup_in_batch(table, ["order_id"], WINDOW)
+    expected = sorted(
+        zip(*(reference.column(c).to_pylist() for c in ("order_id", "_topic", "_partition", "_offset")), strict=True)
+    )
+    assert got == expected and len({r[0] for r in got}) == len(got) == len({r[0] for r in rows})
+
+
 def test_many_small_batches_are_compacted_and_replays_still_skipped(own_spark: Any, silver: str) -> None:
     """Auto compaction rewrites a day's small files (dataChange=false): same rows, nothing new in the
     change feed or for the loader, and a replayed batch is still recognised by its mark."""

@@ -6,7 +6,7 @@ event time is within `window` of a kept event is a duplicate. An event that
 arrives in a later batch is compared with what silver already holds, which
 has already been published downstream, so the stored event wins.
 
-Everything here runs on the executors: the batch is deduplicated with window functions
+Everything here runs on the executors: the batch is deduplicated with a window function
 (and, for the rare key whose events span more than a window inside one batch, the walk of
 `dedup_in_batch` per key group), then anti-joined with silver's rows within a window of the
 batch's event times (`not_in_silver`), and the rest is appended (ingest/writer.py).
@@ -104,16 +104,18 @@ def dedup_batch(
 ) -> InBatch:
     """The batch's valid rows minus in-batch duplicates, as a Spark plan; and the keys walked.
 
-    One hash aggregate per key: its first event (by event time, then Kafka coordinates: `min_by`
-    over the ordering struct) and the span of its event times. When the span is within the
-    window (nearly always: a batch covers seconds to minutes), the first event is the only one
-    kept. The rare key spanning more than a window is walked in order by `dedup_in_batch` on its
-    own group, on an executor; that branch (a Python stage) is planned only when such keys exist,
-    which the aggregate's observed count says. `span_micros`: the batch's own event-time span
-    (its latest valid event time minus its earliest, which the bronze append observed); when it
-    is within the window no key can span more, so no count job is run to find out.
+    `span_micros`: the batch's own event-time span (its latest valid event time minus its
+    earliest, which the bronze append observed). When it is within the window (nearly always: a
+    batch covers seconds to minutes) no key can span more, and each key's first event (by event
+    time, then Kafka coordinates) is the only one kept: `first_per_key`, a window's row number.
 
-    The aggregate is cached when two jobs read it: the count of long keys, or the silver lookup's
+    Otherwise (a backlog of days under a short window, a backfill of old data) one aggregate per
+    key gives its first event (`min_by` over the ordering struct) and the span of its event
+    times, and a job counts the keys that span more than the window. Those rare keys are walked
+    in order by `dedup_in_batch` on their own group, on an executor; that branch (a Python stage)
+    is planned only when such keys exist.
+
+    The result is cached when two jobs read it: the count of long keys, or the silver lookup's
     semi join and the append (`read_twice`: silver has files in the batch's range). A batch with
     no silver file to look up reads it once, by its append; a cache then costs a plan for the
     cache and, under Spark Connect, two round trips to the engine (`persist`, `unpersist`):
@@ -128,22 +130,24 @@ def dedup_batch(
 
     columns = valid.columns if columns is None else columns
     micros = _micros_literal(window)
+    counted = span_micros is None or span_micros > micros  # a job counts the keys that span more
+    if not counted:
+        # No key can span more than the whole batch does: each key's first event is all it keeps.
+        unique = first_per_key(valid, key)
+        if read_twice:
+            unique = unique.persist(StorageLevel.MEMORY_AND_DISK)
+            return InBatch(unique, 0, [unique])
+        return InBatch(unique, 0)
     span = F.unix_micros(F.max("_event_time")) - F.unix_micros(F.min("_event_time"))
     per_key = valid.groupBy(*key).agg(
         F.min_by(F.struct(*columns), F.struct(*ORDER_COLUMNS)).alias("_first"), span.alias("_span")
     )
     is_long = F.col("_span") > F.lit(micros)
-    counted = span_micros is None or span_micros > micros  # a job counts the keys that span more
-    cached: list[Any] = []
-    if read_twice or counted:
-        per_key = per_key.persist(StorageLevel.MEMORY_AND_DISK)
-        cached.append(per_key)
-    if not counted:
-        long_keys = 0  # no key spans more than the whole batch does
-    else:
-        seen = Observation(name)
-        observe_batch(per_key, seen, [F.sum(F.when(is_long, 1).otherwise(0)).alias("long")]).count()
-        long_keys = int(seen.get["long"] or 0)
+    per_key = per_key.persist(StorageLevel.MEMORY_AND_DISK)
+    cached: list[Any] = [per_key]
+    seen = Observation(name)
+    observe_batch(per_key, seen, [F.sum(F.when(is_long, 1).otherwise(0)).alias("long")]).count()
+    long_keys = int(seen.get["long"] or 0)
     unique = per_key.where(~is_long).select(*[F.col(f"_first.{c}").alias(c) for c in columns])
     if long_keys:
         schema = valid.schema
@@ -156,6 +160,25 @@ def dedup_batch(
         unique = unique.unionByName(walked).persist(StorageLevel.MEMORY_AND_DISK)
         return InBatch(unique, long_keys, [unique, per_key])
     return InBatch(unique, long_keys, cached)
+
+
+def first_per_key(valid: Any, key: list[str]) -> Any:
+    """Each key's first row (by event time, then Kafka coordinates): one shuffle by key, one sort.
+
+    A window's row number, not an aggregate: `min_by` over a struct of the row has no fixed-width
+    buffer, so Spark plans it as a sort aggregate (a sort before the shuffle and one after, each
+    row copied into a struct and compared as one), which cost 2.3 CPU s where this costs 1.3 on
+    220,000 rows (bench/analysis.md). `<=>` rather than `=`: Spark's optimizer turns a filter
+    `row_number = 1` into a partial group limit, a sort of the whole batch before the shuffle that
+    drops almost nothing when duplicates are a few per cent; the row number is never null, so
+    `<=>` keeps the same rows.
+    """
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    order = Window.partitionBy(*key).orderBy(*ORDER_COLUMNS)
+    ranked = valid.withColumn("_rank_in_key", F.row_number().over(order))
+    return ranked.where(F.col("_rank_in_key").eqNullSafe(1)).drop("_rank_in_key")
 
 
 def time_bounds(lo_micros: int, hi_micros: int, window: timedelta) -> tuple[datetime, datetime]:
