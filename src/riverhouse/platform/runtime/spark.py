@@ -44,15 +44,11 @@ SESSION_DEFAULTS: dict[str, str] = {
     # microseconds per record, storing them as they are 1.6 (bench/analysis.md), for 2-3x the
     # memory of a batch (MEMORY_AND_DISK spills what does not fit).
     "spark.sql.inMemoryColumnarStorage.compressed": "false",
-    # Parquet as Riverhouse's tables are read: timestamps as INT64 microseconds (Spark's default is
-    # the legacy INT96, converted value by value and dictionary-encoded as 12-byte binaries), and no
-    # dictionary for a record's raw key and value (bronze, quarantine): they are unique per
-    # record, so Parquet fills a dictionary for each page only to throw it away. A bronze-shaped
-    # append: 3.45 -> 2.71 JVM CPU s per 400,000 rows (bench/analysis.md). Every reader (Spark,
-    # delta-rs, ClickHouse, the loader) reads both timestamp forms, so older files stay readable.
+    # Timestamps as INT64 micros, not legacy INT96 (converted per value, dictionary-encoded as 12-byte
+    # binaries); no dictionary for bronze's unique raw key and value (built per page, thrown away):
+    # a bronze-shaped append 3.45 -> 2.71 JVM CPU s per 400,000 rows (bench/analysis.md). Readers read
+    # both timestamp forms. The dictionary ones are static: an engine gets them at its start.
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
-    # Static (the JVM's Hadoop configuration, which every write's Parquet settings start from):
-    # an engine has them from its start; a Spark Connect client cannot set them on its session.
     "spark.hadoop.parquet.enable.dictionary#_value": "false",
     "spark.hadoop.parquet.enable.dictionary#_key": "false",
 }
