@@ -163,22 +163,29 @@ def dedup_batch(
 
 
 def first_per_key(valid: Any, key: list[str]) -> Any:
-    """Each key's first row (by event time, then Kafka coordinates): one shuffle by key, one sort.
+    """Each key's first row (by event time, then Kafka coordinates): `first_rows`.
 
     A window's row number, not an aggregate: `min_by` over a struct of the row has no fixed-width
     buffer, so Spark plans it as a sort aggregate (a sort before the shuffle and one after, each
     row copied into a struct and compared as one), which cost 2.3 CPU s where this costs 1.3 on
-    220,000 rows (bench/analysis.md). `<=>` rather than `=`: Spark's optimizer turns a filter
-    `row_number = 1` into a partial group limit, a sort of the whole batch before the shuffle that
-    drops almost nothing when duplicates are a few per cent; the row number is never null, so
-    `<=>` keeps the same rows.
+    220,000 rows (bench/analysis.md).
+    """
+    return first_rows(valid, key, ORDER_COLUMNS)
+
+
+def first_rows(rows: Any, group_by: list[str], order_by: list[str]) -> Any:
+    """Each group's first row by `order_by`, with `rows`' columns: one shuffle by the group, one sort.
+
+    `<=> 1` rather than `= 1`: Spark's optimizer turns a filter `row_number = 1` into a partial group
+    limit, a sort of all the rows before the shuffle, which drops almost nothing when a group has a
+    row or two; the row number is never null, so `<=>` keeps the same rows.
     """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    order = Window.partitionBy(*key).orderBy(*ORDER_COLUMNS)
-    ranked = valid.withColumn("_rank_in_key", F.row_number().over(order))
-    return ranked.where(F.col("_rank_in_key").eqNullSafe(1)).drop("_rank_in_key")
+    order = Window.partitionBy(*group_by).orderBy(*order_by)
+    ranked = rows.withColumn("_rank_in_group", F.row_number().over(order))
+    return ranked.where(F.col("_rank_in_group").eqNullSafe(1)).drop("_rank_in_group")
 
 
 def time_bounds(lo_micros: int, hi_micros: int, window: timedelta) -> tuple[datetime, datetime]:
