@@ -206,7 +206,7 @@ def _stage_lines(dedup: dict[str, Any]) -> list[str]:
         "`bronze` is the bronze append, which also reads the batch from Kafka (Spark's connector), "
         "parses and validates it in the plan and caches it on the executors (its observed metrics "
         "give the batch's counts, no extra job); `quarantine` the quarantine append (on a thread of its "
-        "own, beside silver); `silver` the in-batch dedup (one aggregate per key), the anti-join with "
+        "own, beside silver); `silver` the in-batch dedup (each key's first row), the anti-join with "
         "the silver files of the batch's window and the append. `clickhouse_load` inserts the Parquet "
         "files the batch's commits added, a token per file slice; it overlaps the next batch, so the "
         "shares can add up to more than the wall time.",

@@ -10,7 +10,7 @@ anti-join reads all of them). A second, fresh process then starts Spark, warms t
 small table of its own (classes loaded, code generated), collects garbage, takes the
 JVM's resident memory and live heap as the baseline, resets the kernel's peak-RSS mark,
 and runs one batch (`batch_rows` events: 10% duplicates of stored keys, 90% new) through
-the engine's own silver step (ingest/dedup.insert_new: one aggregate per key, the anti-join,
+the engine's own silver step (ingest/dedup.insert_new: each key's first row, the anti-join,
 the append). Peak RSS minus the baseline, over N, is the figure checked against the target;
 the heap the step left live after a GC is reported beside it.
 """
