@@ -161,7 +161,9 @@ def make_class_archive() -> Path | None:
 
     def run(scratch: Path, write: str) -> None:
         start(scratch / "kafka", java_options=write)
-        stop(scratch / "kafka")  # the JVM writes the archive as it exits
+        # The JVM writes the archive as it exits: on a loaded machine that can outlast stop's
+        # 30 s before SIGKILL (the engine's did, runtime/engine.ARCHIVE_STOP_TIMEOUT_S).
+        stop(scratch / "kafka", timeout_s=300.0)
 
     return make(class_archive(broker_classpath()), run)
 

@@ -200,6 +200,10 @@ def class_archive(master: str | None = None) -> Path:
     return archive_path(*_launch_parts(master or configured_master() or DEFAULT_MASTER))
 
 
+# How long the archive's engine may take to exit (it writes the archive as it does).
+ARCHIVE_STOP_TIMEOUT_S = 300.0
+
+
 def make_class_archive() -> Path | None:
     """Start an engine that writes the class-data archive as it exits, and stop it; the archive (None: none written)."""
 
@@ -212,7 +216,9 @@ def make_class_archive() -> Path | None:
         except Exception as exc:  # best effort: an archive of the start's classes still helps
             print(f"the class-data archive holds the engine's start only: its training failed ({exc})", file=sys.stderr)
         finally:
-            stop(scratch / "engine")  # the JVM writes the archive as it exits
+            # The JVM writes the archive as it exits: ~230 MB, which took 35 s on a loaded machine,
+            # past `stop`'s 30 s before SIGKILL (and a killed JVM writes none).
+            stop(scratch / "engine", timeout_s=ARCHIVE_STOP_TIMEOUT_S)
 
     return make(class_archive(), run)
 
