@@ -156,14 +156,12 @@ def class_archive(classpath: str) -> Path:
 
 def make_class_archive() -> Path | None:
     """Start a broker that writes its class-data archive as it exits, and stop it; the archive (None: none written)."""
-    from riverhouse.platform.runtime.class_archive import make
+    from riverhouse.platform.runtime.class_archive import WRITER_STOP_TIMEOUT_S, make
     from riverhouse.platform.runtime.jars import broker_classpath
 
     def run(scratch: Path, write: str) -> None:
         start(scratch / "kafka", java_options=write)
-        # The JVM writes the archive as it exits: on a loaded machine that can outlast stop's
-        # 30 s before SIGKILL (the engine's did, runtime/engine.ARCHIVE_STOP_TIMEOUT_S).
-        stop(scratch / "kafka", timeout_s=300.0)
+        stop(scratch / "kafka", timeout_s=WRITER_STOP_TIMEOUT_S)  # the JVM writes the archive as it exits
 
     return make(class_archive(broker_classpath()), run)
 

@@ -29,6 +29,10 @@ from riverhouse.platform.runtime.jars import jars_root
 
 DISABLE_ENV = "RIVERHOUSE_NO_CLASS_ARCHIVE"  # any value: engines start without the archive
 WRITE_OPTION = "-XX:ArchiveClassesAtExit"
+# How long a JVM that writes an archive may take to stop: it writes the archive as it exits (the
+# engine's ~230 MB took 35-38 s on a loaded machine, past a stop's usual 30 s before SIGKILL, and
+# a killed JVM writes none).
+WRITER_STOP_TIMEOUT_S = 300.0
 
 
 def _jvm_identity() -> str:

@@ -37,7 +37,7 @@ from typing import Any, NoReturn
 
 from riverhouse.platform.errors import EngineUnavailable
 from riverhouse.platform.runtime import processes
-from riverhouse.platform.runtime.class_archive import archive_path, make
+from riverhouse.platform.runtime.class_archive import WRITER_STOP_TIMEOUT_S, archive_path, make
 from riverhouse.platform.runtime.class_archive import java_options as class_archive_options
 from riverhouse.platform.runtime.spark import (
     CONNECT_PORT,  # noqa: F401  (engine's API: the address parts live beside the session code)
@@ -200,10 +200,6 @@ def class_archive(master: str | None = None) -> Path:
     return archive_path(*_launch_parts(master or configured_master() or DEFAULT_MASTER))
 
 
-# How long the archive's engine may take to exit (it writes the archive as it does).
-ARCHIVE_STOP_TIMEOUT_S = 300.0
-
-
 def make_class_archive() -> Path | None:
     """Start an engine that writes the class-data archive as it exits, and stop it; the archive (None: none written)."""
 
@@ -216,9 +212,7 @@ def make_class_archive() -> Path | None:
         except Exception as exc:  # best effort: an archive of the start's classes still helps
             print(f"the class-data archive holds the engine's start only: its training failed ({exc})", file=sys.stderr)
         finally:
-            # The JVM writes the archive as it exits: ~230 MB, which took 35 s on a loaded machine,
-            # past `stop`'s 30 s before SIGKILL (and a killed JVM writes none).
-            stop(scratch / "engine", timeout_s=ARCHIVE_STOP_TIMEOUT_S)
+            stop(scratch / "engine", timeout_s=WRITER_STOP_TIMEOUT_S)  # the JVM writes the archive as it exits
 
     return make(class_archive(), run)
 
