@@ -181,7 +181,12 @@ def _sealed(record: Column, seal: Column) -> Column:
 
 
 def _duplicate_key(text: Column) -> Column:
-    """The first key given twice at the top level of the record, else NULL."""
+    """The first key given twice at the top level of the record, else NULL.
+
+    Its `filter` (a higher-order function, which has no generated code) also keeps the record
+    rules' projection out of whole-stage code. That is measured as faster: inside it, the rules
+    make one method too big for HotSpot to compile (bench/analysis.md, twenty-ninth session).
+    """
     keys = F.json_object_keys(text)
     return F.try_element_at(F.filter(keys, lambda k: F.size(F.filter(keys, lambda other: other == k)) > 1), F.lit(1))
 
