@@ -167,7 +167,7 @@ class SourceStream:
         # that query's body starts no new batch.
         self.channel.take_over()
         try:
-            query = _start_query(spark, self._writer(spark, trigger), replace_active=False)
+            query = _start_query(spark, partial(self._writer, spark, trigger), replace_active=False, log=self.log)
         except Exception as exc:
             if not _ALREADY_ACTIVE.search(str(exc)):
                 raise
@@ -216,7 +216,7 @@ class SourceStream:
             )
         if is_connect(spark) and (own := own_session(spark)) is not None:
             spark = self._own_session = own
-        return _start_query(spark, self._writer(spark, trigger), replace_active=True)
+        return _start_query(spark, partial(self._writer, spark, trigger), replace_active=True, log=self.log)
 
     def close(self) -> None:
         """Release what the run's query needed beyond the run's session (after the query ended).
@@ -299,7 +299,13 @@ class SourceStream:
             return lost
         topic = self.spec.sources[self.source].topic
         message = _root_message(exc)
-        if _KAFKA_UNREACHABLE.search(str(exc)) and "cannot reach Kafka" not in message:
+        if _WORKER_NOT_CONNECTED.search(message):
+            message = (
+                f"the query's Python worker did not connect back to Spark in time, {WORKER_START_ATTEMPTS} starts "
+                "in a row: the machine is overloaded, or the engine cannot start its Python (PYSPARK_PYTHON); "
+                "read the engine's log (a local engine's is in <home>/engine/logs)"
+            )
+        elif _KAFKA_UNREACHABLE.search(str(exc)) and "cannot reach Kafka" not in message:
             # The connector's timeouts name a Java exception; the user needs to know it was Kafka.
             message = f"cannot reach Kafka at {self.bootstrap} (Spark's Kafka connector: {message})"
         error = PipelineError(
@@ -338,15 +344,41 @@ _ALREADY_ACTIVE = re.compile(r"another query with same id is already active")
 _REPLACE_ACTIVE = "spark.sql.streaming.stopActiveRunOnRestart"
 
 
-def _start_query(spark: Any, writer: Any, replace_active: bool) -> Any:
-    """Start `writer`'s query; `replace_active`: stop an older query of the same checkpoint first
-    (Spark's default, which the caller allows only when that query writes nothing)."""
-    # Queries may be planned beside another source's (start_queries); the first foreachBatch of
-    # a local session starts py4j's callback server, once, and the setting is the session's:
-    # one start at a time.
-    with _QUERY_START:
-        spark.conf.set(_REPLACE_ACTIVE, str(replace_active).lower())
-        return writer.start()
+# Spark gives a query's foreachBatch worker 10 s to connect back to the JVM (PythonWorkerFactory's
+# fixed timeout) and fails the start if it does not; the query then never existed (the worker
+# starts before the query does: StreamingForeachBatchHelper), so starting again is safe.
+_WORKER_NOT_CONNECTED = re.compile(r"Python worker failed to connect back")
+WORKER_START_ATTEMPTS = 3
+WORKER_RETRY_WAIT_S = 1.0
+
+
+def _start_query(
+    spark: Any, writer: Callable[[], Any], replace_active: bool, log: Callable[[str], None] | None = None
+) -> Any:
+    """Start the query `writer()` makes; `replace_active`: stop an older query of the same checkpoint
+    first (Spark's default, which the caller allows only when that query writes nothing).
+
+    A start whose foreachBatch worker did not connect back in time (a loaded machine) is tried
+    again, up to WORKER_START_ATTEMPTS starts, and said in the log."""
+    attempt = 1
+    while True:
+        # Queries may be planned beside another source's (start_queries); the first foreachBatch of
+        # a local session starts py4j's callback server, once, and the setting is the session's:
+        # one start at a time.
+        with _QUERY_START:
+            spark.conf.set(_REPLACE_ACTIVE, str(replace_active).lower())
+            try:
+                return writer().start()
+            except Exception as exc:
+                if attempt >= WORKER_START_ATTEMPTS or not _WORKER_NOT_CONNECTED.search(str(exc)):
+                    raise
+        message = (
+            f"the query's Python worker did not connect back to Spark in time (start {attempt} of "
+            f"{WORKER_START_ATTEMPTS}); starting the query again"
+        )
+        (log or (lambda m: print(f"riverhouse: {m}", file=sys.stderr, flush=True)))(message)
+        time.sleep(WORKER_RETRY_WAIT_S * attempt)
+        attempt += 1
 
 
 def ingest(
