@@ -88,7 +88,23 @@ def local_fs():
     return found
 
 
-print(json.dumps({"batch_id": batch_id_code(), "local_fs": local_fs()}))
+def delta_appends():
+    # Spark jobs per append_once in a process whose zone is not UTC (the test sets TZ).
+    from riverhouse.platform.state.delta_spark import append_once
+
+    store = spark.sparkContext._jsc.sc().statusStore()
+    table = str(Path(home) / "appends")
+    spark.range(0).write.format("delta").mode("append").save(table)
+    jobs = []
+    for batch in range(3):
+        before = store.jobsList(None).size()
+        append_once(spark.range(batch * 10, batch * 10 + 10), table, "zone_test", batch)
+        jobs.append(store.jobsList(None).size() - before)
+    zone = spark._jvm.java.util.TimeZone.getDefault().getID()
+    return {"jobs": jobs, "zone": zone, "user_timezone": spark._jvm.java.lang.System.getProperty("user.timezone")}
+
+
+print(json.dumps({"batch_id": batch_id_code(), "local_fs": local_fs(), "delta_appends": delta_appends()}))
 """
 
 
@@ -96,6 +112,7 @@ print(json.dumps({"batch_id": batch_id_code(), "local_fs": local_fs()}))
 def in_process(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     home = tmp_path_factory.mktemp("in_process")
     env = {k: v for k, v in os.environ.items() if k not in ("RIVERHOUSE_SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED")}
+    env["TZ"] = "America/Los_Angeles"  # a machine outside UTC, as most users' are
     proc = subprocess.run(
         [sys.executable, "-c", SCRIPT, str(home), IDS.pattern], env=env, capture_output=True, text=True, timeout=300
     )
@@ -131,3 +148,11 @@ def test_sessions_use_the_local_file_system_whose_rename_is_atomic(in_process: d
     assert found["leftovers"] == []
     assert found["rows"] == 30
     assert found["offsets"] == ["0"]
+
+
+def test_on_a_machine_outside_utc_an_append_is_one_spark_job(in_process: dict[str, Any]) -> None:
+    """The driver's JVM runs in UTC whatever the machine's zone: in another zone Delta 4.4 rebuilt the
+    table's state after every commit to check its checksum, a second Spark job per append."""
+    found = in_process["delta_appends"]
+    assert found["jobs"] == [1, 1, 1]
+    assert (found["zone"], found["user_timezone"]) == ("UTC", "UTC")

@@ -293,7 +293,15 @@ def test_an_engine_for_one_command_adds_its_java_options_to_the_settings_ones(
         return list(conf["spark.driver.extraJavaOptions"].split())
 
     options = driver_options("-Dmine=1")
-    assert options[:4] == ["-Dmine=1", "-XX:TieredStopAtLevel=1", "-XX:ReservedCodeCacheSize=240m", "-XX:+UseSerialGC"]
+    # A user's options keep the driver's UTC zone (runtime/spark.py UTC_JVM), unless they name one.
+    assert options[:5] == [
+        "-Dmine=1",
+        "-Duser.timezone=UTC",
+        "-XX:TieredStopAtLevel=1",
+        "-XX:ReservedCodeCacheSize=240m",
+        "-XX:+UseSerialGC",
+    ]
+    assert "-Duser.timezone=UTC" not in driver_options("-Duser.timezone=Europe/Paris")
     for chosen in (driver_options("-XX:+UseG1GC"), driver_options("-Dmine=1", "-XX:+UseParallelGC")):
         assert "-XX:+UseSerialGC" not in chosen and "-XX:TieredStopAtLevel=1" in chosen
     monkeypatch.delenv("JAVA_TOOL_OPTIONS")

@@ -31,13 +31,12 @@ SESSION_DEFAULTS: dict[str, str] = {
     # pipeline's batch compiles ~65, so two pipelines on one engine evicted each other's and
     # compiled them again every run (bench/analysis.md). Static: the engine's (or the process's).
     "spark.sql.codegen.cache.maxEntries": "1000",
-    # Delta's auto compaction (silver) by default takes a modified partition that this JVM has
-    # not compacted yet, counting only the files this JVM added. A compaction removes more than
-    # that count, the partition drops out of the count, and the next append finds it "not
-    # compacted yet" again: in any JVM that did not write the table from its start (every new
-    # process, a restarted engine) each batch rewrote its whole day. Deciding on the table's
-    # count instead compacts (the table's small files) once some partition gathered minNumFiles
-    # (50) small files in this JVM's count.
+    # Delta's auto compaction (silver) by default takes a modified partition that this JVM has not
+    # compacted yet, counting only the files this JVM added. A compaction removes more than that
+    # count, the partition drops out of it, and the next append finds it "not compacted yet" again:
+    # in any JVM that did not write the table from its start (a new process, a restarted engine)
+    # each batch rewrote its whole day. Deciding on the table's count compacts (the table's small
+    # files) once some partition gathered minNumFiles (50) small files in this JVM's count.
     "spark.databricks.delta.autoCompact.modifiedPartitionsOnly.enabled": "false",
     # The cache a micro-batch is read from by its writes (ingest/writer.py) holds one batch, which
     # max_offsets_per_trigger bounds, for a second or two: compressing its columns cost 5.0 CPU
@@ -87,7 +86,7 @@ REDACTION_CONF: dict[str, str] = {
 STREAMING_CONF: dict[str, str] = {"spark.sql.streaming.stopActiveRunOnRestart": "false"}
 # A timestamp without a zone is UTC, and `_event_date` is the UTC day (docs/pipeline-spec.md): in
 # another session zone the same record would read as another instant, and a replay under a changed
-# setting would not find the rows it wrote.
+# setting would not find the rows it wrote. The driver's JVM runs in UTC too (UTC_JVM).
 TIME_CONF: dict[str, str] = {"spark.sql.session.timeZone": "UTC"}
 FIXED_CONF: dict[str, str] = {**REDACTION_CONF, **SQL_SAFETY_CONF, **STREAMING_CONF, **TIME_CONF}
 
@@ -97,14 +96,13 @@ CONNECT_PORT = 15002  # Spark Connect's own default (a URL without a port means 
 CONF_ENV = "RIVERHOUSE_SPARK_CONF"
 DEFAULT_MASTER = "local[2]"
 LOG_CONFIG = Path(__file__).with_name("log4j2.properties")
+# The driver JVM's zone is UTC, whatever options a user gives it: in another zone Delta 4.4 rebuilt
+# the table's state after every commit to check its checksum (a job; an append 0.25 -> 1.2-1.5 s).
+UTC_JVM = "-Duser.timezone=UTC"
 # Under Spark Connect a client sets these on its own session; every other setting is the server's.
 _SESSION_PREFIXES = ("spark.sql.", "spark.databricks.delta.")
-_SERVER_ONLY = {
-    "spark.sql.extensions",
-    "spark.sql.catalog.spark_catalog",
-    "spark.sql.warehouse.dir",
-    "spark.sql.codegen.cache.maxEntries",
-}
+_SERVER_ONLY = {"spark.sql.extensions", "spark.sql.catalog.spark_catalog", "spark.sql.warehouse.dir"}
+_SERVER_ONLY |= {"spark.sql.codegen.cache.maxEntries"}
 
 
 class SparkConfError(ValueError):
@@ -193,19 +191,20 @@ def session_conf(master: str, conf: dict[str, str] | None = None) -> dict[str, s
     from riverhouse.platform.runtime.jars import spark_conf, spark_jar_files
     from riverhouse.platform.state.storage import s3a_conf
 
-    quiet = {"spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG_CONFIG}"}
     local = {**LOCAL_DEFAULTS, **local_fs.conf(spark_jar_files())} if is_local(master) else {}
     storage = s3a_conf()  # object storage (S3A) from RIVERHOUSE_STORAGE_OPTIONS; the keys: _launch_env
     merged = {
         **SESSION_DEFAULTS,
         **local,
         **spark_conf(),
-        **quiet,
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG_CONFIG}",
         **storage,
         **user_conf(),
         **(conf or {}),
         **FIXED_CONF,
     }
+    if "-Duser.timezone=" not in (java := merged["spark.driver.extraJavaOptions"]):
+        merged["spark.driver.extraJavaOptions"] = f"{java} {UTC_JVM}".strip()
     return local_fs.on_class_path(merged)
 
 
@@ -255,13 +254,12 @@ def _cache_dir() -> Path:
 def local_spark_home(package_dir: Path, version: str = "") -> Path | None:
     """A SPARK_HOME for local mode whose Python workers import pyspark from the installed package.
 
-    Spark puts `$SPARK_HOME/python/lib/pyspark.zip` first on its Python workers' path.
-    Python compiles every module it imports from a zip on each import, with no bytecode
-    cache, so each worker, planner and streaming-source process spent about 1.3 s (on 2
-    cores) compiling pyspark: about 6 s of a cold `riverhouse run`, 1 s of each query
-    start. This folder links everything of the pip-installed pyspark but that zip, so
-    the workers (the same interpreter, see get_spark) import the very same pyspark from
-    site-packages, compiled once at install. None when pyspark is not pip-installed.
+    Spark puts `$SPARK_HOME/python/lib/pyspark.zip` first on its Python workers' path. Python compiles
+    every module it imports from a zip on each import (no bytecode cache): each worker, planner and
+    streaming-source process spent ~1.3 s (2 cores) compiling pyspark, ~6 s of a cold `riverhouse run`,
+    1 s of each query start. This folder links all of the pip-installed pyspark but that zip, so the
+    workers (the same interpreter, see get_spark) import the same pyspark from site-packages,
+    compiled once at install. None when pyspark is not pip-installed.
     """
     if not (package_dir / "python" / "lib" / "pyspark.zip").exists():
         return None
