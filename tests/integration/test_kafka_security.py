@@ -164,6 +164,7 @@ def test_a_wrong_password_fails_clearly_without_printing_a_secret(
     output = ran.stdout + ran.stderr
     assert ran.returncode == 1
     assert "Authentication failed" in output and "SCRAM-SHA-512" in output, output[-3000:]
+    assert "no answer within" not in output  # refused credentials fail at once, not after the timeout
     assert "Traceback" not in output
     assert wrong not in output and creds["password"] not in output
 
@@ -181,6 +182,7 @@ def test_an_untrusted_client_certificate_is_refused_clearly(
         Pipeline(spec, settings.with_(kafka_bootstrap=None), spark=spark, log=lambda m: None).run()
     message = str(failure.value)
     assert "cannot reach Kafka" in message and "SSL" in message, message
+    assert "no answer within" not in message  # a refused certificate fails at once, not after the timeout
     assert "Traceback" not in message
 
 

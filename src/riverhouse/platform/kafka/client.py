@@ -175,15 +175,40 @@ def topic_metadata(
     """
     from confluent_kafka import KafkaException
 
-    try:
-        return consumer.list_topics(topic, timeout=timeout_s)
-    except KafkaException as exc:
-        consumer.poll(0.2)  # serves error_cb: the reason, if librdkafka knows one
-        reason = _best_reason(reasons) or exc.args[0].str()
-        doing = f" {doing}" if doing else ""
-        raise KafkaSourceError(
-            f"cannot reach Kafka at {config['bootstrap.servers']}{doing} (no answer within {timeout_s:g}s): {reason}"
-        ) from None
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return consumer.list_topics(topic, timeout=max(0.05, min(REFUSED_CHECK_S, deadline - time.monotonic())))
+        except KafkaException as exc:
+            consumer.poll(0.2)  # serves error_cb: the reason, if librdkafka knows one
+            refused = _refused_for_good(reasons)
+            if refused is None and time.monotonic() < deadline:
+                continue
+            reason = refused or _best_reason(reasons) or exc.args[0].str()
+            waited = "" if refused else f" (no answer within {timeout_s:g}s)"
+            doing = f" {doing}" if doing else ""
+            raise KafkaSourceError(
+                f"cannot reach Kafka at {config['bootstrap.servers']}{doing}{waited}: {reason}"
+            ) from None
+
+
+# How often a metadata request that gets no answer looks at why: a broker that refuses this
+# client's credentials or certificates (SASL, TLS) will not accept them a few seconds later, so
+# the caller hears of it at once instead of after the whole timeout. Any other failure (a broker
+# that is not listening, or restarting) is waited for until the timeout.
+REFUSED_CHECK_S = 0.5
+_REFUSALS = (
+    "SASL authentication error",
+    "SSL handshake failed",
+    "alert bad certificate",
+    "alert unknown ca",
+    "alert certificate",
+)
+
+
+def _refused_for_good(reasons: list[str]) -> str | None:
+    """The first error saying the broker refused this client's credentials or TLS, if any."""
+    return next((reason for reason in reasons if any(word in reason for word in _REFUSALS)), None)
 
 
 def collecting_consumer(config: dict[str, Any], group_prefix: str, reasons: list[str], **extra: Any) -> Any:
