@@ -176,13 +176,17 @@ def topic_metadata(
     from confluent_kafka import KafkaException
 
     deadline = time.monotonic() + timeout_s
+    first_refusal: float | None = None
     while True:
         try:
             return consumer.list_topics(topic, timeout=max(0.05, min(REFUSED_CHECK_S, deadline - time.monotonic())))
         except KafkaException as exc:
             consumer.poll(0.2)  # serves error_cb: the reason, if librdkafka knows one
             refused = _refused_for_good(reasons)
-            if refused is None and time.monotonic() < deadline:
+            if refused is not None and first_refusal is None:
+                first_refusal = time.monotonic()
+            settled = first_refusal is not None and time.monotonic() - first_refusal >= REFUSED_FOR_S
+            if not settled and time.monotonic() < deadline:
                 continue
             reason = refused or _best_reason(reasons) or exc.args[0].str()
             waited = "" if refused else f" (no answer within {timeout_s:g}s)"
@@ -193,13 +197,15 @@ def topic_metadata(
 
 
 # How often a metadata request that gets no answer looks at why: a broker that refuses this
-# client's credentials or certificates (SASL, TLS) will not accept them a few seconds later, so
-# the caller hears of it at once instead of after the whole timeout. Any other failure (a broker
-# that is not listening, or restarting) is waited for until the timeout.
+# client's credentials or certificates (SASL, TLS) for REFUSED_FOR_S will not accept them later
+# in the timeout (librdkafka retries every ~0.35 s; the grace covers a user the broker has just
+# been given), so the caller hears of it then instead of after the whole timeout. Any other
+# failure (a broker that is not listening, or restarting) is waited for until the timeout.
 REFUSED_CHECK_S = 0.5
+REFUSED_FOR_S = 2.0
 _REFUSALS = (
     "SASL authentication error",
-    "SSL handshake failed",
+    "certificate verify failed",
     "alert bad certificate",
     "alert unknown ca",
     "alert certificate",
