@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from riverhouse.platform.runtime.processes import free_port, pid_alive, port_free, terminate
+from riverhouse.platform.runtime.processes import free_ports, pid_alive, port_free, terminate
 
 STATE_FILE = "state.json"
 BROKER_FILE = "broker.json"
@@ -91,10 +91,11 @@ def _broker_record(state_dir: Path, secure: bool) -> dict[str, Any]:
     try:
         record = json.loads(path.read_text())
     except (OSError, ValueError):
-        record = {"cluster_id": _cluster_id(), "ports": {"PLAINTEXT": free_port(), "CONTROLLER": free_port()}}
-    if secure:
-        record["ports"].setdefault("SASL_SSL", free_port())
-        record["ports"].setdefault("SSL", free_port())
+        record = {"cluster_id": _cluster_id(), "ports": {}}
+    names = ["PLAINTEXT", "CONTROLLER", *(["SASL_SSL", "SSL"] if secure else [])]
+    if missing := [name for name in names if name not in record["ports"]]:
+        # Different ports, and none of those already recorded (the broker may be down: they are free).
+        record["ports"].update(zip(missing, free_ports(len(missing), taken=set(record["ports"].values())), strict=True))
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=2))
     tmp.replace(path)

@@ -11,7 +11,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 
@@ -86,9 +86,23 @@ def _group_states(pgid: int) -> list[tuple[int, bool]]:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    return free_ports(1, host)[0]
+
+
+def free_ports(count: int, host: str = "127.0.0.1", taken: Collection[int] = ()) -> list[int]:
+    """`count` different ports free now, none in `taken` (ports a service has recorded as its own).
+
+    Every socket stays bound until all are chosen: the kernel may give the port one bind just
+    released to the next bind (a local broker once got the same port for two listeners).
+    """
+    ports: list[int] = []
+    with contextlib.ExitStack() as held:
+        while len(ports) < count:
+            sock = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            sock.bind((host, 0))
+            if (port := int(sock.getsockname()[1])) not in taken:
+                ports.append(port)
+    return ports
 
 
 def port_free(port: int, host: str = "127.0.0.1") -> bool:
