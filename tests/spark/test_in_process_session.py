@@ -104,7 +104,24 @@ def delta_appends():
     return {"jobs": jobs, "zone": zone, "user_timezone": spark._jvm.java.lang.System.getProperty("user.timezone")}
 
 
-print(json.dumps({"batch_id": batch_id_code(), "local_fs": local_fs(), "delta_appends": delta_appends()}))
+def column_round_trips():
+    # py4j round trips to build a Column expression (a small batch builds ~130 of them), after a first one.
+    import py4j.clientserver as cs
+
+    calls = []
+    send = cs.ClientServerConnection.send_command
+    cs.ClientServerConnection.send_command = lambda self, command: calls.append(command) or send(self, command)
+    try:
+        F.abs(F.col("id"))
+        before = len(calls)
+        F.abs(F.col("id"))
+        return {"column": len(calls) - before}
+    finally:
+        cs.ClientServerConnection.send_command = send
+
+
+print(json.dumps({"batch_id": batch_id_code(), "local_fs": local_fs(), "delta_appends": delta_appends(),
+                  "round_trips": column_round_trips()}))
 """
 
 
@@ -156,3 +173,10 @@ def test_on_a_machine_outside_utc_an_append_is_one_spark_job(in_process: dict[st
     found = in_process["delta_appends"]
     assert found["jobs"] == [1, 1, 1]
     assert (found["zone"], found["user_timezone"]) == ("UTC", "UTC")
+
+
+def test_in_process_a_column_costs_no_call_site_round_trips(in_process: dict[str, Any]) -> None:
+    """PySpark's DataFrame call-site capture is off (runtime/spark.py): with it, each Column function
+    looked the origin class up and set and cleared it over py4j, ~8 more round trips each."""
+    # col and abs: the class, the member and the call each (16 with the capture on)
+    assert in_process["round_trips"]["column"] == 6

@@ -50,6 +50,10 @@ SESSION_DEFAULTS: dict[str, str] = {
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     "spark.hadoop.parquet.enable.dictionary#_value": "false",
     "spark.hadoop.parquet.enable.dictionary#_key": "false",
+    # PySpark's call sites for error messages: in an in-process session each Column function then
+    # made ~8 more py4j round trips (a class looked up per segment of a dotted name), 40% of a small
+    # batch's; off, the batch's Python and JVM CPU fell 15-25% and 8% (bench/analysis.md). Static.
+    "spark.python.sql.dataFrameDebugging.enabled": "false",
 }
 # Small-machine defaults, in local mode only: a cluster keeps its own (spark-defaults.conf,
 # spark-submit's flags, RIVERHOUSE_SPARK_CONF).
@@ -228,9 +232,7 @@ def check_java() -> str:
         )
     out = subprocess.run([java, "-version"], capture_output=True, text=True, check=False)
     # The JVM announces JAVA_TOOL_OPTIONS / JDK_JAVA_OPTIONS first ("Picked up ..."): not the version.
-    lines = [
-        ln for ln in (out.stderr or out.stdout).splitlines() if not ln.startswith(("Picked up", "NOTE: Picked up"))
-    ]
+    lines = [ln for ln in (out.stderr or out.stdout).splitlines() if not ln.startswith(("Picked", "NOTE: Picked"))]
     line = lines[0] if lines else ""
     try:
         major = int(line.split('"')[1].split(".")[0])
