@@ -179,9 +179,11 @@ class BatchWriter:
         self.faults.hit("after_bronze_commit")
         if not metrics.read:
             return
-        # Rejected records are few: one task and one file per day, not one per Kafka partition.
-        rejected = rows.where(F.col("_status") == "rejected").select(*self.quarantine_columns).coalesce(1)
-        quarantine = self._quarantine(rejected, batch_id, stage) if metrics.quarantined else None
+        quarantine = None
+        if metrics.quarantined:  # planned only then: each DataFrame step is analysed at once in-process
+            # Rejected records are few: one task and one file per day, not one per Kafka partition.
+            rejected = rows.where(F.col("_status") == "rejected").select(*self.quarantine_columns).coalesce(1)
+            quarantine = self._quarantine(rejected, batch_id, stage)
         try:
             if metrics.valid:
                 mark = time.monotonic()
