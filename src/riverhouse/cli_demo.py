@@ -88,7 +88,7 @@ def demo(
         # The result is printed before the engine the demo started stops (~0.5 s): the reader
         # need not wait for Spark's shutdown.
         if as_json:
-            print(json.dumps(result["summary"]), flush=True)
+            print(json.dumps({**result["summary"], "demo_run": _run_figures(result, starting)}), flush=True)
         else:
             _print_result(result, base.home / "demo", None if join_spec is None else join_spec.sink.table, starting)
     finally:
@@ -114,17 +114,28 @@ def _print_result(
     out.print(sample)
     checks = ", ".join(f"{name}: {'passed' if ok else 'FAILED'}" for name, ok in result["checks"].items())
     out.print(f"asset checks: {checks}", highlight=False)
+    run = _run_figures(result, starting)
     out.print(
-        f"wall time {seconds_since_start():.1f}s from the command's start, of which {result['runs_seconds']:.1f}s "
-        f"in the pipelines' Dagster runs; {result['records_per_second']:,.0f} records/s through the dedup "
+        f"wall time {run['wall_seconds']:.1f}s from the command's start, of which {run['dagster_runs_seconds']:.1f}s "
+        f"in the pipelines' Dagster runs; {run['records_per_second']:,.0f} records/s through the dedup "
         "pipeline (Kafka -> Delta -> ClickHouse, including the first batch's warm-up)",
         highlight=False,
     )
-    where, started = starting.result()
-    out.print(
-        f"engine: {where}{' (started for the demo: it stops as the demo ends)' if started else ''}", highlight=False
-    )
+    started = " (started for the demo: it stops as the demo ends)" if run["engine_started_for_demo"] else ""
+    out.print(f"engine: {run['engine']}{started}", highlight=False)
     out.print(f"state kept in {home}; look at it in the UI with `riverhouse ui --home {home}`", highlight=False)
+
+
+def _run_figures(result: dict[str, Any], starting: Future[tuple[str, bool]]) -> dict[str, Any]:
+    """How the demo ran, for both outputs: its wall time, the Dagster runs' share, where Spark ran."""
+    where, started = starting.result()
+    return {
+        "wall_seconds": round(seconds_since_start(), 1),
+        "dagster_runs_seconds": round(result["runs_seconds"], 1),
+        "records_per_second": round(result["records_per_second"]),
+        "engine": where,
+        "engine_started_for_demo": started,
+    }
 
 
 def seconds_since_start() -> float:

@@ -130,6 +130,11 @@ def test_demo_json_matches_the_generator_and_repeats(tmp_path: Path) -> None:
     assert summary["unmatched_left"] == summary["expected_unmatched"] > 0
     assert summary["joined_rows"] + summary["unmatched_left"] == summary["expected_unique"]
     assert "joined_rows" not in runs[0]
+    # How each run went: its wall time, the Dagster runs' share of it, where Spark ran.
+    for run in (r.pop("demo_run") for r in runs):
+        assert 0 < run["dagster_runs_seconds"] < run["wall_seconds"]
+        assert run["records_per_second"] > 0
+        assert run["engine"].startswith(("Spark Connect at ", "Spark in each run's own process"))
     assert {k: summary[k] for k in runs[0]} == runs[0]  # each demo run resets its own state
     # What `riverhouse ui --home <home>/demo` opens: the demo's runs and materializations, not an empty instance.
     import dagster as dg
