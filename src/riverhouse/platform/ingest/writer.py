@@ -296,8 +296,9 @@ def batch_row(spark: Any, batch_id: int) -> Any:
     compilations per batch instead of 6, about half the JVM's CPU going to the JIT); a broadcast
     row is data, and the generated code stays the same from batch to batch. Made from an Arrow
     table, it is a local relation in both kinds of session (Spark Connect's and an in-process
-    one), so broadcasting it runs no Spark job; a Python list became an RDD in an in-process
-    session, and each write of the batch ran a job to broadcast it.
+    one); a Python list became an RDD in an in-process session. Its broadcast still runs one
+    one-task job per batch (Spark collects a broadcast's rows through a job, a local scan's too):
+    10-35 ms, against a recompile of the batch's stages for a literal (bench/analysis.md).
     """
     import pyarrow as pa
 
