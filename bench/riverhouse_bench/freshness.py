@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from itertools import pairwise
+from statistics import fmean
 from typing import TYPE_CHECKING, Any
 
 from riverhouse.platform.kafka.generator import GeneratorConfig, orders
@@ -105,6 +106,16 @@ def freshness(bench: Bench) -> dict[str, Any]:
     }
 
 
+# The measured batches' last quarter this much larger than their first: the producer outran the pipeline.
+FELL_BEHIND = 1.5
+
+
+def fell_behind(profile: dict[str, Any]) -> tuple[int, int] | None:
+    """The first and last quarters' mean records per batch, when the backlog grew over the measured stretch."""
+    first, last = profile.get("records_first_last_quarter") or (0, 0)
+    return (first, last) if first and last > FELL_BEHIND * first else None
+
+
 def percentiles(values: list[float]) -> dict[str, float]:
     """p50/p95/p99 (nearest rank) of `values`; empty if there are none."""
     ordered = sorted(values)
@@ -120,9 +131,16 @@ def freshness_profile(batches: list[BatchMetrics], loads: list[float]) -> dict[s
 
     stages = sorted({name for b in batches for name in b.stage_seconds})
     gaps = [b.started_at - (a.started_at + a.seconds) for a, b in pairwise(batches)]
+    reads = [float(b.read) for b in batches]
+    quarter = max(1, len(reads) // 4)
     return {
         "batches": len(batches),
-        "records": spread([float(b.read) for b in batches]),
+        "records": spread(reads),
+        # Batches that keep up with the producer stay the same size; a pipeline that falls behind
+        # reads a growing backlog, and its rows' freshness is that backlog's age (FELL_BEHIND).
+        "records_first_last_quarter": [round(fmean(reads[:quarter])), round(fmean(reads[-quarter:]))]
+        if reads
+        else None,
         "batch_s": spread([b.seconds for b in batches]),
         "between_batches_s": spread(gaps),
         "stage_s": {name: spread([b.stage_seconds.get(name, 0.0) for b in batches]) for name in stages},

@@ -11,6 +11,7 @@ from typing import Any
 
 from riverhouse.platform.spec import KafkaSpec
 from riverhouse_bench.common import REPO
+from riverhouse_bench.freshness import fell_behind
 from riverhouse_bench.metering import CPU_ROLES
 from riverhouse_bench.results import THROUGHPUT, targets
 from riverhouse_bench.sections import (
@@ -83,6 +84,11 @@ def _scenario_lines(s: dict[str, Any]) -> list[str]:
                     f"(p95 {profile['batch_s']['p95']:.2f} s), "
                     + (f"{gap:.2f} s between batches, " if gap is not None else "")
                     + f"loads {profile['load_s']['p50']:.2f} s"
+                )
+            if grew := fell_behind(profile):
+                notes.append(
+                    f"the pipeline fell behind the producer (batches grew from {grew[0]:,} to {grew[1]:,} records "
+                    "on average, first to last quarter): these percentiles are a backlog's age"
                 )
         if name.startswith("query_vs_final") and r.get("final_s") is not None:
             notes.append(
@@ -404,7 +410,9 @@ def method_lines() -> list[str]:
         "version returned minus the row's Kafka timestamp. The percentiles cover the rows produced after "
         "the first `freshness_warmup` seconds of traffic: the first data batches of a new process run "
         "cold (JIT) and build a backlog that takes a few batches to drain; those rows' percentiles are "
-        "reported beside them (`warmup_percentiles_s`, `warmup_batches` in the JSON).",
+        "reported beside them (`warmup_percentiles_s`, `warmup_batches` in the JSON). When the "
+        "measured batches' last quarter holds over 1.5 times the records of their first, the producer "
+        "outran the pipeline and the notes say so: the percentiles are then a growing backlog's age.",
         "- `query_vs_final`: the records produced to the topic, in produce order, in a "
         "ReplacingMergeTree (`FINAL`) vs Riverhouse's table; each query's answer is checked against "
         "the generator's distinct events; median of runs. `query_vs_final_<N>`: the same on N "

@@ -44,3 +44,31 @@ def test_the_page_renders_a_freshness_run_whose_measured_stretch_had_one_batch()
     run = {"events": 5_000, "exact": True, "p50_s": 1.0, "p95_s": 2.0, "p99_s": 2.5, "rate": 1000.0, "profile": profile}
     [row] = [line for line in _scenario_lines({"freshness": run}) if line.startswith("| freshness")]
     assert "batches of 5,000 records took 1.50 s (p95 1.50 s), loads 0.30 s" in row, row
+
+
+def _batches(reads: list[int]) -> list[BatchMetrics]:
+    return [
+        BatchMetrics(batch_id=i, read=n, started_at=10.0 + 2 * i, seconds=1.5, stage_seconds={"bronze": 0.5})
+        for i, n in enumerate(reads)
+    ]
+
+
+def test_the_page_says_when_the_producer_outran_the_pipeline() -> None:
+    """A slow hour's run read a growing backlog (batches of 62,000 -> 390,000 records): its percentiles
+    are the backlog's age, and the page says so instead of reporting them as the pipeline's freshness."""
+    from riverhouse_bench.freshness import fell_behind
+    from riverhouse_bench.report import _scenario_lines
+
+    behind = freshness_profile(_batches([60_000, 70_000, 120_000, 200_000, 300_000, 390_000, 380_000, 400_000]), [0.1])
+    assert behind["records_first_last_quarter"] == [65_000, 390_000]
+    assert fell_behind(behind) == (65_000, 390_000)
+    run = {"events": 1, "exact": True, "p50_s": 9.0, "p95_s": 20.0, "p99_s": 25.0, "rate": 20_000.0, "profile": behind}
+    [row] = [line for line in _scenario_lines({"freshness": run}) if line.startswith("| freshness")]
+    assert "fell behind the producer (batches grew from 65,000 to 390,000 records" in row, row
+
+    # Keeping up: batches about the size of a trigger interval's records, the last one the tail.
+    steady = freshness_profile(_batches([36_000, 34_000, 33_000, 28_000, 27_000, 25_000, 26_000, 9_000]), [0.1])
+    assert fell_behind(steady) is None
+    run = {**run, "profile": steady}
+    [row] = [line for line in _scenario_lines({"freshness": run}) if line.startswith("| freshness")]
+    assert "fell behind" not in row
