@@ -52,7 +52,7 @@ SESSION_DEFAULTS: dict[str, str] = {
     "spark.hadoop.parquet.enable.dictionary#_key": "false",
     # PySpark's call sites for error messages: in an in-process session each Column function then
     # made ~8 more py4j round trips (a class looked up per segment of a dotted name), 40% of a small
-    # batch's; off, the batch's Python and JVM CPU fell 15-25% and 8% (bench/analysis.md). Static.
+    # batch's; off, the batch's Python and JVM CPU fell 15-28% and 8-13% (bench/analysis.md). Static.
     "spark.python.sql.dataFrameDebugging.enabled": "false",
 }
 # Small-machine defaults, in local mode only: a cluster keeps its own (spark-defaults.conf,
