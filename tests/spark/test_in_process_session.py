@@ -16,13 +16,12 @@ import pytest
 
 from riverhouse.platform.runtime import local_fs
 from riverhouse.platform.runtime.jars import spark_jar_files
-from tests.spark.test_batch_row import IDS
 
 SCRIPT = """
-import json, re, sys
+import json, sys
 from pathlib import Path
 from pyspark.sql import functions as F
-from riverhouse.platform.ingest.writer import batch_row
+from riverhouse.platform.ingest.writer import batch_id_column
 from riverhouse.platform.runtime.spark import get_spark
 from riverhouse.platform.state.settings import Settings
 
@@ -30,14 +29,23 @@ home = sys.argv[1]
 spark = get_spark("local[1]", conf=Settings.from_env(home).spark_conf)
 
 
-def batch_id_code():
-    def code(batch_id):
-        df = spark.range(0, 100).crossJoin(F.broadcast(batch_row(spark, batch_id)))
-        text = spark._jvm.PythonSQLUtils.explainString(df._jdf.queryExecution(), "codegen")
-        return re.sub(sys.argv[2], "", text)
-    first, second = code(123456789), code(987654321)
-    return {"same": first == second, "literal": "123456789" in first, "local": "LocalTableScan" in first,
-            "rdd": "ExistingRDD" in first}
+def batch_id_compilations():
+    # Janino compilations and Spark jobs of a write whose rows carry the batch id, batch after batch.
+    metrics = spark._jvm.org.apache.spark.metrics.source.CodegenMetrics
+    store = spark.sparkContext._jsc.sc().statusStore()
+    rows = spark.range(0, 1000).withColumn("x", F.col("id") * 2)
+
+    def write(column):
+        compiled, jobs = metrics.METRIC_COMPILATION_TIME().getCount(), store.jobsList(None).size()
+        frame = rows if column is None else rows.select("*", column.alias("_batch_id"))
+        frame.where("x > 1").write.format("noop").mode("overwrite").save()
+        return metrics.METRIC_COMPILATION_TIME().getCount() - compiled, store.jobsList(None).size() - jobs
+
+    write(None), write(batch_id_column(1)), write(F.lit(1))  # each plan's first compilations
+    found = {"none": write(None), "ours": [write(batch_id_column(b)) for b in (123456789, 987654321)]}
+    found["literal"] = [write(F.lit(b)) for b in (123456789, 987654321)]
+    values = rows.select(batch_id_column(42).alias("b")).agg(F.min("b"), F.max("b"), F.count("*")).first()
+    return {**found, "values": list(values)}
 
 
 def local_fs():
@@ -120,7 +128,7 @@ def column_round_trips():
         cs.ClientServerConnection.send_command = send
 
 
-print(json.dumps({"batch_id": batch_id_code(), "local_fs": local_fs(), "delta_appends": delta_appends(),
+print(json.dumps({"batch_id": batch_id_compilations(), "local_fs": local_fs(), "delta_appends": delta_appends(),
                   "round_trips": column_round_trips()}))
 """
 
@@ -131,15 +139,20 @@ def in_process(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if k not in ("RIVERHOUSE_SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED")}
     env["TZ"] = "America/Los_Angeles"  # a machine outside UTC, as most users' are
     proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(home), IDS.pattern], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", SCRIPT, str(home)], env=env, capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_in_process_the_batch_id_is_a_local_row_too(in_process: dict[str, Any]) -> None:
-    """A Python list became an RDD in an in-process session: each write of a batch ran a job to broadcast it."""
-    assert in_process["batch_id"] == {"same": True, "literal": False, "local": True, "rdd": False}
+def test_in_process_the_batch_id_compiles_nothing_and_runs_no_job(in_process: dict[str, Any]) -> None:
+    """A literal batch id makes Spark compile the write's code again every batch; the joined one-row
+    frame it replaced cost a broadcast job per batch. Each write here is one job, as without a batch id."""
+    found = in_process["batch_id"]
+    assert found["none"] == [0, 1]
+    assert found["ours"] == [[0, 1], [0, 1]]
+    assert all(compiled > 0 for compiled, _ in found["literal"])  # what the count above would see
+    assert found["values"] == [42, 42, 1000]
 
 
 @pytest.mark.skipif(

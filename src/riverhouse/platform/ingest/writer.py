@@ -113,13 +113,12 @@ class BatchWriter:
 
     def _process(self, batch_df: Any, batch_id: int) -> BatchMetrics:
         from pyspark import StorageLevel
-        from pyspark.sql import functions as F
 
         started = time.monotonic()
         metrics = BatchMetrics(batch_id=batch_id, source=self.source_name, started_at=time.time())
         # A JSON batch is already parsed: the parse is part of the streaming query's plan, so it
         # is analysed and compiled once per query. What changes per batch is added as data (the
-        # batch id: `batch_row`) or as a literal that changes once a day (the date given to
+        # batch id: `batch_id_column`) or as a literal that changes once a day (the date given to
         # records with no time at all), so the generated code stays the same from batch to batch.
         if self.registry is not None:
             # Avro through a registry: decoded here, with the writer schemas the registry has now
@@ -136,11 +135,10 @@ class BatchWriter:
             self.slots = task_slots(batch_df.sparkSession)
         batch_df = batch_df.coalesce(self.slots)
         rows = fill_missing_dates(batch_df, datetime.datetime.now(datetime.UTC).date())
-        rows = rows.select(*[c for c in self.bronze_columns if c != "_batch_id"], *self._silver_only())
-        # Read by every write: Kafka read + parse happen once, in the first write. The batch id
-        # joins before the cache: the join copies each row, so once, not once per write that
-        # reads the rows (bronze, silver; 1.2 CPU microseconds a row each, bench/analysis.md).
-        rows = rows.crossJoin(F.broadcast(batch_row(rows.sparkSession, batch_id)))
+        # The batch id is computed before the cache: once per row, not once per write reading it.
+        columns = [c for c in self.bronze_columns if c != "_batch_id"]
+        rows = rows.select(*columns, *self._silver_only(), batch_id_column(batch_id).alias("_batch_id"))
+        # Read by every write: Kafka read + parse happen once, in the first write.
         rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
         try:
             self._write(rows, batch_id, metrics)
@@ -288,21 +286,22 @@ def task_slots(spark: Any) -> int:
         return max(1, int(row["last"]) + 1)
 
 
-def batch_row(spark: Any, batch_id: int) -> Any:
-    """A one-row frame holding `_batch_id`, joined to the batch instead of `lit(batch_id)`.
+def batch_id_column(batch_id: int) -> Any:
+    """`_batch_id` for every row of the batch, a value Spark's generated code does not hold.
 
-    Spark writes a literal's value into the code it generates, so a literal that changes every
-    batch makes it generate and compile the batch's whole write stages anew (measured: 13
-    compilations per batch instead of 6, about half the JVM's CPU going to the JIT); a broadcast
-    row is data, and the generated code stays the same from batch to batch. Made from an Arrow
-    table, it is a local relation in both kinds of session (Spark Connect's and an in-process
-    one); a Python list became an RDD in an in-process session. Its broadcast still runs one
-    one-task job per batch (Spark collects a broadcast's rows through a job, a local scan's too):
-    10-35 ms, against a recompile of the batch's stages for a literal (bench/analysis.md).
+    Spark writes a literal's value into the code it generates, so `lit(batch_id)` made it generate
+    and compile the batch's write stages anew every batch (13 compilations per batch instead of 6,
+    about half the JVM's CPU going to the JIT, bench/analysis.md). `reflect` (Java's `Long.valueOf`
+    of the id's text) has no generated code of its own: Spark hands the expression, its literals
+    included, to the generated class as an object and evaluates it there, and the optimizer never
+    folds it into a literal (Spark counts it non-deterministic). So the code stays the same from
+    batch to batch, with no Spark job: the one-row frame joined before it cost a broadcast, which
+    is a one-task job per batch, and a copy of every row (bench/analysis.md). Fixed class and
+    method names, never a spec's text: a spec's own SQL may not call `reflect` (`sql.JAVA_CALLS`).
     """
-    import pyarrow as pa
+    from pyspark.sql import functions as F
 
-    return spark.createDataFrame(pa.table({"_batch_id": pa.array([batch_id], pa.int64())}))
+    return F.reflect(F.lit("java.lang.Long"), F.lit("valueOf"), F.lit(str(int(batch_id)))).cast("long")
 
 
 class _SilverHint:

@@ -208,8 +208,8 @@ def ensure_delta_table(
                 "by another spec. Point the pipeline at a new warehouse or reset it (riverhouse reset)."
             )
         return
-    # No rows, from Arrow: a local relation in every kind of session, as `writer.batch_row` (a
-    # Python list is an RDD in an in-process one). The write itself is still a Spark job.
+    # No rows, from Arrow: a local relation in every kind of session (a Python list is an RDD in
+    # an in-process one). The write itself is still a Spark job.
     empty = spark.createDataFrame(schema.empty_table(), spark_schema(schema))
     writer = empty.write.format("delta").partitionBy(*partition_by)
     for key, value in (properties or {}).items():
