@@ -109,6 +109,8 @@ READ_TUNING: dict[str, Any] = {"fetch.max.bytes": 50 * 1024 * 1024, "queued.min.
 
 
 def machine_facts() -> dict[str, Any]:
+    from importlib.metadata import version
+
     import chdb
     import confluent_kafka
     import deltalake
@@ -128,7 +130,8 @@ def machine_facts() -> dict[str, Any]:
         "python": platform.python_version(),
         "pyspark": pyspark.__version__,
         "deltalake": deltalake.__version__,
-        "chdb": chdb.__version__,
+        # The package users install (`chdb.__version__` became its core's), and its ClickHouse engine.
+        "chdb": f"{version('chdb')} (ClickHouse {getattr(chdb, 'engine_version', '?')})",
         "librdkafka": confluent_kafka.libversion()[0],
         "kafka": f"Apache Kafka {_broker_version()} (local broker, KRaft, one node)",
         "calibration": calibrate(),
