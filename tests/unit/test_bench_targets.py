@@ -43,6 +43,15 @@ def test_dedup_state_uses_the_largest_key_count_and_lower_is_better() -> None:
     assert (measured, verdict, met) == ("125.0 bytes/key", "missed: 80% of the target", False)
 
 
+def test_a_target_missed_by_a_hair_does_not_read_as_one_hundred_percent() -> None:
+    verdicts = _verdicts({"small_batches": {"median_batch_s": 1.001}, "freshness": {"p95_s": 3.004}})
+    assert _find(verdicts, "small_batches:") == ("1.00 s", "missed: 99.9% of the target (1.001)", False)
+    assert _find(verdicts, "freshness p95")[1:] == ("missed: 99.9% of the target (3.004)", False)
+    assert _find(_verdicts({"small_batches": {"median_batch_s": 1.25}}), "small_batches:")[1] == (
+        "missed: 80% of the target"
+    )
+
+
 def test_scale_ratio_cluster_and_unmeasured_targets() -> None:
     verdicts = _verdicts(
         {
