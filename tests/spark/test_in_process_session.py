@@ -114,11 +114,21 @@ def delta_appends():
 
 def column_round_trips():
     # py4j round trips to build a Column expression (a small batch builds ~130 of them), after a first one.
+    # Only this thread's: py4j's finalizer thread sends the deletes of objects Python freed earlier
+    # whenever it wakes (once a second), on connections of its own.
+    import threading
     import py4j.clientserver as cs
 
     calls = []
     send = cs.ClientServerConnection.send_command
-    cs.ClientServerConnection.send_command = lambda self, command: calls.append(command) or send(self, command)
+    me = threading.get_ident()
+
+    def counted(self, command):
+        if threading.get_ident() == me:
+            calls.append(command)
+        return send(self, command)
+
+    cs.ClientServerConnection.send_command = counted
     try:
         F.abs(F.col("id"))
         before = len(calls)
