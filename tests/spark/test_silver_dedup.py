@@ -96,6 +96,36 @@ def test_batches_keep_the_first_event_per_key_and_window(spark: Any, silver: str
     assert silver_ids(spark, silver) == [("a", 0), ("a", 4), ("b", 1), ("c", 5)]
 
 
+def test_a_two_column_key_matches_silver_only_on_both_columns(spark: Any, silver: str) -> None:
+    """Key (order_id, user_id): a stored row suppresses a later one only when both columns are equal
+    and the event times are within the window."""
+
+    def write_users(events: list[tuple[str, str, timedelta, int]], batch_id: int) -> int | None:
+        rows = batch([(order, at, offset) for order, _, at, offset in events])
+        rows = rows.set_column(1, "user_id", pa.array([user for _, user, _, _ in events]))
+        df = spark.createDataFrame(rows.to_pylist(), spark_schema(SCHEMA))
+        times = rows.column("_event_time").to_pylist()
+        bounds = (min(times) - WINDOW, max(times) + WINDOW)
+        return insert_new(silver, df, ["order_id", "user_id"], WINDOW, bounds, "app", batch_id).rows
+
+    assert write_users([("a", "u1", timedelta(0), 0), ("a", "u2", timedelta(0), 1)], 0) == 2
+    later = [
+        ("a", "u1", timedelta(minutes=30), 2),  # both columns stored, within the window: a duplicate
+        ("a", "u3", timedelta(minutes=30), 3),  # order_id stored, user_id not: new
+        ("b", "u1", timedelta(minutes=30), 4),  # user_id stored, order_id not: new
+        ("a", "u2", timedelta(hours=2), 5),  # both stored, beyond the window: new
+    ]
+    assert write_users(later, 1) == 3
+    stored = spark.read.format("delta").load(silver).select("order_id", "user_id", "_offset").collect()
+    assert sorted(tuple(r) for r in stored) == [
+        ("a", "u1", 0),
+        ("a", "u2", 1),
+        ("a", "u2", 5),
+        ("a", "u3", 3),
+        ("b", "u1", 4),
+    ]
+
+
 def test_a_replayed_batch_is_skipped_by_its_mark_in_the_log(spark: Any, silver: str) -> None:
     events = [("a", timedelta(0), 0), ("b", timedelta(0), 1)]
     assert write(spark, silver, events, 0) == 2

@@ -209,9 +209,9 @@ def silver_files(
 
 
 def not_in_silver(
-    spark: Any, silver_path: str, unique: Any, key: list[str], window: timedelta, files: list[str], columns: list[str]
+    spark: Any, silver_path: str, unique: Any, key: list[str], window: timedelta, files: list[str]
 ) -> Any:
-    """The batch's rows (`unique`, with `columns`) that no silver row duplicates: same key, event
+    """The batch's rows (`unique`, with its columns) that no silver row duplicates: same key, event
     times within `window`.
 
     Silver is read only where a duplicate can be: `files` (`silver_files`), read by Spark as
@@ -238,19 +238,18 @@ def not_in_silver(
     )
     probe = unique.select(*[F.col(k).alias(f"_b_{k}") for k in key], F.unix_micros("_event_time").alias("_b_t"))
 
-    def within(left: str, right: str) -> Any:
-        same = [F.col(f"{left}{k}") == F.col(f"{right}{k}") for k in key]
-        cond = F.abs(F.col(f"{left}t") - F.col(f"{right}t")) <= F.lit(micros)
-        for term in same:
-            cond = term & cond
+    def within(left: list[Any], left_t: Any) -> Any:
+        """Same key as a silver row and an event time within the window of it."""
+        cond = F.abs(left_t - F.col("_s_t")) <= F.lit(micros)
+        for k, column in zip(key, left, strict=True):
+            cond = (column == F.col(f"_s_{k}")) & cond
         return cond
 
-    matched = stored.join(F.broadcast(probe), within("_s_", "_b_"), "left_semi")
-    batch = unique.withColumn("_b_t", F.unix_micros("_event_time"))
-    for k in key:
-        batch = batch.withColumn(f"_b_{k}", F.col(k))
-    kept = batch.join(F.broadcast(matched), within("_b_", "_s_"), "left_anti")
-    return kept.select(*columns)
+    matched = stored.join(F.broadcast(probe), within([F.col(f"_b_{k}") for k in key], F.col("_b_t")), "left_semi")
+    # The batch's own columns in the condition (`matched` has only `_s_` ones), so the anti join
+    # keeps `unique`'s columns as they are: no renamed copy to build and drop (in-process, each
+    # DataFrame step is a py4j round trip in which Spark analyses the plan so far).
+    return unique.join(F.broadcast(matched), within([F.col(k) for k in key], F.unix_micros("_event_time")), "left_anti")
 
 
 def insert_new(
@@ -277,7 +276,7 @@ def insert_new(
     name = observation_name("rh_dedup", silver_path)
     in_batch = dedup_batch(valid, key, window, name, span, columns, read_twice=bool(files))
     try:
-        fresh = not_in_silver(valid.sparkSession, silver_path, in_batch.unique, key, window, files, columns)
+        fresh = not_in_silver(valid.sparkSession, silver_path, in_batch.unique, key, window, files)
         # One file per day and batch (a batch is bounded by maxOffsetsPerTrigger): fewer files for
         # the next batches' lookups and for compaction.
         fresh = fresh.coalesce(1)
