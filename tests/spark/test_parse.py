@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from riverhouse.platform.ingest.parse import fill_missing_dates, parse_records
+from riverhouse.platform.ingest.parse import event_date_or, parse_records
 from tests.conftest import orders_spec
 
 pytestmark = pytest.mark.spark
@@ -229,7 +229,7 @@ def test_record_without_any_time_gets_the_batch_date(spark: Any) -> None:
     )
     parsed = parse_records(rows, orders_spec("orders").sink_source).orderBy("_offset")
     assert [r["_event_date"] for r in parsed.collect()] == [None, KAFKA_TS.date()]
-    filled = fill_missing_dates(parsed, date(2030, 5, 6)).collect()
+    filled = parsed.withColumn("_event_date", event_date_or(date(2030, 5, 6))).collect()
     assert [r["_event_date"] for r in filled] == [date(2030, 5, 6), KAFKA_TS.date()]
     assert [r["_reason"] for r in filled] == [r["_reason"] for r in parsed.collect()]
 

@@ -325,7 +325,7 @@ def parse_records(batch: DataFrame, src: SourceSpec, writers: Any = None) -> Dat
     # Rejected rows keep a partition date too (Kafka time) so bronze stays prunable. A
     # record with neither time gets none here: `current_timestamp()` would be a new
     # literal in every micro-batch, so Spark would compile the whole parse again each
-    # batch. `fill_missing_dates` gives those rows the batch's date in foreachBatch.
+    # batch. `event_date_or` gives those rows the batch's date in foreachBatch.
     out = out.withColumn(
         "_event_date",
         F.to_date(
@@ -337,9 +337,11 @@ def parse_records(batch: DataFrame, src: SourceSpec, writers: Any = None) -> Dat
     return out
 
 
-def fill_missing_dates(rows: DataFrame, today: datetime.date) -> DataFrame:
-    """`_event_date` of the rows that had no time at all (rejected ones) -> `today` (the batch's date)."""
-    return rows.withColumn("_event_date", F.coalesce(F.col("_event_date"), F.lit(today)))
+def event_date_or(today: datetime.date) -> Column:
+    """`_event_date`, or `today` (the batch's date) for the rows that had no time at all (rejected
+    ones). A column, so the writer adds it in the select it makes anyway (in-process, each
+    DataFrame step is a py4j round trip in which Spark analyses the plan)."""
+    return F.coalesce(F.col("_event_date"), F.lit(today)).alias("_event_date")
 
 
 def _decode_json(batch: DataFrame, src: SourceSpec, oversized: Column) -> Decoded:

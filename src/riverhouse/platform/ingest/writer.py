@@ -27,7 +27,7 @@ from typing import Any
 from riverhouse.platform.errors import StreamStopped
 from riverhouse.platform.faults import FaultPlan
 from riverhouse.platform.ingest.dedup import insert_new, time_bounds
-from riverhouse.platform.ingest.parse import fill_missing_dates
+from riverhouse.platform.ingest.parse import event_date_or
 from riverhouse.platform.spec import PipelineSpec, SourceSpec
 from riverhouse.platform.state.checkpoints import BatchChannel
 from riverhouse.platform.state.delta_log import MARK_MAX_EVENT_TIME, DeltaLog
@@ -134,10 +134,13 @@ class BatchWriter:
         if self.slots is None:
             self.slots = task_slots(batch_df.sparkSession)
         batch_df = batch_df.coalesce(self.slots)
-        rows = fill_missing_dates(batch_df, datetime.datetime.now(datetime.UTC).date())
         # The batch id is computed before the cache: once per row, not once per write reading it.
-        columns = [c for c in self.bronze_columns if c != "_batch_id"]
-        rows = rows.select(*columns, *self._silver_only(), batch_id_column(batch_id).alias("_batch_id"))
+        today = datetime.datetime.now(datetime.UTC).date()
+        columns = [c for c in [*self.bronze_columns, *self._silver_only()] if c != "_batch_id"]
+        rows = batch_df.select(
+            *[event_date_or(today) if c == "_event_date" else c for c in columns],
+            batch_id_column(batch_id).alias("_batch_id"),
+        )
         # Read by every write: Kafka read + parse happen once, in the first write.
         rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
         try:
