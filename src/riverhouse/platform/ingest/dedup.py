@@ -236,20 +236,15 @@ def not_in_silver(
         .parquet(*files)
         .select(*[F.col(k).alias(f"_s_{k}") for k in key], F.unix_micros("_event_time").alias("_s_t"))
     )
-    probe = unique.select(*[F.col(k).alias(f"_b_{k}") for k in key], F.unix_micros("_event_time").alias("_b_t"))
-
-    def within(left: list[Any], left_t: Any) -> Any:
-        """Same key as a silver row and an event time within the window of it."""
-        cond = F.abs(left_t - F.col("_s_t")) <= F.lit(micros)
-        for k, column in zip(key, left, strict=True):
-            cond = (column == F.col(f"_s_{k}")) & cond
-        return cond
-
-    matched = stored.join(F.broadcast(probe), within([F.col(f"_b_{k}") for k in key], F.col("_b_t")), "left_semi")
-    # The batch's own columns in the condition (`matched` has only `_s_` ones), so the anti join
-    # keeps `unique`'s columns as they are: no renamed copy to build and drop (in-process, each
-    # DataFrame step is a py4j round trip in which Spark analyses the plan so far).
-    return unique.join(F.broadcast(matched), within([F.col(k) for k in key], F.unix_micros("_event_time")), "left_anti")
+    # Same key as a silver row and an event time within the window of it. The batch's side keeps its
+    # own column names (silver's are `_s_` ones), so both joins read this one condition, and the
+    # anti join keeps `unique`'s columns as they are: no renamed copy to build and drop (in-process,
+    # each DataFrame step is a py4j round trip in which Spark analyses the plan so far).
+    within = F.abs(F.unix_micros("_event_time") - F.col("_s_t")) <= F.lit(micros)
+    for k in key:
+        within = (F.col(k) == F.col(f"_s_{k}")) & within
+    matched = stored.join(F.broadcast(unique.select(*key, "_event_time")), within, "left_semi")
+    return unique.join(F.broadcast(matched), within, "left_anti")
 
 
 def insert_new(
