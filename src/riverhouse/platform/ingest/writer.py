@@ -117,8 +117,8 @@ class BatchWriter:
         started = time.monotonic()
         metrics = BatchMetrics(batch_id=batch_id, source=self.source_name, started_at=time.time())
         # A JSON batch is already parsed: the parse is part of the streaming query's plan, so it
-        # is analysed and compiled once per query. What changes per batch is added as data (the
-        # batch id: `batch_id_column`) or as a literal that changes once a day (the date given to
+        # is analysed and compiled once per query. What changes per batch stays out of the generated
+        # code (the batch id: `batch_id_column`) or is a literal that changes once a day (the date given to
         # records with no time at all), so the generated code stays the same from batch to batch.
         if self.registry is not None:
             # Avro through a registry: decoded here, with the writer schemas the registry has now
