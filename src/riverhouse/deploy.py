@@ -160,12 +160,17 @@ def required_env(options: DeployOptions) -> list[str]:
     return names
 
 
+WARM_RUN_LAUNCHER = {"module": "riverhouse.launcher", "class": "WarmRunLauncher"}
+
+
 def local_dagster_home(path: Path) -> Path:
     """The DAGSTER_HOME of `riverhouse ui` and `riverhouse demo` under a Riverhouse home.
 
     Telemetry off, and the same run and pool limits as production (`dagster_config`): one
     ClickHouse step at a time (chDB is single-process), one run per pipeline at a time
     (sensor, schedule and manual runs queue up); storage is `dagster dev`'s SQLite there.
+    Runs start warm (`riverhouse.launcher.WarmRunLauncher`): on one machine the daemon and the
+    code location share one installation, which is what that launcher forks runs from.
     """
     path.mkdir(parents=True, exist_ok=True)
     config = path / "dagster.yaml"
@@ -176,6 +181,7 @@ def local_dagster_home(path: Path) -> Path:
             "telemetry": {"enabled": False},
             "concurrency": production["concurrency"],
             "freshness": production["freshness"],
+            "run_launcher": WARM_RUN_LAUNCHER,
         }
         config.write_text(generated + yaml.safe_dump(local, sort_keys=False))
     return path

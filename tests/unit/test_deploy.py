@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from dagster import DagsterInstance
 from dagster._config import process_config
 from dagster._core.instance.ref import InstanceRef
 from dagster._core.workspace.config_schema import ensure_workspace_config
@@ -129,3 +130,9 @@ def test_the_local_ui_instance_has_the_production_run_and_pool_limits(tmp_path: 
         == yaml.safe_load((write_deploy_config(tmp_path / "prod", DeployOptions())[0]).read_text())["concurrency"]
     )
     assert ref.settings["telemetry"] == {"enabled": False}
+    # Runs launched from the UI, a sensor or a schedule start warm (riverhouse/launcher.py).
+    instance = DagsterInstance.from_ref(ref)
+    try:
+        assert type(instance.run_launcher).__name__ == "WarmRunLauncher"
+    finally:
+        instance.dispose()
