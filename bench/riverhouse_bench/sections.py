@@ -126,7 +126,7 @@ def engine_notes(name: str, r: dict[str, Any], s: dict[str, Any]) -> list[str]:
             f"{_f(r.get('seconds'), '{:.1f}')} s end to end, load {_f(r.get('load_seconds'), '{:.1f}')} s"
         )
     if name == "triggered_start":
-        for which in ("warm", "cold", "resident"):
+        for which in ("warm", "spawned", "cold", "resident"):
             spread = (r.get(which) or {}).get("spread") or {}
             first, loaded = spread.get("first_batch_s") or {}, spread.get("clickhouse_s") or {}
             covered = spread.get("covered_s") or {}
@@ -197,7 +197,7 @@ def engine_lines(s: dict[str, Any]) -> list[str]:
 
 
 TRIGGERED_FIGURES = (
-    ("launch_s", "Dagster launch: trigger -> run started (process, imports, definitions)"),
+    ("launch_s", "Dagster launch: trigger -> run started (run created, process started or forked, definitions)"),
     ("ingest_step_s", "trigger -> ingest step started"),
     ("engine_s", "engine: ingest step -> first batch in silver (session, query start, batch)"),
     ("first_batch_s", "trigger -> first batch committed in silver"),
@@ -208,34 +208,41 @@ TRIGGERED_FIGURES = (
 
 
 def triggered_lines(s: dict[str, Any]) -> list[str]:
-    """triggered_start: each figure's p50/p95, cold beside warm."""
+    """triggered_start: each figure's p50/p95, one pair of columns per series."""
     r = s.get("triggered_start") or {}
     if not (r.get("cold") or r.get("warm")):
         return []
-    cold, warm = (r.get("cold") or {}).get("spread") or {}, (r.get("warm") or {}).get("spread") or {}
-    resident = (r.get("resident") or {}).get("spread") or {}
+    series = [  # cold and warm always (a dash where not measured), the others when measured
+        (name, (r.get(name) or {}).get("spread") or {})
+        for name in ("cold", "warm", "spawned", "resident")
+        if name in ("cold", "warm") or (r.get(name) or {}).get("spread")
+    ]
+    started = (
+        f" (`riverhouse engine start` for these runs took {r['engine_start_s']:.1f} s)"
+        if r.get("engine_start_s") is not None
+        else ""
+    )
     lines = [
         "",
         "## From a trigger to the data (triggered_start)",
         "",
-        f"Dagster stream runs of the pipeline's job in a new process each, {r['events_per_run']:,} new records "
-        f"per run. Cold: no engine, each run starts Spark. Warm: the engine at {r.get('engine') or '(none)'}"
-        + (
-            f" (`riverhouse engine start` for these runs took {r['engine_start_s']:.1f} s), after one unmeasured run."
-            if r.get("engine_start_s") is not None
-            else ", after one unmeasured run."
-        )
-        + " Resident: warm, with `orchestration.resident_query` (the runs attach to a query kept on the engine).",
+        f"Dagster stream runs of the pipeline's job, {r['events_per_run']:,} new records per run. Cold: no engine, "
+        f"each run a new process that starts Spark. Against the engine at {r.get('engine') or '(none)'}{started}, "
+        "each series after one unmeasured run: warm, each run created by a daemon-like process and launched "
+        "by Riverhouse's run launcher (forked from a process that has imported Dagster, GX and pyspark); "
+        "spawned, each run `dagster job execute` in a new process (Dagster's default launcher's cost); "
+        "resident, through the launcher with `orchestration.resident_query` (the runs attach to a query kept "
+        "on the engine).",
         "",
-        "| figure | cold p50 | cold p95 | warm p50 | warm p95 | resident p50 | resident p95 |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| figure | " + " | ".join(f"{name} p50 | {name} p95" for name, _ in series) + " |",
+        "|---|" + "---:|---:|" * len(series),
     ]
     for key, label in TRIGGERED_FIGURES:
-        c, w, x = cold.get(key) or {}, warm.get(key) or {}, resident.get(key) or {}
-        lines.append(
-            f"| {label} | {_f(c.get('p50'))} | {_f(c.get('p95'))} | {_f(w.get('p50'))} | {_f(w.get('p95'))} "
-            f"| {_f(x.get('p50'))} | {_f(x.get('p95'))} |"
-        )
+        cells = []
+        for _, spread in series:
+            figure = spread.get(key) or {}
+            cells += [_f(figure.get("p50")), _f(figure.get("p95"))]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     if r.get("warm_skipped"):
         lines += ["", f"Warm runs not measured: {r['warm_skipped']}."]
     return lines

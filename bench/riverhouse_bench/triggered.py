@@ -1,14 +1,13 @@
 """triggered_start (issue 26): from a trigger to the first batch in silver and to the rows in ClickHouse.
 
 Each run is what a lag-sensor tick launches: the pipeline's stream job (`<name>_job`, every
-asset of the pipeline, tags `riverhouse/mode=stream`, the live partition) executed by Dagster
-in a new process (`dagster job execute -m riverhouse.definitions`, as a run worker does: a
-fresh Python process that loads the code location and runs the job with the in-process
-executor), against a Dagster instance of its own (DAGSTER_HOME under the bench's home).
-Before each run `triggered_events` new orders are produced; the trigger is the moment the
-bench starts the process. From the run's event log and silver's Delta log:
+asset of the pipeline, tags `riverhouse/mode=stream`, the live partition), run by Dagster with
+the in-process executor against a Dagster instance of its own (DAGSTER_HOME under the bench's
+home). Before each run `triggered_events` new orders are produced. From the run's event log
+and silver's Delta log:
 
-- launch_s: trigger -> the run's RUN_START (process start, imports, definitions, run record);
+- launch_s: trigger -> the run's RUN_START (the run's creation and launch: a process started or
+  forked, its imports, the code location loaded);
 - ingest_step_s: trigger -> the ingest step's STEP_START (Dagster's whole launch);
 - first_batch_s: trigger -> silver's first commit after the trigger that added data files
   (the commit's timestamp in the Delta log);
@@ -19,11 +18,19 @@ bench starts the process. From the run's event log and silver's Delta log:
 - clickhouse_s: trigger -> the ClickHouse asset's materialization (the load has returned, so
   the rows are visible); run_s: trigger -> RUN_SUCCESS.
 
-Cold first: `triggered_cold_runs` runs with no engine, each starting its own Spark. Then warm:
-the engine RIVERHOUSE_SPARK_REMOTE=sc://host:port names, or else one the bench starts for the
-runs' home with `riverhouse engine start` (timed: `engine_start_s`) and stops after; one
-unmeasured run first, then `triggered_runs` measured. Then the same against the warm engine with
-`orchestration.resident_query` (ingest/resident.py): the runs attach to a query kept running there.
+Cold first: `triggered_cold_runs` runs with no engine, each `dagster job execute` in a new
+process that starts its own Spark. Then warm: the engine RIVERHOUSE_SPARK_REMOTE=sc://host:port
+names, or else one the bench starts for the runs' home with `riverhouse engine start` (timed:
+`engine_start_s`) and stops after. Three series there, each one unmeasured run first, then
+`triggered_runs` measured:
+- warm: what a sensor's request does under the run launcher `riverhouse ui` configures. A
+  daemon-like process (`submit_runs`) creates the run and hands it to `WarmRunLauncher`
+  (riverhouse/launcher.py), which forks it from a process that has imported Dagster, GX and
+  pyspark. The trigger is the moment the bench writes the request to that process;
+- spawned: the same runs, each `dagster job execute` in a new process (the cost of Dagster's
+  default launcher: a new interpreter per run). The trigger is the moment the process starts;
+- resident: through the launcher, with `orchestration.resident_query` (ingest/resident.py): the
+  runs attach to a query kept running on the engine.
 """
 
 from __future__ import annotations
@@ -163,6 +170,11 @@ class TriggeredRuns:
         self.specs = self.home / "pipelines"
         for folder in (self.dagster_home, self.specs):
             folder.mkdir(parents=True, exist_ok=True)
+        # The launcher the warm-launcher series' daemon hands its runs to (`dagster job execute`
+        # runs the job itself, whatever the instance names).
+        (self.dagster_home / "dagster.yaml").write_text(
+            "run_launcher: {module: riverhouse.launcher, class: WarmRunLauncher}\ntelemetry: {enabled: false}\n"
+        )
         self.produced: dict[str, int] = {}
 
     def add_pipeline(self, name: str, resident: bool = False) -> Any:
@@ -187,29 +199,39 @@ class TriggeredRuns:
             env[REMOTE_VARIABLE] = remote
         return env
 
-    def trigger(self, spec: Any, key: str, remote: str | None, seed: int) -> dict[str, Any]:
-        """Produce new orders, run the stream job in a new process, read back its timeline."""
+    def trigger(
+        self, spec: Any, key: str, remote: str | None, seed: int, daemon: Daemon | None = None
+    ) -> dict[str, Any]:
+        """Produce new orders, run the stream job, read back its timeline.
+
+        Without `daemon`, the run is `dagster job execute` in a new process (what Dagster's default
+        launcher does: a new interpreter per run); with it, the daemon hands the run to the
+        instance's run launcher (riverhouse.launcher.WarmRunLauncher)."""
         from riverhouse.assets.orchestration import job_name
         from riverhouse.assets.pipelines import MODE_TAG, live_partition_key
 
         stats = self.bench.produce_orders(spec.name, self.bench.cfg.triggered_events, seed=seed)
         self.produced[spec.name] = self.produced.get(spec.name, 0) + stats.unique
         tags = {"dagster/partition": live_partition_key(spec), MODE_TAG: "stream", RUN_TAG: key}
-        command = [sys.executable, "-m", "dagster", "job", "execute", "-m", "riverhouse.definitions"]
         triggered_at = time.time()
-        ran = subprocess.run(
-            [*command, "-j", job_name(spec), "--tags", json.dumps(tags)],
-            capture_output=True,
-            text=True,
-            env=self.env(remote),
-            cwd=self.home,
-            timeout=1800,
-        )
+        if daemon is not None:
+            failure = daemon.launch(job_name(spec), tags)
+        else:
+            command = [sys.executable, "-m", "dagster", "job", "execute", "-m", "riverhouse.definitions"]
+            ran = subprocess.run(
+                [*command, "-j", job_name(spec), "--tags", json.dumps(tags)],
+                capture_output=True,
+                text=True,
+                env=self.env(remote),
+                cwd=self.home,
+                timeout=1800,
+            )
+            failure = (ran.stderr or ran.stdout).strip()[-800:] if ran.returncode != 0 else ""
         exited = time.time()
         run = run_timeline(triggered_at, self.events(key), self.silver_commits(spec), spec.name)
         run.update(key=key, process_s=round(exited - triggered_at, 3), expected_rows=stats.unique)
-        if ran.returncode != 0 or not run["success"]:
-            run["error"] = "; ".join(run["step_errors"]) or (ran.stderr or ran.stdout).strip()[-800:]
+        if failure or not run["success"]:
+            run["error"] = "; ".join(run["step_errors"]) or failure or "the run did not succeed"
         return run
 
     def events(self, key: str) -> list[dict[str, Any]]:
@@ -276,12 +298,25 @@ class TriggeredRuns:
         return delta_row_count(TableLayout(str(self.home / "riverhouse" / "warehouse"), spec.name).silver("orders"))
 
     def series(
-        self, name: str, count: int, remote: str | None, warmup: bool, seed: int, resident: bool = False
+        self,
+        name: str,
+        count: int,
+        remote: str | None,
+        warmup: bool,
+        seed: int,
+        resident: bool = False,
+        launcher: bool = False,
     ) -> dict[str, Any]:
-        """`count` measured runs of a pipeline of its own (after one unmeasured run when `warmup`)."""
+        """`count` measured runs of a pipeline of its own (after one unmeasured run when `warmup`);
+        `launcher`: launched by a daemon through WarmRunLauncher instead of a process each."""
         spec = self.add_pipeline(name, resident)
-        first = self.trigger(spec, f"{name}-warmup", remote, seed) if warmup else None
-        runs = [self.trigger(spec, f"{name}-{i + 1}", remote, seed + 1 + i) for i in range(count)]
+        daemon = Daemon(self, remote) if launcher else None
+        try:
+            first = self.trigger(spec, f"{name}-warmup", remote, seed, daemon) if warmup else None
+            runs = [self.trigger(spec, f"{name}-{i + 1}", remote, seed + 1 + i, daemon) for i in range(count)]
+        finally:
+            if daemon is not None:
+                daemon.close()
         every = [*(r for r in [first] if r), *runs]
         loaded = sum(r["rows_loaded"] for r in every)
         exact = (
@@ -303,6 +338,71 @@ class TriggeredRuns:
         }
 
 
+class Daemon:
+    """`riverhouse_bench.submit_runs` for one series: what Dagster's daemon does when a sensor asks
+    for a run (create it, hand it to the instance's run launcher), in a process that lives as long
+    as the series, with the runs' environment."""
+
+    def __init__(self, runs: TriggeredRuns, remote: str | None) -> None:
+        env = runs.env(remote)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).parent.parent), env.get("PYTHONPATH")) if p)
+        self.dagster_home = runs.dagster_home
+        self.log = (runs.home / "daemon.log").open("a")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "riverhouse_bench.submit_runs"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+            env=env,
+            cwd=runs.home,
+        )
+        ready = self.process.stdout.readline() if self.process.stdout else ""
+        if not ready:
+            raise RuntimeError(f"the bench's daemon did not start: see {runs.home / 'daemon.log'}")
+        self.launcher = json.loads(ready)["ready"]
+
+    def launch(self, job: str, tags: dict[str, str]) -> str:
+        """Launch a run of `job` and wait until it has ended: '' or what went wrong."""
+        import dagster as dg
+
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(json.dumps({"job": job, "tags": tags}) + "\n")
+        self.process.stdin.flush()
+        reply = self.process.stdout.readline()
+        if not reply:
+            return "the bench's daemon exited"
+        run_id = json.loads(reply)["run_id"]
+        with dg.DagsterInstance.from_config(str(self.dagster_home)) as instance:
+            deadline = time.monotonic() + 1800
+            while time.monotonic() < deadline:
+                run = instance.get_run_by_id(run_id)
+                if run is not None and run.is_finished:
+                    return ""
+                time.sleep(0.2)
+        return f"run {run_id} had not ended after 30 minutes"
+
+    def close(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.log.close()
+
+
+def warm_series(runs: TriggeredRuns, count: int, remote: str) -> dict[str, Any]:
+    """The series against a warm engine: runs launched by Riverhouse's run launcher (the one
+    `riverhouse ui` configures), the same runs in a new process each, and a resident query's."""
+    return {
+        "warm": runs.series("bench_trig_warm", count, remote, True, 200, launcher=True),
+        "spawned": runs.series("bench_trig_spawn", count, remote, True, 400),
+        "resident": runs.series("bench_trig_res", count, remote, True, 300, resident=True, launcher=True),
+    }
+
+
 def triggered_start(bench: Bench) -> dict[str, Any]:
     """Cold runs (no engine: each run starts Spark), then warm runs against RIVERHOUSE_SPARK_REMOTE."""
     cfg = bench.cfg
@@ -316,8 +416,7 @@ def triggered_start(bench: Bench) -> dict[str, Any]:
         if problem := engine_reachable(remote):
             out.update(warm=None, warm_skipped=problem)
         else:
-            out["warm"] = runs.series("bench_trig_warm", cfg.triggered_runs, remote, True, 200)
-            out["resident"] = runs.series("bench_trig_res", cfg.triggered_runs, remote, True, 300, resident=True)
+            out.update(warm_series(runs, cfg.triggered_runs, remote))
     else:
         # No engine named: the runs' home gets its own local engine, started as a user would.
         started = time.monotonic()
@@ -326,13 +425,10 @@ def triggered_start(bench: Bench) -> dict[str, Any]:
         try:
             status = json.loads(runs.engine("status --json").stdout)
             out["engine"] = status["engine"]
-            out["warm"] = runs.series("bench_trig_warm", cfg.triggered_runs, status["engine"], True, 200)
-            out["resident"] = runs.series(
-                "bench_trig_res", cfg.triggered_runs, status["engine"], True, 300, resident=True
-            )
+            out.update(warm_series(runs, cfg.triggered_runs, status["engine"]))
         finally:
             runs.engine("stop")
-    series = [s for s in (out["cold"], out.get("warm"), out.get("resident")) if s]
+    series = [s for s in (out["cold"], out.get("warm"), out.get("spawned"), out.get("resident")) if s]
 
     def figure(which: str, name: str, stat: str) -> float | None:
         return (((out.get(which) or {}).get("spread") or {}).get(name) or {}).get(stat)
@@ -343,6 +439,8 @@ def triggered_start(bench: Bench) -> dict[str, Any]:
         p50_first_batch_s=figure("warm", "first_batch_s", "p50"),
         p95_first_batch_s=figure("warm", "first_batch_s", "p95"),
         p50_clickhouse_s=figure("warm", "clickhouse_s", "p50"),
+        spawned_p50_first_batch_s=figure("spawned", "first_batch_s", "p50"),
+        spawned_p50_clickhouse_s=figure("spawned", "clickhouse_s", "p50"),
         resident_p50_covered_s=figure("resident", "covered_s", "p50"),
         resident_p95_covered_s=figure("resident", "covered_s", "p95"),
         resident_p50_clickhouse_s=figure("resident", "clickhouse_s", "p50"),
