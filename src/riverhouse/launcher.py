@@ -179,8 +179,12 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
         else:
             # The server is still importing (or the code location runs another interpreter):
             # the run starts as a new process, as Dagster's other launchers start it.
+            # The arguments (the instance's reference among them) go in the environment, which only
+            # this user can read, not on the command line every user's `ps` shows.
             python = origin.executable_path if not same else sys.executable
-            pid = subprocess.Popen([python, "-m", "dagster", "api", "execute_run", args], stdin=subprocess.DEVNULL).pid
+            env = {**os.environ, "DAGSTER_EXECUTE_RUN_ARGS": args}
+            command = [python, "-m", "dagster", "api", "execute_run"]
+            pid = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL).pid
             how = (
                 "a new process (the warm launcher's process was not ready)"
                 if same
@@ -268,7 +272,8 @@ def serve(address: str, alive_fd: int, ready_fd: int) -> str | None:
 
 
 def run_worker(args_json: str) -> int:
-    """`dagster api execute_run <args_json>` in this process; its exit code."""
+    """`dagster api execute_run <args_json>` in this process (a fork: the process's command line
+    stays the server's, so the arguments are not shown by `ps`); its exit code."""
     from dagster._cli import main
 
     sys.argv = ["dagster", "api", "execute_run", args_json]
