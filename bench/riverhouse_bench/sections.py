@@ -228,7 +228,7 @@ def triggered_lines(s: dict[str, Any]) -> list[str]:
         "",
         f"Dagster stream runs of the pipeline's job, {r['events_per_run']:,} new records per run. Cold: no engine, "
         f"each run a new process that starts Spark. Against the engine at {r.get('engine') or '(none)'}{started}, "
-        "each series after one unmeasured run: warm, each run created by a daemon-like process and launched "
+        "each series after one unmeasured run (warm and spawned alternated run by run): warm, each run created by a daemon-like process and launched "
         "by Riverhouse's run launcher (forked from a process that has imported Dagster, GX and pyspark); "
         "spawned, each run `dagster job execute` in a new process (Dagster's default launcher's cost); "
         "resident, through the launcher with `orchestration.resident_query` (the runs attach to a query kept "

@@ -22,7 +22,8 @@ Cold first: `triggered_cold_runs` runs with no engine, each `dagster job execute
 process that starts its own Spark. Then warm: the engine RIVERHOUSE_SPARK_REMOTE=sc://host:port
 names, or else one the bench starts for the runs' home with `riverhouse engine start` (timed:
 `engine_start_s`) and stops after. Three series there, each one unmeasured run first, then
-`triggered_runs` measured:
+`triggered_runs` measured (the first two alternated run by run, so both meet the engine at the
+same age):
 - warm: what a sensor's request does under the run launcher `riverhouse ui` configures. A
   daemon-like process (`submit_runs`) creates the run and hands it to `WarmRunLauncher`
   (riverhouse/launcher.py), which forks it from a process that has imported Dagster, GX and
@@ -309,33 +310,56 @@ class TriggeredRuns:
     ) -> dict[str, Any]:
         """`count` measured runs of a pipeline of its own (after one unmeasured run when `warmup`);
         `launcher`: launched by a daemon through WarmRunLauncher instead of a process each."""
-        spec = self.add_pipeline(name, resident)
-        daemon = Daemon(self, remote) if launcher else None
+        return self.alternated([(name, seed, launcher)], count, remote, warmup, resident)[name]
+
+    def alternated(
+        self,
+        arms: list[tuple[str, int, bool]],
+        count: int,
+        remote: str | None,
+        warmup: bool,
+        resident: bool = False,
+    ) -> dict[str, dict[str, Any]]:
+        """Series of `count` runs for each arm (pipeline name, seed, launched through the launcher),
+        their runs alternated (ABAB, then BABA) so that each arm meets the engine at the same age:
+        an engine's JIT keeps warming through its first dozens of runs (bench/analysis.md)."""
+        specs = {name: self.add_pipeline(name, resident) for name, _, _ in arms}
+        daemons = {name: Daemon(self, remote) if launcher else None for name, _, launcher in arms}
+        first: dict[str, Any] = {}
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in arms}
         try:
-            first = self.trigger(spec, f"{name}-warmup", remote, seed, daemon) if warmup else None
-            runs = [self.trigger(spec, f"{name}-{i + 1}", remote, seed + 1 + i, daemon) for i in range(count)]
+            for name, seed, _ in arms if warmup else []:
+                first[name] = self.trigger(specs[name], f"{name}-warmup", remote, seed, daemons[name])
+            for i in range(count):
+                for name, seed, _ in arms if i % 2 == 0 else arms[::-1]:
+                    runs[name].append(self.trigger(specs[name], f"{name}-{i + 1}", remote, seed + 1 + i, daemons[name]))
         finally:
-            if daemon is not None:
-                daemon.close()
-        every = [*(r for r in [first] if r), *runs]
-        loaded = sum(r["rows_loaded"] for r in every)
-        exact = (
-            all(r["success"] and not r["checks_failed"] for r in every)
-            and loaded == self.produced[spec.name]
-            and self.silver_rows(spec) == self.produced[spec.name]
-        )
-        if resident:  # its query must not outlive the bench on the engine
-            self.riverhouse(f"reset {name} --yes", remote)
-        return {
-            "runs": len(runs),
-            "spread": spread(runs),
-            "per_run": runs,
-            "warmup_run": first,
-            "rows_loaded": loaded,
-            "expected_rows": self.produced[spec.name],
-            "exact": exact,
-            "errors": [r["error"] for r in every if r.get("error")][:3],
-        }
+            for daemon in daemons.values():
+                if daemon is not None:
+                    daemon.close()
+        out = {}
+        for name, _, _ in arms:
+            spec = specs[name]
+            every = [*(r for r in [first.get(name)] if r), *runs[name]]
+            loaded = sum(r["rows_loaded"] for r in every)
+            exact = (
+                all(r["success"] and not r["checks_failed"] for r in every)
+                and loaded == self.produced[spec.name]
+                and self.silver_rows(spec) == self.produced[spec.name]
+            )
+            if resident:  # its query must not outlive the bench on the engine
+                self.riverhouse(f"reset {name} --yes", remote)
+            out[name] = {
+                "runs": len(runs[name]),
+                "spread": spread(runs[name]),
+                "per_run": runs[name],
+                "warmup_run": first.get(name),
+                "rows_loaded": loaded,
+                "expected_rows": self.produced[spec.name],
+                "exact": exact,
+                "errors": [r["error"] for r in every if r.get("error")][:3],
+            }
+        return out
 
 
 class Daemon:
@@ -396,9 +420,10 @@ class Daemon:
 def warm_series(runs: TriggeredRuns, count: int, remote: str) -> dict[str, Any]:
     """The series against a warm engine: runs launched by Riverhouse's run launcher (the one
     `riverhouse ui` configures), the same runs in a new process each, and a resident query's."""
+    pair = runs.alternated([("bench_trig_warm", 200, True), ("bench_trig_spawn", 400, False)], count, remote, True)
     return {
-        "warm": runs.series("bench_trig_warm", count, remote, True, 200, launcher=True),
-        "spawned": runs.series("bench_trig_spawn", count, remote, True, 400),
+        "warm": pair["bench_trig_warm"],
+        "spawned": pair["bench_trig_spawn"],
         "resident": runs.series("bench_trig_res", count, remote, True, 300, resident=True, launcher=True),
     }
 
