@@ -117,11 +117,29 @@ class IngestResult:
 
 
 def ensure_source_tables(spark: Any, spec: PipelineSpec, layout: TableLayout, source: str) -> None:
-    """Bronze, quarantine and silver of one source, created with their properties unless they exist."""
+    """Bronze, quarantine and silver of one source, created with their properties unless they exist.
+
+    Tables that do not exist yet are created side by side, a thread each: each creation is a
+    Spark job and a Delta commit of its own, and a new engine spends seconds on its first
+    (bench/analysis.md)."""
     src = spec.sources[source]
-    ensure_delta_table(spark, layout.bronze(source), bronze_schema(src), ["_event_date"], BRONZE_PROPERTIES)
-    ensure_delta_table(spark, layout.quarantine(source), quarantine_schema(src), ["_event_date"], QUARANTINE_PROPERTIES)
-    ensure_delta_table(spark, layout.silver(source), silver_schema(src), ["_event_date"], silver_properties(src))
+    tables = [
+        (layout.bronze(source), bronze_schema(src), BRONZE_PROPERTIES),
+        (layout.quarantine(source), quarantine_schema(src), QUARANTINE_PROPERTIES),
+        (layout.silver(source), silver_schema(src), silver_properties(src)),
+    ]
+
+    def ensure(table: tuple[str, Any, dict[str, str]]) -> None:
+        path, schema, properties = table
+        ensure_delta_table(spark, path, schema, ["_event_date"], properties)
+
+    missing = [t for t in tables if not DeltaLog(t[0]).exists()]
+    for table in tables:
+        if table not in missing:
+            ensure(table)  # it exists: its columns are checked
+    with ThreadPoolExecutor(max_workers=max(1, len(missing)), thread_name_prefix="riverhouse-create") as pool:
+        for future in [pool.submit(ensure, table) for table in missing]:
+            future.result()
 
 
 _QUERY_START = threading.Lock()
