@@ -145,9 +145,15 @@ class Bench:
         scenario("kafka_read_limit", lambda: limits.kafka_read_limit(self, "bench_orders", messages))
         scenario("clickhouse_insert_limit", lambda: limits.clickhouse_insert_limit(self, stats.unique))
         scenario("baseline_consumer", lambda: limits.baseline_consumer(self, "bench_orders", messages, stats.unique))
-        scenario("riverhouse_dedup", lambda: pipelines.riverhouse_dedup(self, "bench_orders", messages, stats.unique))
+        # With both chosen, the plain job's warm runs alternate with Riverhouse's steady runs.
+        plain_runs = plain.WarmRuns(self, "bench_orders", messages, stats.unique)
+        beside = plain_runs.run_one if "spark_plain" in chosen else None
+        scenario(
+            "riverhouse_dedup",
+            lambda: pipelines.riverhouse_dedup(self, "bench_orders", messages, stats.unique, beside=beside),
+        )
         scenario("riverhouse_dedup_avro", lambda: pipelines.riverhouse_dedup_avro(self))
-        scenario("spark_plain", lambda: plain.spark_plain(self, "bench_orders", messages, stats.unique))
+        scenario("spark_plain", lambda: plain.spark_plain(self, "bench_orders", messages, stats.unique, plain_runs))
         scenario("small_batches", lambda: batches.small_batches(self))
         scenario("riverhouse_dedup_join", lambda: pipelines.riverhouse_dedup_join(self, cfg.events // 2))
         scenario("query_vs_final", lambda: final.query_vs_final(self, cfg.events, 1, "bench_dedup"))

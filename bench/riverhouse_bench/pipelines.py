@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -131,13 +132,20 @@ def riverhouse_dedup_avro(bench: Bench) -> dict[str, Any]:
 
 
 def riverhouse_dedup(
-    bench: Bench, topic: str, messages: int, expected_unique: int, avro: bool = False
+    bench: Bench,
+    topic: str,
+    messages: int,
+    expected_unique: int,
+    avro: bool = False,
+    beside: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """A cold run (Spark session, query start, JVM warm-up) and steady runs of the same size.
 
     Steady state is what a running pipeline sustains: more pipelines, each on a fresh topic
     in the now warm process, each timed from its first batch to all rows visible in
     ClickHouse; the median run is reported (the JIT is still warming during the first ones).
+    `beside`: a run of another job made once per steady run, before it in even rounds and after
+    it in odd ones (spark_plain's, so both jobs meet the JVM at the same age).
     """
     bench.spark  # noqa: B018 - start the session inside this scenario's time
     prefix = "bench_dedup_avro" if avro else "bench_dedup"
@@ -148,9 +156,13 @@ def riverhouse_dedup(
     for i in range(bench.cfg.steady_runs):
         name = f"{prefix}_steady_{i + 1}"
         stats = bench.produce_orders(name, bench.cfg.events, seed=2 + i, avro=avro)
+        if beside is not None and i % 2 == 0:
+            beside()
         run = _dedup_run(bench, name, name, stats.messages, stats.unique, avro)
         run["steady_seconds"] = run["seconds"] - run["query_startup_s"]
         runs.append(run)
+        if beside is not None and i % 2 == 1:
+            beside()
     steady = median_run(runs, "steady_seconds")
     steady_seconds = steady["steady_seconds"]
     return {

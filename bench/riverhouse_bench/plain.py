@@ -154,16 +154,37 @@ def _warm(bench: Bench, topic: str, name: str, max_offsets: int) -> dict[str, An
     return run
 
 
-def spark_plain(bench: Bench, topic: str, messages: int, expected_unique: int) -> dict[str, Any]:
-    """The plain job cold (its own process) and warm (the bench's session, median of the steady runs)."""
-    max_offsets = orders_spec("bench_dedup", topic).kafka.max_offsets_per_trigger
+class WarmRuns:
+    """spark_plain's warm runs in the bench's session, one at a time: the bench alternates them with
+    riverhouse_dedup's steady runs, so both jobs meet the JVM at the same age (its JIT keeps
+    compiling through both jobs' first runs: bench/analysis.md)."""
+
+    def __init__(self, bench: Bench, topic: str, messages: int, expected_unique: int) -> None:
+        self.bench, self.topic = bench, topic
+        self.messages, self.expected_unique = messages, expected_unique
+        self.max_offsets = orders_spec("bench_dedup", topic).kafka.max_offsets_per_trigger
+        self.runs: list[dict[str, Any]] = []
+
+    def run_one(self) -> None:
+        bench = self.bench
+        if not bench.spark_started:  # a first run in a new JVM is not warm: run one unmeasured
+            _warm(bench, self.topic, "spark_plain_warmup", self.max_offsets)
+        name = f"spark_plain_steady_{len(self.runs) + 1}"
+        run = _warm(bench, self.topic, name, self.max_offsets)
+        self.runs.append(_checked(run, bench.home / name, self.messages, self.expected_unique))
+
+
+def spark_plain(
+    bench: Bench, topic: str, messages: int, expected_unique: int, warm: WarmRuns | None = None
+) -> dict[str, Any]:
+    """The plain job cold (its own process) and warm (the bench's session, median of the steady
+    runs); `warm`: the steady runs already made (alternated with riverhouse_dedup's), topped up."""
+    warm = warm or WarmRuns(bench, topic, messages, expected_unique)
+    max_offsets = warm.max_offsets
     cold = _checked(_cold(bench, topic, max_offsets), bench.home / "spark_plain_cold", messages, expected_unique)
-    if not bench.spark_started:  # a first run in a new JVM is not warm: run one unmeasured
-        _warm(bench, topic, "spark_plain_warmup", max_offsets)
-    runs = []
-    for i in range(bench.cfg.steady_runs):
-        name = f"spark_plain_steady_{i + 1}"
-        runs.append(_checked(_warm(bench, topic, name, max_offsets), bench.home / name, messages, expected_unique))
+    while len(warm.runs) < bench.cfg.steady_runs:
+        warm.run_one()
+    runs = warm.runs
     steady = median_run(runs, "steady_seconds")
     cold_total = cold["session_s"] + cold["seconds"]
     return {
