@@ -370,7 +370,8 @@ def method_lines() -> list[str]:
         "`availableNow`. It dedups within a batch only (no window, no bronze, no exactly-once marker, no "
         "ClickHouse): the floor, not an equivalent. `events/s` is its cold run in a process of its own (a new "
         "JVM and session, the query start, the run); `excl. start-up` the median of the steady runs in the "
-        "bench's session, from the first trigger (Spark's progress reports) to the query's end. Exact when "
+        "bench's session (alternated with riverhouse_dedup's when both run, so both meet the JVM at the same "
+        "age), from the first trigger (Spark's progress reports) to the query's end. Exact when "
         "every record was read and every order is in the table (copies that fell into different batches "
         "stay: `rows` in the JSON).",
         "- `small_batches`: `Pipeline.run` of the dedup pipeline over 20 batches of 7,000 records "
