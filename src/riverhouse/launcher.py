@@ -132,6 +132,7 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
     def __init__(self, inst_data: ConfigurableClassData | None = None):
         self._inst_data = inst_data
         self._server: WarmServer | None = None
+        self._spawned: list[subprocess.Popen[bytes]] = []  # runs started as new processes
         super().__init__()
 
     @property
@@ -174,22 +175,26 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
         )
         same = os.path.realpath(origin.executable_path) == os.path.realpath(sys.executable)
         server = self._warm_server() if same else None
+        pid, how = None, "a new process of its interpreter"
         if server is not None:
-            pid, how = server.fork(args), "forked from the warm launcher's process"
-        else:
-            # The server is still importing (or the code location runs another interpreter):
-            # the run starts as a new process, as Dagster's other launchers start it.
-            # The arguments (the instance's reference among them) go in the environment, which only
-            # this user can read, not on the command line every user's `ps` shows.
-            python = origin.executable_path if not same else sys.executable
+            try:
+                pid, how = server.fork(args), "forked from the warm launcher's process"
+            except OSError as exc:  # the server died since it said it was ready: started again next time
+                how = f"a new process (the warm launcher's process did not answer: {exc})"
+        elif same:
+            how = "a new process (the warm launcher's process was not ready)"
+        if pid is None:
+            # As Dagster's other launchers start a run. The arguments (the instance's reference
+            # among them) go in the environment, which only this user can read, not on the command
+            # line every user's `ps` shows.
+            python = sys.executable if same else origin.executable_path
             env = {**os.environ, "DAGSTER_EXECUTE_RUN_ARGS": args}
-            command = [python, "-m", "dagster", "api", "execute_run"]
-            pid = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL).pid
-            how = (
-                "a new process (the warm launcher's process was not ready)"
-                if same
-                else "a new process of its interpreter"
+            self._spawned = [p for p in self._spawned if p.poll() is None]  # reaps those that ended
+            process = subprocess.Popen(
+                [python, "-m", "dagster", "api", "execute_run"], env=env, stdin=subprocess.DEVNULL
             )
+            self._spawned.append(process)
+            pid = process.pid
         self._instance.add_run_tags(run.run_id, {WORKER_TAG: f"{pid}:{_start_time(pid) or ''}"})
         self._instance.report_engine_event(f"Run worker started (pid {pid}): {how}.", run, cls=self.__class__)
 

@@ -186,6 +186,24 @@ def test_a_change_to_riverhouse_starts_the_warm_process_again(
     assert launcher.warm(120) and launcher._server.process.pid != old.pid
 
 
+def test_a_killed_warm_process_is_replaced_and_the_run_meanwhile_starts_as_a_new_process(
+    warm: Any, tmp_path: Path
+) -> None:
+    import dagster as dg
+
+    instance, out = warm
+    launcher = instance.run_launcher
+    assert launcher.warm(120)
+    old = launcher._server.process
+    os.kill(old.pid, signal.SIGKILL)
+    old.wait()
+    run_id = _launch(instance, _write_jobs(tmp_path, "after a crash"), "record_job")
+    assert _wait(instance, run_id) == dg.DagsterRunStatus.SUCCESS
+    assert "a new process" in _launched_how(instance, run_id)
+    assert _records(out)[run_id]["version"] == "after a crash"
+    assert launcher.warm(120) and launcher._server.process.pid != old.pid
+
+
 def test_the_warm_process_ends_with_the_process_that_started_it(tmp_path: Path) -> None:
     """A daemon killed with SIGKILL leaves no warm process behind."""
     script = textwrap.dedent(
