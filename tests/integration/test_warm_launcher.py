@@ -112,6 +112,7 @@ def test_runs_start_in_a_new_process_until_the_warm_one_is_ready_then_fork_from_
     import dagster as dg
 
     instance, out = warm
+    instance.run_launcher.dispose()  # cold, whichever of this module's tests ran before on this worker
     jobs = _write_jobs(tmp_path, "one")
     first = _launch(instance, jobs, "record_job")  # the launcher's first run starts its server
     assert _wait(instance, first) == dg.DagsterRunStatus.SUCCESS
