@@ -140,11 +140,10 @@ def _run_figures(result: dict[str, Any], starting: Future[tuple[str, bool]]) -> 
 
 def seconds_since_start() -> float:
     """Wall seconds since this process started (its interpreter's start and imports included)."""
-    try:
-        ticks = int(processes.stat_fields("self")[19])  # starttime, in clock ticks since boot
-        return time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, AttributeError):  # not Linux: since this module's import
+    ticks = processes.start_ticks("self")
+    if ticks is None or not hasattr(time, "CLOCK_BOOTTIME"):  # not Linux: since this module's import
         return time.monotonic() - _IMPORTED
+    return time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
 
 
 _IMPORTED = time.monotonic()

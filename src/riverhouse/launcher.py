@@ -68,12 +68,10 @@ def code_fingerprint() -> str:
 
 
 def _start_time(pid: int) -> str | None:
-    from riverhouse.platform.runtime.processes import stat_fields
+    from riverhouse.platform.runtime.processes import start_ticks
 
-    try:
-        return stat_fields(pid)[19]  # field 22 of proc(5): when the process started, in clock ticks
-    except (OSError, IndexError):
-        return None
+    ticks = start_ticks(pid)
+    return None if ticks is None else str(ticks)
 
 
 class WarmServer:

@@ -22,6 +22,15 @@ def stat_fields(pid: int | str) -> list[str]:
     return stat[stat.rfind(")") + 2 :].split()  # the name may hold spaces and parentheses
 
 
+def start_ticks(pid: int | str) -> int | None:
+    """When the process started, in clock ticks since boot (field 22 of proc(5)); None when there
+    is no such process (or no /proc). With the pid it names one process: pids are reused."""
+    try:
+        return int(stat_fields(pid)[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
