@@ -35,14 +35,14 @@ META = [
 QUERY_META = [c for c in META if c != "_left_kts"]
 
 
-def _with_prefix(df: DataFrame, alias: str, columns: list[str]) -> DataFrame:
-    return df.select(
-        *[F.col(c).alias(flat(alias, c)) for c in columns],
-        F.col("_event_time").alias(flat(alias, "_t")),
-        F.col("_kafka_timestamp").alias(flat(alias, "_kts")),
-        F.col("_partition").alias(flat(alias, "_p")),
-        F.col("_offset").alias(flat(alias, "_o")),
-    )
+# A lookup row's columns beside its fields: its event time, Kafka time, partition and offset.
+LOOKUP_META = {"_t": "_event_time", "_kts": "_kafka_timestamp", "_p": "_partition", "_o": "_offset"}
+
+
+def _with_prefix(df: DataFrame, alias: str, columns: list[str]) -> tuple[DataFrame, list[str]]:
+    """The lookup's columns under the step's alias, and their names (known without asking Spark)."""
+    renamed = {flat(alias, c): c for c in columns} | {flat(alias, k): v for k, v in LOOKUP_META.items()}
+    return df.select(*[F.col(c).alias(name) for name, c in renamed.items()]), list(renamed)
 
 
 def evaluate(
@@ -85,27 +85,9 @@ def evaluate(
     matched_flags, inner_flags, late_flags = [], [], []
     for step in plan.steps:
         fields = [f.name for f in sources[step.source].fields]
-        right = _with_prefix(lookups[step.alias], step.alias, fields)
-        cond = None
-        for key in step.keys:
-            term = F.col(flat(key.base_alias, key.base_column)) == F.col(flat(step.alias, key.column))
-            cond = term if cond is None else cond & term
+        right, names = _with_prefix(lookups[step.alias], step.alias, fields)
+        base = _latest_match(base, right, names, step)
         rt = F.col(flat(step.alias, "_t"))
-        if step.window is not None:
-            seconds = int(step.window.total_seconds())
-            lt = F.col("_left_event_time")
-            cond = (
-                cond
-                & (rt >= lt - F.expr(f"INTERVAL {seconds} SECONDS"))
-                & (rt <= lt + F.expr(f"INTERVAL {seconds} SECONDS"))
-            )
-        joined = base.join(right, cond, "left")
-        latest_first = Window.partitionBy(*IDENTITY).orderBy(
-            rt.desc_nulls_last(),
-            F.col(flat(step.alias, "_p")).desc_nulls_last(),
-            F.col(flat(step.alias, "_o")).desc_nulls_last(),
-        )
-        base = joined.withColumn("_rn", F.row_number().over(latest_first)).filter("_rn = 1").drop("_rn")
         flag = rt.isNotNull()
         matched_flags.append(flag)
         if step.kind == "inner":
@@ -151,6 +133,43 @@ def evaluate(
     )
     result = result.withColumn("_reason", F.when(status == "rejected", reason)).withColumn("_status", status)
     return result.drop("_inner_ok", "_where_ok", "_poison")
+
+
+def _latest_match(base: DataFrame, right: DataFrame, names: list[str], step: JoinStep) -> DataFrame:
+    """`base` with one lookup row per driving event: the latest row with equal keys (event time,
+    then Kafka partition and offset, descending) whose event time is within the step's window of
+    the event's, its columns NULL when there is none.
+
+    The lookup's rows are gathered per join key first (a shuffle of the lookup side), so each
+    driving event meets one row holding its key's candidates and picks from them where it is.
+    A join of every match followed by a latest-first window over the driving events' identity
+    shuffled the driving side instead, after the join (bench/analysis.md).
+    """
+    keys = [f"_rh_k{i}" for i in range(len(step.keys))]
+    candidates = right.groupBy(
+        *[F.col(flat(step.alias, key.column)).alias(name) for key, name in zip(step.keys, keys, strict=True)]
+    ).agg(F.collect_list(F.struct(*names)).alias("_rh_m"))
+    cond = None
+    for key, name in zip(step.keys, keys, strict=True):
+        term = F.col(flat(key.base_alias, key.base_column)) == F.col(name)
+        cond = term if cond is None else cond & term
+    t = flat(step.alias, "_t")
+    within: Any = F.col("_rh_m")
+    if step.window is not None:
+        gap = F.expr(f"INTERVAL {int(step.window.total_seconds())} SECONDS")
+        lt = F.col("_left_event_time")
+        within = F.filter(within, lambda row: (row[t] >= lt - gap) & (row[t] <= lt + gap))
+    # The latest first: the largest (time, partition, offset), and its place in the list.
+    order = F.transform(
+        F.col("_rh_w"),
+        lambda row, i: F.struct(row[t], row[flat(step.alias, "_p")], row[flat(step.alias, "_o")], i.alias("i")),
+    )
+    latest = F.get(F.col("_rh_w"), F.array_max(order)["i"])
+    # Columns of their own first: Spark does not copy an expensive expression into each field's.
+    joined = base.join(candidates, cond, "left").select("*", within.alias("_rh_w"))
+    joined = joined.select("*", latest.alias("_rh_l"))
+    picked = joined.select("*", *[F.col("_rh_l")[c].alias(c) for c in names])
+    return picked.drop(*keys, "_rh_m", "_rh_w", "_rh_l")
 
 
 def _without_poison_values(base: DataFrame, poison: dict[tuple[str, int, int], str]) -> DataFrame:
