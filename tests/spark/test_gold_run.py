@@ -114,3 +114,45 @@ def test_a_drained_gold_run_joins_once_and_records_its_progress(spark: Any, tmp_
     assert (third.processed, third.matched) == (1, 1)
     assert emitted(spark, path) == sorted([*want, ("o6", "B")])
     assert DeltaLog(path).commit(DeltaLog(path).latest_version()).batch_of(gold_app_id(spec)) == 2
+
+
+def gold_orders(spark: Any, path: str) -> list[str]:
+    """Every order id gold holds, repeats included."""
+    return sorted(r[0] for r in spark.read.format("delta").load(path).select("order_id").collect())
+
+
+def test_pending_and_new_events_are_each_joined_once_also_after_a_silver_backfill(spark: Any, tmp_path: Path) -> None:
+    """Runs without drain: an event left pending is read again from silver, new ones come from the
+    change feed, those newer than the pending window from both reads of silver; a backfill that
+    writes silver's rows again puts them in the change feed a second time."""
+    spec = join_spec(TOPICS, "left", name="gold_pending")
+    settings = Settings.from_env(tmp_path / "home")
+    layout = TableLayout(settings.warehouse, spec.name)
+    path = gold_path(layout, spec)
+    append(spark, spec, layout, "users", [user("e1", "u1", "A", "10:00"), user("e2", "u9", "Z", "13:00")], 0)
+    append(spark, spec, layout, "orders", [order("o1", "u1", "10:30"), order("o2", "u1", "12:00")], 0)
+    # The watermark is 12:00 (orders' latest), so events up to 11:00 are closed: o2 stays pending.
+    first = run_gold(spark, spec, settings)
+    assert (first.processed, first.pending) == (1, 1)
+
+    # Next run re-reads silver from 11:00 on. o3 is new and older than that, o4 new and newer.
+    append(spark, spec, layout, "orders", [order("o3", "u1", "10:50"), order("o4", "u1", "11:30")], 10)
+    append(spark, spec, layout, "orders", [order("o5", "u1", "14:00")], 20)
+    append(spark, spec, layout, "users", [user("e3", "u9", "Z", "15:00")], 10)
+    second = run_gold(spark, spec, settings)  # watermark 14:00: closed up to 13:00
+    assert (second.processed, second.pending) == (3, 1)
+    assert gold_orders(spark, path) == ["o1", "o2", "o3", "o4"]
+
+    # A backfill rewrites the day's orders (the same rows): the change feed inserts them again.
+    day = spark.read.format("delta").load(layout.silver("orders")).where("_event_date = '2026-01-01'")
+    day = day.localCheckpoint()  # read before the overwrite replaces the files it reads
+    day.write.format("delta").mode("overwrite").option("replaceWhere", "_event_date = '2026-01-01'").save(
+        layout.silver("orders")
+    )
+    append(spark, spec, layout, "orders", [order("o6", "u1", "16:00")], 30)
+    append(spark, spec, layout, "users", [user("e4", "u9", "Z", "17:00")], 20)
+    third = run_gold(spark, spec, settings)  # watermark 16:00: o5 closes, o6 stays pending
+    assert (third.processed, third.pending) == (1, 1)
+    assert gold_orders(spark, path) == ["o1", "o2", "o3", "o4", "o5"]
+    assert run_gold(spark, spec, settings, drain=True).processed == 1
+    assert gold_orders(spark, path) == ["o1", "o2", "o3", "o4", "o5", "o6"]

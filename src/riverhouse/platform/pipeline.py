@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor, wait
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
@@ -26,7 +26,7 @@ from typing import Any
 
 from riverhouse.platform import publish
 from riverhouse.platform.errors import PipelineError
-from riverhouse.platform.gold.joins import GoldResult, gold_path, run_gold
+from riverhouse.platform.gold.joins import GoldResult, gold_path, prepare_gold_tables, run_gold
 from riverhouse.platform.gold.rebuild import rebuild_gold
 from riverhouse.platform.ingest.rebuild import rebuild_silver
 from riverhouse.platform.ingest.resident import RESIDENT_FILE, applies, ingest_resident, stop_resident
@@ -247,11 +247,12 @@ class Pipeline:
         def on_batch(m: BatchMetrics) -> None:
             self.log(batch_line(self.spec, m))
 
-        if len(sources) == 1:
-            resident = self.spec.orchestration.resident_query
-            results = [self.ingest(sources[0], on_batch=on_batch, lock_wait_s=lock_wait_s, resident=resident)]
-        else:
-            results = ingest_sources(self.spark, self.spec, self.settings, sources, on_batch, lock_wait_s, self.log)
+        with self._gold_tables_beside():
+            if len(sources) == 1:
+                resident = self.spec.orchestration.resident_query
+                results = [self.ingest(sources[0], on_batch=on_batch, lock_wait_s=lock_wait_s, resident=resident)]
+            else:
+                results = ingest_sources(self.spark, self.spec, self.settings, sources, on_batch, lock_wait_s, self.log)
         published = {}
         for source, result in zip(sources, results, strict=True):
             before = silver_before[source]
@@ -331,6 +332,19 @@ class Pipeline:
         _ = self.spark
         return SinkLoader(self.spec, self.settings, self.log) if load and self.spec.clickhouse_sink else None
 
+    @contextmanager
+    def _gold_tables_beside(self) -> Iterator[None]:
+        """A join pipeline's gold tables made while the body (its sources' ingest) runs; their
+        error, if any, is raised after it (gold/joins.prepare_gold_tables)."""
+        made = prepare_gold_tables(self.spark, self.spec, self.settings)
+        try:
+            yield
+        finally:
+            if made is not None:
+                wait([made])  # no thread left making tables behind a failed ingest
+        if made is not None:
+            made.result()
+
     def _join(self, drain: bool) -> GoldResult | None:
         return run_gold(self.spark, self.spec, self.settings, drain=drain) if self.spec.is_join else None
 
@@ -358,7 +372,8 @@ class Pipeline:
         stages: dict[str, float] = {}
         try:
             queries_started = time.time()
-            results = ingest_sources(self.spark, spec, self.settings, list(spec.sources), on_batch, log=self.log)
+            with self._gold_tables_beside():
+                results = ingest_sources(self.spark, spec, self.settings, list(spec.sources), on_batch, log=self.log)
             # Starting the streaming queries (checkpoint, the source's planning process, first
             # offsets) up to the first batch: a fixed cost per run, paid once by a continuous pipeline.
             first_batch = min((r.batches[0].started_at for r in results if r.batches), default=time.time())

@@ -32,6 +32,7 @@ crash between the two commits replays them without doubling them.
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
@@ -53,6 +54,7 @@ from riverhouse.platform.state.delta_spark import (
     read_between,
     spark_time,
     table_version,
+    utc,
 )
 from riverhouse.platform.state.settings import Settings
 from riverhouse.platform.state.tables import (
@@ -133,14 +135,36 @@ def read_state(path: str) -> GoldState:
     return GoldState(int(meta[STATE_VERSION]), datetime.fromisoformat(wm) if wm else None, int(meta.get(STATE_RUN, 0)))
 
 
-def ensure_gold_tables(spark: Any, spec: PipelineSpec, layout: TableLayout) -> Any:
-    """Create gold (change data feed on: the loader reads it), its quarantine and the silver tables it reads."""
+def ensure_gold_tables(spark: Any, spec: PipelineSpec, layout: TableLayout, silver: bool = True) -> Any:
+    """Create gold (change data feed on: the loader reads it), its quarantine and (`silver`) the silver
+    tables it reads."""
     schema = gold_schema(spark, spec)
     ensure_delta_table(spark, gold_path(layout, spec), schema, ["_left_event_date"], GOLD_PROPERTIES)
     ensure_delta_table(spark, gold_quarantine_path(layout, spec), schema, ["_left_event_date"], GOLD_PROPERTIES)
-    for name, src in spec.sources.items():
+    for name, src in spec.sources.items() if silver else ():
         ensure_delta_table(spark, layout.silver(name), silver_schema(src), ["_event_date"], silver_properties(src))
     return spark_schema(schema)
+
+
+def prepare_gold_tables(spark: Any, spec: PipelineSpec, settings: Settings) -> Future[Any] | None:
+    """A join pipeline's gold tables, made on a thread of their own while its sources are ingested.
+
+    Their schema is the spec's query analysed by Spark, and a new table is a Spark job and a
+    Delta commit: a new pipeline's join waited 0.6-1.2 s for them after its sources' batches
+    (bench/analysis.md). The caller waits for the future before the join, which finds them made.
+    Silver's tables are the ingest's to make. None for a pipeline without a join.
+    """
+    if not spec.is_join:
+        return None
+    from pyspark import inheritable_thread_target
+
+    layout = TableLayout(settings.warehouse, spec.name)
+    make = inheritable_thread_target(spark)(ensure_gold_tables)
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="riverhouse-gold-tables")
+    try:
+        return pool.submit(make, spark, spec, layout, silver=False)
+    finally:
+        pool.shutdown(wait=False)
 
 
 def max_event_time(spark: Any, path: str, version: int) -> datetime | None:
@@ -176,13 +200,26 @@ def lookup_frames(
 
 
 def dedupe_identity(rows: DataFrame) -> DataFrame:
-    """Rows that came both as new (change feed) and as pending (re-read) appear once.
+    """Rows that a silver backfill inserted again (its change feed holds them twice) appear once.
 
     The copies are the same silver row, so which one is kept does not matter (ordered by the
     identity itself). A window's first row, not `dropDuplicates`, which Spark plans as a sort
     aggregate (a sort on each side of the shuffle): 3.1 -> 2.2 CPU s on 210,000 rows
     (bench/analysis.md)."""
     return first_rows(rows, KAFKA_IDENTITY, KAFKA_IDENTITY)
+
+
+def may_insert_twice(path: str, start: int, end: int) -> bool:
+    """Whether versions start..end of silver may insert one row twice, read from the log.
+
+    The stream only appends, so each row is inserted once; a backfill (`replaceWhere`) removes a
+    window's rows and inserts them again, with data changed. Compaction's removes change no data,
+    and its adds are not in the change feed. Commits missing from the log count as such.
+    """
+    commits = list(DeltaLog(path).commits_back(end, start))
+    if len(commits) != end - start + 1:
+        return True
+    return any(remove.get("dataChange", True) for commit in commits for remove in commit.removes)
 
 
 def not_processed(
@@ -215,21 +252,32 @@ def run_gold(spark: Any, spec: PipelineSpec, settings: Settings, drain: bool = F
 def _candidates(
     spark: Any, spec: PipelineSpec, layout: TableLayout, state: GoldState, current: int, since: datetime | None
 ) -> DataFrame | None:
-    """Driving events to consider: inserted since the last run, plus the still-open ones since `since`."""
+    """Driving events to consider: the still-open ones (from `since` on), plus the others inserted since
+    the last run.
+
+    When the stream only appended to silver since the last run, its rows from `since` on hold
+    every new row from then on, so the change feed gives only the new rows before `since`: the
+    parts are disjoint without a shuffle to find rows read twice (bench/analysis.md). After a
+    backfill, which may insert rows twice, the whole change feed is read and deduplicated.
+    """
     plan = spec.plan
     path = layout.silver(plan.driving_source)
     columns = silver_schema(spec.sources[plan.driving_source]).names
+    appended = state.left_version >= current or not may_insert_twice(path, state.left_version + 1, current)
     parts = []
-    if state.left_version < current:
-        parts.append(inserts_between(spark, path, state.left_version + 1, current, columns))
     if since is not None:
         parts.append(read_between(spark, path, current, "_event_time", "_event_date", since, None))
+    if state.left_version < current:
+        new = inserts_between(spark, path, state.left_version + 1, current, columns)
+        if appended and since is not None:
+            new = new.where(F.col("_event_time") < F.lit(utc(since)))
+        parts.append(new)
     if not parts:
         return None
     rows = parts[0].select(*columns)
     for part in parts[1:]:
         rows = rows.unionByName(part.select(*columns))
-    return dedupe_identity(rows)
+    return rows if appended else dedupe_identity(rows)
 
 
 def _run_gold(spark: Any, spec: PipelineSpec, settings: Settings, drain: bool) -> GoldResult:
