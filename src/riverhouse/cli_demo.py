@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -26,6 +26,7 @@ from riverhouse.cli_support import (
 )
 from riverhouse.platform.runtime import engine, processes
 from riverhouse.platform.runtime.spark import REMOTE_ENV
+from riverhouse.platform.runtime.threads import in_background
 
 DEMO_SPEC = Path("pipelines/orders_dedup.yaml")
 DEMO_JOIN_SPEC = Path("pipelines/orders_enriched.yaml")
@@ -57,9 +58,7 @@ def demo(
     # one package at once can leave one of them a half-initialised module.
     import pyspark  # noqa: F401
 
-    pool = ThreadPoolExecutor(1, thread_name_prefix="engine-start")
-    starting = pool.submit(start_local_engine, base, use_engine, True)
-    pool.shutdown(wait=False)
+    starting = in_background("engine-start", start_local_engine, base, use_engine, True)
     from riverhouse.demo import run_demo  # Dagster's import (~1 s): after the engine's start began
     from riverhouse.platform.runtime.spark import close_connect_sessions
 

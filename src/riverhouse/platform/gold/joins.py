@@ -32,7 +32,7 @@ crash between the two commits replays them without doubling them.
 from __future__ import annotations
 
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
@@ -44,6 +44,7 @@ from riverhouse.platform.faults import crash_point
 from riverhouse.platform.gold.evaluate import IDENTITY, drop_views, gold_schema, latest_per_key
 from riverhouse.platform.gold.poison import evaluate_rows
 from riverhouse.platform.ingest.dedup import first_rows
+from riverhouse.platform.runtime.threads import in_background
 from riverhouse.platform.spec import PipelineSpec
 from riverhouse.platform.state.checkpoints import gold_lock
 from riverhouse.platform.state.delta_log import MARK_MAX_EVENT_TIME, DeltaLog
@@ -160,11 +161,7 @@ def prepare_gold_tables(spark: Any, spec: PipelineSpec, settings: Settings) -> F
 
     layout = TableLayout(settings.warehouse, spec.name)
     make = inheritable_thread_target(spark)(ensure_gold_tables)
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="riverhouse-gold-tables")
-    try:
-        return pool.submit(make, spark, spec, layout, silver=False)
-    finally:
-        pool.shutdown(wait=False)
+    return in_background("riverhouse-gold-tables", make, spark, spec, layout, silver=False)
 
 
 def max_event_time(spark: Any, path: str, version: int) -> datetime | None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import datetime
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -28,6 +28,7 @@ from riverhouse.platform.errors import StreamStopped
 from riverhouse.platform.faults import FaultPlan
 from riverhouse.platform.ingest.dedup import insert_new, time_bounds
 from riverhouse.platform.ingest.parse import event_date_or
+from riverhouse.platform.runtime.threads import in_background
 from riverhouse.platform.spec import PipelineSpec, SourceSpec
 from riverhouse.platform.state.checkpoints import BatchChannel
 from riverhouse.platform.state.delta_log import MARK_MAX_EVENT_TIME, DeltaLog
@@ -203,11 +204,7 @@ class BatchWriter:
             append_once(rejected, self.quarantine_path, self.app_id, batch_id, hint=self.channel, table="quarantine")
             stage["quarantine"] = time.monotonic() - mark
 
-        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="riverhouse-quarantine")
-        try:
-            return pool.submit(append)
-        finally:
-            pool.shutdown(wait=False)
+        return in_background("riverhouse-quarantine", append)
 
     def _observed(self, ok: Any, valid_time: Any) -> list[Any]:
         """What bronze's append observes of the batch: its valid rows, their event-time bounds and key range."""
