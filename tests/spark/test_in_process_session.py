@@ -138,8 +138,9 @@ def column_round_trips():
         cs.ClientServerConnection.send_command = send
 
 
+collectors = [b.getName() for b in spark._jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans()]
 print(json.dumps({"batch_id": batch_id_compilations(), "local_fs": local_fs(), "delta_appends": delta_appends(),
-                  "round_trips": column_round_trips()}))
+                  "round_trips": column_round_trips(), "collectors": collectors}))
 """
 
 
@@ -203,3 +204,10 @@ def test_in_process_a_column_costs_no_call_site_round_trips(in_process: dict[str
     looked the origin class up and set and cleared it over py4j, ~8 more round trips each."""
     # col and abs: the class, the member and the call each (16 with the capture on)
     assert in_process["round_trips"]["column"] == 6
+
+
+def test_an_in_process_local_session_collects_with_the_throughput_collector(in_process: dict[str, Any]) -> None:
+    """Its JVM is the driver and the executors: ParallelGC, not G1, whose concurrent marking took ~11%
+    of a large-batch dedup run's CPU (runtime/spark.py LOCAL_COLLECTOR). The test's JAVA_TOOL_OPTIONS
+    choose no collector, so Riverhouse's is used."""
+    assert sorted(in_process["collectors"]) == ["PS MarkSweep", "PS Scavenge"]

@@ -304,6 +304,15 @@ def test_an_engine_for_one_command_adds_its_java_options_to_the_settings_ones(
     assert "-Duser.timezone=UTC" not in driver_options("-Duser.timezone=Europe/Paris")
     for chosen in (driver_options("-XX:+UseG1GC"), driver_options("-Dmine=1", "-XX:+UseParallelGC")):
         assert "-XX:+UseSerialGC" not in chosen and "-XX:TieredStopAtLevel=1" in chosen
+    # Spark puts spark.driver.defaultJavaOptions on the same command line: a collector there counts too.
+    monkeypatch.setenv("JAVA_TOOL_OPTIONS", "")
+    defaults = {"spark.driver.defaultJavaOptions": "-XX:+UseZGC"}
+    monkeypatch.setenv("RIVERHOUSE_SPARK_CONF", json.dumps(defaults))
+    argv, _ = engine.server_command(
+        tmp_path, "local[2]", "1g", "127.0.0.1", 15555, engine.SHORT_LIVED_ENGINE_JAVA_OPTIONS
+    )
+    conf = java_properties(Path(argv[argv.index("--properties-file") + 1]).read_text())
+    assert "-XX:+UseSerialGC" not in conf["spark.driver.extraJavaOptions"]
     monkeypatch.delenv("JAVA_TOOL_OPTIONS")
     monkeypatch.setenv("RIVERHOUSE_SPARK_CONF", json.dumps({"spark.driver.extraJavaOptions": "-Dmine=1"}))
     argv, _ = engine.server_command(tmp_path, "local[2]", "1g", "127.0.0.1", 15555)  # `riverhouse engine start`

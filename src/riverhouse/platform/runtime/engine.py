@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -40,10 +39,12 @@ from riverhouse.platform.runtime import processes
 from riverhouse.platform.runtime.class_archive import WRITER_STOP_TIMEOUT_S, archive_path, make
 from riverhouse.platform.runtime.class_archive import java_options as class_archive_options
 from riverhouse.platform.runtime.spark import (
+    COLLECTOR_RE,
     CONNECT_PORT,  # noqa: F401  (engine's API: the address parts live beside the session code)
     DEFAULT_MASTER,
     REMOTE_ENV,
     check_java,
+    collector_chosen,
     configured_master,
     is_local,
     overlay_spark_home,
@@ -73,7 +74,6 @@ SHORT_LIVED_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=24
 # engine 5-7 of its ~49 CPU seconds (bench/analysis.md). Left out when the JVM's options already
 # choose a collector (two are an error); the broker's scripts choose G1 themselves.
 SHORT_LIVED_ENGINE_JAVA_OPTIONS = f"{SHORT_LIVED_JAVA_OPTIONS} -XX:+UseSerialGC"
-_COLLECTOR = re.compile(r"-XX:\+Use\w*GC\b")
 # What makes a Python process a Spark Connect client or a spark-submit child: the server and
 # the Python workers it starts must not inherit them (they would attach to themselves).
 _CLIENT_ENV = (
@@ -231,8 +231,8 @@ def server_command(
     conf.update({"spark.connect.grpc.binding.address": host, "spark.connect.grpc.binding.port": str(port)})
     home, jars = _launch_parts(master)
     key = "spark.driver.extraJavaOptions"
-    if _COLLECTOR.search(f"{conf.get(key, '')} {os.environ.get('JAVA_TOOL_OPTIONS', '')}"):
-        java_options = _COLLECTOR.sub("", java_options)  # the user's collector, not a second one
+    if collector_chosen(conf):
+        java_options = COLLECTOR_RE.sub("", java_options)  # the user's collector, not a second one
     java_options = f"{java_options} {class_archive_options(archive_path(home, jars), java_options)}".strip()
     java_options = " ".join(java_options.split())
     if java_options:
