@@ -208,6 +208,6 @@ def test_in_process_a_column_costs_no_call_site_round_trips(in_process: dict[str
 
 def test_an_in_process_local_session_collects_with_the_throughput_collector(in_process: dict[str, Any]) -> None:
     """Its JVM is the driver and the executors: ParallelGC, not G1, whose concurrent marking took ~11%
-    of a large-batch dedup run's CPU (runtime/spark.py LOCAL_COLLECTOR). The test's JAVA_TOOL_OPTIONS
+    of a large-batch dedup run's CPU (runtime/collector.py LOCAL_COLLECTOR). The test's JAVA_TOOL_OPTIONS
     choose no collector, so Riverhouse's is used."""
     assert sorted(in_process["collectors"]) == ["PS MarkSweep", "PS Scavenge"]

@@ -38,13 +38,12 @@ from riverhouse.platform.errors import EngineUnavailable
 from riverhouse.platform.runtime import processes
 from riverhouse.platform.runtime.class_archive import WRITER_STOP_TIMEOUT_S, archive_path, make
 from riverhouse.platform.runtime.class_archive import java_options as class_archive_options
+from riverhouse.platform.runtime.collector import COLLECTOR_RE, collector_chosen
 from riverhouse.platform.runtime.spark import (
-    COLLECTOR_RE,
     CONNECT_PORT,  # noqa: F401  (engine's API: the address parts live beside the session code)
     DEFAULT_MASTER,
     REMOTE_ENV,
     check_java,
-    collector_chosen,
     configured_master,
     is_local,
     overlay_spark_home,

@@ -8,7 +8,6 @@ import contextlib
 import hashlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from riverhouse.platform.errors import EngineUnavailable
-from riverhouse.platform.runtime import processes
+from riverhouse.platform.runtime import collector, local_fs, processes
 from riverhouse.platform.runtime.engine_retry import engine_retry_policy
 
 # Every session (a user's RIVERHOUSE_SPARK_CONF may change them): Arrow for Python <-> JVM, quiet progress.
@@ -104,23 +103,6 @@ LOG_CONFIG = Path(__file__).with_name("log4j2.properties")
 # The driver JVM's zone is UTC, whatever options a user gives it: in another zone Delta 4.4 rebuilt
 # the table's state after every commit to check its checksum (a job; an append 0.25 -> 1.2-1.5 s).
 UTC_JVM = "-Duser.timezone=UTC"
-# The collector of an in-process local session's JVM, which is the driver and the executors at
-# once: the throughput collector. With 500,000-record batches G1's concurrent marking (26 cycles
-# a run, as the batch's cache moved to the old generation) and its refinement threads took ~11% of
-# the JVM's CPU on two cores; ParallelGC has neither: a dedup run used 45-46 JVM CPU s against
-# 50-54, and ran 7-15% faster (bench/analysis.md). A micro-batch's pause matters little beside its
-# seconds of work. Not added when the user's options choose a collector (two are an error).
-LOCAL_COLLECTOR = "-XX:+UseParallelGC"
-COLLECTOR_RE = re.compile(r"-XX:\+Use\w*GC\b")
-
-
-def collector_chosen(conf: dict[str, str]) -> bool:
-    """Whether the driver JVM's options already choose a garbage collector (the settings' options
-    or JAVA_TOOL_OPTIONS): a JVM refuses to start with two, so Riverhouse then adds none."""
-    options = [conf.get("spark.driver.extraJavaOptions", ""), conf.get("spark.driver.defaultJavaOptions", "")]
-    return bool(COLLECTOR_RE.search(" ".join([*options, os.environ.get("JAVA_TOOL_OPTIONS", "")])))
-
-
 # Under Spark Connect a client sets these on its own session; every other setting is the server's.
 _SESSION_PREFIXES = ("spark.sql.", "spark.databricks.delta.")
 _SERVER_ONLY = {"spark.sql.extensions", "spark.sql.catalog.spark_catalog", "spark.sql.warehouse.dir"}
@@ -209,7 +191,6 @@ def session_conf(master: str, conf: dict[str, str] | None = None) -> dict[str, s
     pinned jars, Delta and quiet logs < RIVERHOUSE_SPARK_CONF < `conf` (the caller's: settings,
     the Dagster resource) < the fixed ones.
     """
-    from riverhouse.platform.runtime import local_fs
     from riverhouse.platform.runtime.jars import spark_conf, spark_jar_files
     from riverhouse.platform.state.storage import s3a_conf
 
@@ -368,12 +349,8 @@ def get_spark(master: str | None = None, app_name: str = "riverhouse", conf: dic
         builder = builder.master(master)
     from pyspark import SparkContext
 
-    from riverhouse.platform.runtime import local_fs
-
     settings = local_fs.loadable(session_conf(master, conf), SparkContext._active_spark_context)
-    if is_local(master) and not collector_chosen(settings):
-        key = "spark.driver.extraJavaOptions"
-        settings[key] = f"{settings[key]} {LOCAL_COLLECTOR}"
+    settings = collector.with_local_collector(settings) if is_local(master) else settings
     for key, value in settings.items():
         builder = builder.config(key, value)
     with _launch_env(master):
