@@ -9,7 +9,7 @@ import re
 # once: the throughput collector. With 500,000-record batches G1's concurrent marking (26 cycles
 # a run, as the batch's cache moved to the old generation) and its refinement threads took ~11% of
 # the JVM's CPU on two cores; ParallelGC has neither: a dedup run used 45-46 JVM CPU s against
-# 50-54, and ran 7-15% faster (bench/analysis.md). A micro-batch's pause matters little beside its
+# 50-54, and ran 7-17% faster (bench/analysis.md). A micro-batch's pause matters little beside its
 # seconds of work. Not added when the user's options choose a collector (two are an error).
 LOCAL_COLLECTOR = "-XX:+UseParallelGC"
 COLLECTOR_RE = re.compile(r"-XX:\+Use\w*GC\b")
