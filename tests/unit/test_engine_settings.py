@@ -361,3 +361,38 @@ def test_installing_an_archive_replaces_only_older_ones_of_its_kind(
     empty.write_bytes(b"")
     assert not class_archive.install(empty, broker_new)  # a JVM that wrote nothing installs nothing
     assert broker_new.read_bytes() == b"new" and not empty.exists()
+
+
+def test_a_collector_in_spark_defaults_conf_is_not_joined_by_a_second(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """spark-submit adds spark-defaults.conf's driver options to the JVM's command line: a collector
+    chosen there counts, as one in the settings does (a JVM refuses to start with two)."""
+    from riverhouse.platform.runtime.collector import LOCAL_COLLECTOR, with_local_collector
+    from riverhouse.platform.runtime.spark_defaults import spark_defaults
+
+    monkeypatch.delenv("JAVA_TOOL_OPTIONS", raising=False)
+    settings = {"spark.driver.extraJavaOptions": "-Dmine=1"}
+    assert with_local_collector(settings)["spark.driver.extraJavaOptions"] == f"-Dmine=1 {LOCAL_COLLECTOR}"
+    (tmp_path / "spark-defaults.conf").write_text(
+        "# a cluster's defaults\n"
+        "spark.master=spark://m:7077\n"
+        "spark.executor.memory : 4g\n"
+        "spark.driver.defaultJavaOptions   -XX:+UseG1GC -Dsite=a=b\n"
+    )
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
+    assert spark_defaults() == {
+        "spark.master": "spark://m:7077",
+        "spark.executor.memory": "4g",
+        "spark.driver.defaultJavaOptions": "-XX:+UseG1GC -Dsite=a=b",
+    }
+    assert configured_master() == "spark://m:7077"
+    assert with_local_collector(settings) == settings
+    argv, _ = engine.server_command(
+        tmp_path, "local[2]", "1g", "127.0.0.1", 15555, engine.SHORT_LIVED_ENGINE_JAVA_OPTIONS
+    )
+    conf = java_properties(Path(argv[argv.index("--properties-file") + 1]).read_text())
+    assert "-XX:+UseSerialGC" not in conf["spark.driver.extraJavaOptions"]
+    # The same file without a collector: Riverhouse's is added.
+    (tmp_path / "spark-defaults.conf").write_text("spark.driver.defaultJavaOptions -Dsite=a\n")
+    assert LOCAL_COLLECTOR in with_local_collector(settings)["spark.driver.extraJavaOptions"]

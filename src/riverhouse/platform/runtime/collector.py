@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import re
 
+from riverhouse.platform.runtime.spark_defaults import spark_defaults
+
 # The collector of an in-process local session's JVM, which is the driver and the executors at
 # once: the throughput collector. With 500,000-record batches G1's concurrent marking (26 cycles
 # a run, as the batch's cache moved to the old generation) and its refinement threads took ~11% of
@@ -15,10 +17,15 @@ LOCAL_COLLECTOR = "-XX:+UseParallelGC"
 COLLECTOR_RE = re.compile(r"-XX:\+Use\w*GC\b")
 
 
+DRIVER_OPTIONS = ("spark.driver.extraJavaOptions", "spark.driver.defaultJavaOptions")
+
+
 def collector_chosen(conf: dict[str, str]) -> bool:
-    """Whether the driver JVM's options already choose a garbage collector (the settings' options
-    or JAVA_TOOL_OPTIONS): a JVM refuses to start with two, so Riverhouse then adds none."""
-    options = [conf.get("spark.driver.extraJavaOptions", ""), conf.get("spark.driver.defaultJavaOptions", "")]
+    """Whether the driver JVM's options already choose a garbage collector (the settings' options,
+    spark-defaults.conf's, which spark-submit adds, or JAVA_TOOL_OPTIONS): a JVM refuses to start
+    with two, so Riverhouse then adds none."""
+    defaults = spark_defaults()
+    options = [source.get(key, "") for source in (conf, defaults) for key in DRIVER_OPTIONS]
     return bool(COLLECTOR_RE.search(" ".join([*options, os.environ.get("JAVA_TOOL_OPTIONS", "")])))
 
 

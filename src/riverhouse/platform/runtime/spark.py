@@ -21,6 +21,7 @@ from typing import Any
 from riverhouse.platform.errors import EngineUnavailable
 from riverhouse.platform.runtime import collector, local_fs, processes
 from riverhouse.platform.runtime.engine_retry import engine_retry_policy
+from riverhouse.platform.runtime.spark_defaults import spark_defaults
 
 # Every session (a user's RIVERHOUSE_SPARK_CONF may change them): Arrow for Python <-> JVM, quiet progress.
 SESSION_DEFAULTS: dict[str, str] = {
@@ -151,20 +152,7 @@ def user_conf(text: str | None = None) -> dict[str, str]:
 
 def spark_defaults_master() -> str | None:
     """`spark.master` of spark-defaults.conf ($SPARK_CONF_DIR, else $SPARK_HOME/conf), if it sets one."""
-    folder = os.environ.get("SPARK_CONF_DIR") or (
-        os.path.join(os.environ["SPARK_HOME"], "conf") if os.environ.get("SPARK_HOME") else ""
-    )
-    if not folder:
-        return None
-    try:
-        lines = Path(folder, "spark-defaults.conf").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        key, _, value = line.strip().replace("=", " ", 1).partition(" ")
-        if key == "spark.master" and value.strip():
-            return value.strip()
-    return None
+    return spark_defaults().get("spark.master") or None
 
 
 def configured_master() -> str:
