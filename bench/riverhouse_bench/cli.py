@@ -35,6 +35,14 @@ def bench(
         int,
         typer.Option(help="riverhouse_dedup / _join: warm runs after the first; the median is the steady state", min=1),
     ] = 5,
+    warmup_runs: Annotated[
+        int,
+        typer.Option(
+            help="riverhouse_dedup (with spark_plain beside it) / _join: unmeasured warm runs before the steady "
+            "ones, while the JIT still compiles",
+            min=0,
+        ),
+    ] = 5,
     small_batches: Annotated[
         int, typer.Option(help="small_batches: batches measured (after a warm-up run of 5)", min=2)
     ] = 20,
@@ -109,6 +117,7 @@ def bench(
         state_keys=keys,
         final_scale=scales,
         steady_runs=steady_runs,
+        warmup_runs=warmup_runs,
         small_batches=small_batches,
         small_batch_records=small_batch_records,
         triggered_runs=triggered_runs,

@@ -66,6 +66,10 @@ class BenchConfig:
     # JVM's JIT is still compiling during the first two or three warm runs (the third was the
     # fastest in every 3-run bench), and a running pipeline is past that.
     steady_runs: int = 5
+    # Unmeasured warm runs before the steady ones (riverhouse_dedup with spark_plain beside it, and
+    # the join): the JVM's JIT compiled for 4-5 CPU s in the first warm dedup run and still 2-4 s
+    # in the next four; from the sixth on ~1-2 s (bench/analysis.md). A running pipeline is past that.
+    warmup_runs: int = 5
     # small_batches (issue 25): this many batches of this many records through Pipeline.run.
     small_batches: int = 20
     small_batch_records: int = 7_000

@@ -131,6 +131,23 @@ class ThreadSampler:
         self._read()
 
 
+def jit_cpu_s() -> float | None:
+    """CPU seconds the engine's JVM has spent in its JIT compiler threads so far (/proc), or None
+    when that JVM is not on this machine. Read around each warm run: how far from settled the JIT
+    still is when the run is measured (bench/analysis.md)."""
+    try:
+        threads = thread_cpu(engine_jvm_pid())
+    except (RuntimeError, OSError):
+        return None
+    return sum(seconds for comm, seconds in threads.values() if jfr.thread_group(comm) == "jit")
+
+
+def jit_used(before: float | None) -> float | None:
+    """The engine JVM's JIT compiler threads' CPU seconds since `before` (None: not measurable here)."""
+    after = jit_cpu_s()
+    return None if before is None or after is None else round(max(0.0, after - before), 3)
+
+
 def jcmd(pid: int, *args: str) -> str:
     ran = subprocess.run([jdk_tool("jcmd"), str(pid), *args], capture_output=True, text=True, timeout=120)
     text = (ran.stdout + ran.stderr).strip()

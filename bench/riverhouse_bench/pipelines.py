@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from riverhouse.platform.kafka.generator import expected_join, orders, user_events
 from riverhouse.platform.sink.clickhouse import open_client, qualified_table
 from riverhouse_bench.common import join_spec, median_run, orders_spec
+from riverhouse_bench.jvm_profile import jit_cpu_s, jit_used
 from riverhouse_bench.metering import CpuMeter
 from riverhouse_bench.spark_metrics import commit_history, read_events, stage_times
 
@@ -29,10 +30,12 @@ def _dedup_run(
 
     spec = orders_spec(name, topic, registry=bench.registry if avro else None)
     spark = bench.spark
+    jit_before = jit_cpu_s()
     with CpuMeter() as cpu:
         started, began_at = time.monotonic(), time.time()
         summary = Pipeline(spec, bench.settings, spark=spark, log=lambda m: None).run()
         seconds = time.monotonic() - started
+    jit = jit_used(jit_before)
     with open_client(bench.settings.clickhouse_dsn) as client:
         rows = client.query(f"SELECT count(), uniqExact(order_id) FROM {qualified_table(spec)}").result_rows[0]
     silver = TableLayout(bench.settings.warehouse, spec.name).silver("orders")
@@ -47,6 +50,7 @@ def _dedup_run(
         "rows": rows[0],
         "expected_unique": expected_unique,
         "table": spec.sink.table,
+        "jit_cpu_s": jit,
         # From the first batch to every row in ClickHouse (the steady part of the run).
         "cpu": cpu.window(started + summary["query_startup_s"], started + seconds),
         # Spark's own account of the same stretch, and silver's commits (a fresh table: all are this run's).
@@ -137,32 +141,42 @@ def riverhouse_dedup(
     messages: int,
     expected_unique: int,
     avro: bool = False,
-    beside: Callable[[], None] | None = None,
+    beside: Callable[[bool], None] | None = None,
 ) -> dict[str, Any]:
     """A cold run (Spark session, query start, JVM warm-up) and steady runs of the same size.
 
     Steady state is what a running pipeline sustains: more pipelines, each on a fresh topic
     in the now warm process, each timed from its first batch to all rows visible in
     ClickHouse; the median run is reported (the JIT is still warming during the first ones).
-    `beside`: a run of another job made once per steady run, before it in even rounds and after
-    it in odd ones (spark_plain's, so both jobs meet the JVM at the same age).
+    `beside`: a run of another job made once per warm-up and steady run, before it in even rounds
+    and after it in odd ones (spark_plain's, so both jobs meet the JVM at the same age); it is
+    given whether this round is measured.
     """
     bench.spark  # noqa: B018 - start the session inside this scenario's time
     prefix = "bench_dedup_avro" if avro else "bench_dedup"
     cold = _dedup_run(bench, prefix, topic, messages, expected_unique, avro)
     # The Avro runs come after the JSON ones, in the same (warm) process: no session start-up of their own.
     total = cold["seconds"] + (0.0 if avro else bench.spark_startup_s or 0.0)
-    runs = []
-    for i in range(bench.cfg.steady_runs):
-        name = f"{prefix}_steady_{i + 1}"
-        stats = bench.produce_orders(name, bench.cfg.events, seed=2 + i, avro=avro)
-        if beside is not None and i % 2 == 0:
-            beside()
-        run = _dedup_run(bench, name, name, stats.messages, stats.unique, avro)
-        run["steady_seconds"] = run["seconds"] - run["query_startup_s"]
-        runs.append(run)
-        if beside is not None and i % 2 == 1:
-            beside()
+
+    def series(kind: str, count: int, seed: int, measured: bool) -> list[dict[str, Any]]:
+        runs = []
+        for i in range(count):
+            name = f"{prefix}_{kind}_{i + 1}"
+            stats = bench.produce_orders(name, bench.cfg.events, seed=seed + i, avro=avro)
+            if beside is not None and i % 2 == 0:
+                beside(measured)
+            run = _dedup_run(bench, name, name, stats.messages, stats.unique, avro)
+            run["steady_seconds"] = run["seconds"] - run["query_startup_s"]
+            runs.append(run)
+            if beside is not None and i % 2 == 1:
+                beside(measured)
+        return runs
+
+    # Warm-up runs first, unmeasured: the JIT compiles through the first several warm runs (its
+    # threads used 4-5 CPU s in the first, ~1-2 s from the sixth on: bench/analysis.md). Their
+    # times are kept in the JSON beside the steady ones.
+    warmup = series("warmup", bench.cfg.warmup_runs, 100, measured=False)
+    runs = series("steady", bench.cfg.steady_runs, 2, measured=True)
     steady = median_run(runs, "steady_seconds")
     steady_seconds = steady["steady_seconds"]
     return {
@@ -177,7 +191,9 @@ def riverhouse_dedup(
         "stage_seconds": steady["stage_seconds"],
         "steady": steady,
         "steady_runs_seconds": [round(r["steady_seconds"], 3) for r in runs],
-        "exact": cold["exact"] and all(r["exact"] for r in runs),
+        "warmup_runs_seconds": [round(r["steady_seconds"], 3) for r in warmup],
+        "jit_cpu_s": {"warmup": [r["jit_cpu_s"] for r in warmup], "steady": [r["jit_cpu_s"] for r in runs]},
+        "exact": cold["exact"] and all(r["exact"] for r in [*warmup, *runs]),
         "rows": cold["rows"],
         "expected_unique": expected_unique,
         "table": cold["table"],
@@ -231,6 +247,8 @@ def riverhouse_dedup_join(bench: Bench, count: int) -> dict[str, Any]:
     The first run also pays for the first join in the JVM (operators loaded, code generated).
     """
     first = _join_run(bench, "bench_join", count, seed=7)
+    # Unmeasured warm-up runs, as for riverhouse_dedup: the join's own code (gold) warms up too.
+    warmup = [_join_run(bench, f"bench_join_warmup_{i + 1}", count, seed=100 + i) for i in range(bench.cfg.warmup_runs)]
     runs = [_join_run(bench, f"bench_join_steady_{i + 1}", count, seed=8 + i) for i in range(bench.cfg.steady_runs)]
     steady = median_run(runs, "work_seconds")
     return {
@@ -242,7 +260,8 @@ def riverhouse_dedup_join(bench: Bench, count: int) -> dict[str, Any]:
         "startup_s": first["startup_s"],
         "steady": steady,
         "steady_runs_seconds": [round(r["work_seconds"], 3) for r in runs],
-        "exact": first["exact"] and all(r["exact"] for r in runs),
+        "warmup_runs_seconds": [round(r["work_seconds"], 3) for r in warmup],
+        "exact": first["exact"] and all(r["exact"] for r in [*warmup, *runs]),
         "rows": first["rows"],
         "joined": first["joined"],
         "expected_joined": first["expected_joined"],

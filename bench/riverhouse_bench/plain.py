@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from riverhouse.platform.kafka.client import FETCH_MAX_WAIT_MS
 from riverhouse_bench.common import ORDER_FIELDS, median_run, orders_spec
+from riverhouse_bench.jvm_profile import jit_cpu_s, jit_used
 from riverhouse_bench.metering import CpuMeter
 from riverhouse_bench.spark_metrics import read_events, stage_times
 
@@ -142,9 +143,11 @@ def _cold(bench: Bench, topic: str, max_offsets: int) -> dict[str, Any]:
 def _warm(bench: Bench, topic: str, name: str, max_offsets: int) -> dict[str, Any]:
     folder = bench.home / name
     began_at = time.time()
+    jit_before = jit_cpu_s()
     with CpuMeter() as cpu:
         started = time.monotonic()
         run = run_plain_job(bench.spark, bench.state.bootstrap, topic, folder, max_offsets)
+    run["jit_cpu_s"] = jit_used(jit_before)
     if run["batches"]:
         first = started + run["query_startup_s"]
         run["cpu"] = cpu.window(first, started + run["seconds"])
@@ -164,14 +167,18 @@ class WarmRuns:
         self.messages, self.expected_unique = messages, expected_unique
         self.max_offsets = orders_spec("bench_dedup", topic).kafka.max_offsets_per_trigger
         self.runs: list[dict[str, Any]] = []
+        self.warmup: list[dict[str, Any]] = []
 
-    def run_one(self) -> None:
+    def run_one(self, measured: bool = True) -> None:
+        """A warm run; kept among the steady runs when `measured` (else a warm-up, checked only)."""
         bench = self.bench
         if not bench.spark_started:  # a first run in a new JVM is not warm: run one unmeasured
             _warm(bench, self.topic, "spark_plain_warmup", self.max_offsets)
-        name = f"spark_plain_steady_{len(self.runs) + 1}"
-        run = _warm(bench, self.topic, name, self.max_offsets)
-        self.runs.append(_checked(run, bench.home / name, self.messages, self.expected_unique))
+        name = f"spark_plain_{'steady' if measured else 'warmup'}_{len(self.runs) + len(self.warmup) + 1}"
+        run = _checked(
+            _warm(bench, self.topic, name, self.max_offsets), bench.home / name, self.messages, self.expected_unique
+        )
+        (self.runs if measured else self.warmup).append(run)
 
 
 def spark_plain(
@@ -182,6 +189,9 @@ def spark_plain(
     warm = warm or WarmRuns(bench, topic, messages, expected_unique)
     max_offsets = warm.max_offsets
     cold = _checked(_cold(bench, topic, max_offsets), bench.home / "spark_plain_cold", messages, expected_unique)
+    if not warm.runs:  # not alternated with riverhouse_dedup's runs: warm up on its own first
+        while len(warm.warmup) < bench.cfg.warmup_runs:
+            warm.run_one(measured=False)
     while len(warm.runs) < bench.cfg.steady_runs:
         warm.run_one()
     runs = warm.runs
@@ -200,7 +210,12 @@ def spark_plain(
         "cold": cold,
         "steady": {**steady, "events": steady["read"]},
         "steady_runs_seconds": [r["steady_seconds"] for r in runs],
-        "exact": cold["exact"] and all(r["exact"] for r in runs),
+        "warmup_runs_seconds": [r["steady_seconds"] for r in warm.warmup],
+        "jit_cpu_s": {
+            "warmup": [r.get("jit_cpu_s") for r in warm.warmup],
+            "steady": [r.get("jit_cpu_s") for r in runs],
+        },
+        "exact": cold["exact"] and all(r["exact"] for r in [*warm.warmup, *runs]),
         "rows": steady["rows"],
         "expected_unique": expected_unique,
     }

@@ -182,6 +182,21 @@ def _cpu_lines(s: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _warmup_text(dedup: dict[str, Any]) -> str:
+    """What the warm-up runs took, and the JIT compiler threads' CPU then and in the steady runs."""
+    warmup = dedup.get("warmup_runs_seconds") or []
+    if not warmup:
+        return ""
+    jit = dedup.get("jit_cpu_s") or {}
+    text = f": {len(warmup)} unmeasured warm-up run{'s' if len(warmup) != 1 else ''} took {', '.join(f'{x:.2f}' for x in warmup)} s"
+    if all(isinstance(x, int | float) for x in [*jit.get("warmup", []), *jit.get("steady", [])]) and jit.get("steady"):
+        text += (
+            f", while the JIT compiler threads used {', '.join(f'{x:.1f}' for x in jit['warmup'])} CPU s "
+            f"(in the steady runs: {', '.join(f'{x:.1f}' for x in jit['steady'])})"
+        )
+    return text
+
+
 def _stage_lines(dedup: dict[str, Any]) -> list[str]:
     stages = dict(dedup.get("stage_seconds") or {})
     steady = dedup.get("steady") or {}
@@ -195,7 +210,8 @@ def _stage_lines(dedup: dict[str, Any]) -> list[str]:
         "",
         f"Start-up of the cold run: {dedup.get('spark_session_s') or 0:.1f} s for the Spark session and "
         f"{dedup.get('query_startup_s') or 0:.1f} s to start the streaming query (the checkpoint, the "
-        "Kafka connector's first offsets); the JVM also warms up (JIT) during the first batches. The median warm run "
+        "Kafka connector's first offsets); the JVM also warms up (JIT) during the first batches"
+        f"{_warmup_text(dedup)}. The median warm run "
         f"(of {', '.join(f'{x:.2f}' for x in dedup.get('steady_runs_seconds') or [wall])} s) of "
         f"{steady.get('events', 0):,} events took {wall:.2f} s from its first batch to every row "
         f"in ClickHouse, in {steady.get('batches')} batch(es) of up to "
@@ -355,11 +371,13 @@ def method_lines() -> list[str]:
         "insert (at-least-once, no window, no persistence).",
         "- `riverhouse_dedup`: `Pipeline.run` of a dedup pipeline, Kafka -> bronze/silver Delta -> "
         "ClickHouse. `events/s` is the cold run: a new Spark session, the query start and the JVM "
-        "warm-up included. `excl. start-up` is the steady state: five more pipelines of the same "
-        "size, each on a fresh topic in the now warm process, each timed from its first batch until "
-        "every row is visible in ClickHouse (batches, the time between them, and the load); the "
-        "median run is reported and all are in the JSON (`steady_runs_seconds`). Every run must be "
-        "exact.",
+        "warm-up included. `excl. start-up` is the steady state: after five unmeasured warm-up "
+        "pipelines (`--warmup-runs`: the JVM's JIT compiles through the first warm runs), five more "
+        "of the same size, each on a fresh topic in the now warm process, each timed from its first "
+        "batch until every row is visible in ClickHouse (batches, the time between them, and the "
+        "load); the median run is reported and all are in the JSON (`steady_runs_seconds`, "
+        "`warmup_runs_seconds`, and each run's JIT compiler threads' CPU in `jit_cpu_s`). Every run "
+        "must be exact.",
         "- `riverhouse_dedup_avro` (`--format avro`): the same runs on the same orders as Avro in the Confluent "
         "wire format, produced through the local schema registry (Apicurio) and decoded on the executors by "
         "`from_avro` with each record's writer schema; after `riverhouse_dedup` in the same process, so its "
@@ -370,8 +388,8 @@ def method_lines() -> list[str]:
         "`availableNow`. It dedups within a batch only (no window, no bronze, no exactly-once marker, no "
         "ClickHouse): the floor, not an equivalent. `events/s` is its cold run in a process of its own (a new "
         "JVM and session, the query start, the run); `excl. start-up` the median of the steady runs in the "
-        "bench's session (alternated with riverhouse_dedup's when both run, so both meet the JVM at the same "
-        "age), from the first trigger (Spark's progress reports) to the query's end. Exact when "
+        "bench's session (alternated with riverhouse_dedup's warm-up and steady runs when both run, so both "
+        "meet the JVM at the same age), from the first trigger (Spark's progress reports) to the query's end. Exact when "
         "every record was read and every order is in the table (copies that fell into different batches "
         "stay: `rows` in the JSON).",
         "- `small_batches`: `Pipeline.run` of the dedup pipeline over 20 batches of 7,000 records "
@@ -407,7 +425,7 @@ def method_lines() -> list[str]:
         "- `riverhouse_dedup_join`: orders + user events, LEFT temporal join, windows drained, in the "
         "warm process. The two sources' streaming queries start and run side by side. `events/s` "
         "is the first join pipeline of the process, start included; `excl. start-up` is the median of "
-        "five more on fresh topics, timed from the first batch of either query (the rest of the other "
+        "five more on fresh topics (after five unmeasured warm-up ones), timed from the first batch of either query (the rest of the other "
         "query's start counts as work), through the join, to every row in ClickHouse. The first join "
         "also pays for loading and compiling the join's operators in the JVM "
         "(`first_excluding_startup` in the JSON). Every run must be exact.",

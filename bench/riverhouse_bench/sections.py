@@ -146,6 +146,21 @@ def engine_notes(name: str, r: dict[str, Any], s: dict[str, Any]) -> list[str]:
     return notes
 
 
+def jit_lines(runs: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """The JIT compiler threads' CPU seconds in each job's warm-up and steady runs, when measured."""
+    said = []
+    for name, r in runs:
+        jit = r.get("jit_cpu_s") or {}
+        figures = [*jit.get("warmup", []), *jit.get("steady", [])]
+        if jit.get("steady") and all(isinstance(x, int | float) for x in figures):
+            warmup = ", ".join(f"{x:.1f}" for x in jit.get("warmup", []))
+            steady = ", ".join(f"{x:.1f}" for x in jit["steady"])
+            said.append(f"{name} {warmup + ' in the warm-up runs, ' if warmup else ''}{steady} in the steady runs")
+    if not said:
+        return []
+    return ["", f"The JVM's JIT compiler threads' CPU seconds per run: {'; '.join(said)}."]
+
+
 def engine_lines(s: dict[str, Any]) -> list[str]:
     """The Spark floor (spark_plain beside riverhouse_dedup) and the fixed cost per batch (small_batches)."""
     from riverhouse_bench.results import plain_ratio
@@ -172,6 +187,7 @@ def engine_lines(s: dict[str, Any]) -> list[str]:
                 f"{_f(r.get('query_startup_s'), '{:.1f}')} | {r.get('batches', '-')} |"
             )
         lines += ["", f"riverhouse_dedup / spark_plain: {_f(ratio['warm'])}x warm, {_f(ratio['cold'])}x cold."]
+        lines += jit_lines(runs)
     small = s.get("small_batches") or {}
     if small.get("batch_s"):
         batch, cycle = small["batch_s"], small.get("cycle_s") or {}

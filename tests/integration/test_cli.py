@@ -171,6 +171,8 @@ def test_bench_small_run_writes_results_and_page(tmp_path: Path) -> None:
         "20000",
         "--steady-runs",
         "1",  # which run is the median one: tests/unit/test_bench_median.py
+        "--warmup-runs",
+        "1",
         "--format",
         "avro",
         "--partitions",
@@ -209,6 +211,9 @@ def test_bench_small_run_writes_results_and_page(tmp_path: Path) -> None:
     # 3,000 orders + 10% duplicates read; one warm run, the one reported.
     assert dedup["events"] == 3300 and len(dedup["steady_runs_seconds"]) == 1
     assert round(dedup["steady"]["steady_seconds"], 3) == dedup["steady_runs_seconds"][0]
+    # One unmeasured warm-up run before it, and the JIT threads' CPU of each run (read from /proc).
+    assert len(dedup["warmup_runs_seconds"]) == 1
+    assert all(isinstance(s, float) and s >= 0 for s in [*dedup["jit_cpu_s"]["warmup"], *dedup["jit_cpu_s"]["steady"]])
     assert dedup["events_per_s_excluding_startup"] > dedup["events_per_s"]
     # The CPU meter sees Spark's JVM (the Kafka source, the parse and the Delta writes run there since the
     # engine is Spark-native) and the driver, and the baseline's own process.
