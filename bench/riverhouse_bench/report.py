@@ -371,8 +371,9 @@ def method_lines() -> list[str]:
         "insert (at-least-once, no window, no persistence).",
         "- `riverhouse_dedup`: `Pipeline.run` of a dedup pipeline, Kafka -> bronze/silver Delta -> "
         "ClickHouse. `events/s` is the cold run: a new Spark session, the query start and the JVM "
-        "warm-up included. `excl. start-up` is the steady state: after five unmeasured warm-up "
-        "pipelines (`--warmup-runs`: the JVM's JIT compiles through the first warm runs), five more "
+        "warm-up included. `excl. start-up` is the steady state: after unmeasured warm-up pipelines "
+        "(`--warmup-runs`, five by default since 2026-12-07, none in earlier results: the JVM's JIT "
+        "compiles through the first warm runs), five more "
         "of the same size, each on a fresh topic in the now warm process, each timed from its first "
         "batch until every row is visible in ClickHouse (batches, the time between them, and the "
         "load); the median run is reported and all are in the JSON (`steady_runs_seconds`, "
@@ -425,7 +426,7 @@ def method_lines() -> list[str]:
         "- `riverhouse_dedup_join`: orders + user events, LEFT temporal join, windows drained, in the "
         "warm process. The two sources' streaming queries start and run side by side. `events/s` "
         "is the first join pipeline of the process, start included; `excl. start-up` is the median of "
-        "five more on fresh topics (after five unmeasured warm-up ones), timed from the first batch of either query (the rest of the other "
+        "five more on fresh topics (after the unmeasured warm-up ones), timed from the first batch of either query (the rest of the other "
         "query's start counts as work), through the join, to every row in ClickHouse. The first join "
         "also pays for loading and compiling the join's operators in the JVM "
         "(`first_excluding_startup` in the JSON). Every run must be exact.",
