@@ -396,3 +396,22 @@ def test_a_collector_in_spark_defaults_conf_is_not_joined_by_a_second(
     # The same file without a collector: Riverhouse's is added.
     (tmp_path / "spark-defaults.conf").write_text("spark.driver.defaultJavaOptions -Dsite=a\n")
     assert LOCAL_COLLECTOR in with_local_collector(settings)["spark.driver.extraJavaOptions"]
+
+
+def test_spark_defaults_confs_driver_options_are_kept_beside_riverhouses(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """spark-submit lets a setting it is given replace spark-defaults.conf's whole: the file's
+    driver options (a cluster's proxy, Kerberos or agent flags) must stay in Riverhouse's, for an
+    in-process session and for the engine alike."""
+    (tmp_path / "spark-defaults.conf").write_text("spark.driver.extraJavaOptions -Dsite.proxy=p:3128 -Dkrb=1\n")
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
+    options = session_conf("local[2]")["spark.driver.extraJavaOptions"].split()
+    assert {"-Dsite.proxy=p:3128", "-Dkrb=1", "-Duser.timezone=UTC"} <= set(options)
+    assert options[0].startswith("-Dlog4j2.configurationFile=")  # the file's may replace Riverhouse's log settings
+    argv, _ = engine.server_command(tmp_path, "local[2]", "1g", "127.0.0.1", 15555)
+    conf = java_properties(Path(argv[argv.index("--properties-file") + 1]).read_text())
+    assert "-Dsite.proxy=p:3128" in conf["spark.driver.extraJavaOptions"].split()
+    # A user's RIVERHOUSE_SPARK_CONF still decides the whole value, as before.
+    monkeypatch.setenv("RIVERHOUSE_SPARK_CONF", json.dumps({"spark.driver.extraJavaOptions": "-Dmine=1"}))
+    assert "-Dkrb=1" not in session_conf("local[2]")["spark.driver.extraJavaOptions"]

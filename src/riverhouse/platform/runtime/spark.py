@@ -177,7 +177,8 @@ def session_conf(master: str, conf: dict[str, str] | None = None) -> dict[str, s
 
     Defaults (small-machine ones and Riverhouse's local file system in local mode only) < the
     pinned jars, Delta and quiet logs < RIVERHOUSE_SPARK_CONF < `conf` (the caller's: settings,
-    the Dagster resource) < the fixed ones.
+    the Dagster resource) < the fixed ones. The driver's Java options keep spark-defaults.conf's
+    (spark-submit gives a setting passed to it precedence over the file's, whole).
     """
     from riverhouse.platform.runtime.jars import spark_conf, spark_jar_files
     from riverhouse.platform.state.storage import s3a_conf
@@ -188,7 +189,10 @@ def session_conf(master: str, conf: dict[str, str] | None = None) -> dict[str, s
         **SESSION_DEFAULTS,
         **local,
         **spark_conf(),
-        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG_CONFIG}",
+        # spark-defaults.conf's driver options too: given as a setting here, ours would replace them.
+        "spark.driver.extraJavaOptions": " ".join(
+            [f"-Dlog4j2.configurationFile=file:{LOG_CONFIG}", spark_defaults().get("spark.driver.extraJavaOptions", "")]
+        ).strip(),
         **storage,
         **user_conf(),
         **(conf or {}),
