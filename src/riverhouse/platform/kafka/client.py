@@ -366,6 +366,31 @@ def batch_offsets(spark_checkpoint: Path, batch_id: int) -> Offsets | None:
     return None
 
 
+def batch_records(spark_checkpoint: Path, batch_id: int) -> int | None:
+    """How many Kafka offsets batch `batch_id` spans, from what Spark wrote in the checkpoint before
+    it ran the batch: its end offsets (`offsets/<n>`) minus the batch before's, or, for the first
+    batch, the source's first offsets (`sources/0/0`). None when that cannot be read. Offsets, not
+    records: aborted transactions' records and markers count too (an upper bound)."""
+    end = batch_offsets(spark_checkpoint, batch_id)
+    start = batch_offsets(spark_checkpoint, batch_id - 1) if batch_id > 0 else _initial_offsets(spark_checkpoint)
+    if end is None or start is None:
+        return None
+    return sum(max(0, o - start.get(t, {}).get(p, o)) for t, parts in end.items() for p, o in parts.items())
+
+
+def _initial_offsets(spark_checkpoint: Path) -> Offsets | None:
+    """The Kafka source's first offsets (`sources/0/0`: a version line, then `{topic: {partition: offset}}`)."""
+    try:
+        lines = (spark_checkpoint / "sources" / "0" / "0").read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    found = [line for line in lines if line.strip().startswith("{")]
+    try:
+        return {t: {str(p): int(o) for p, o in parts.items()} for t, parts in json.loads(found[0]).items()}
+    except (IndexError, ValueError, AttributeError):
+        return None
+
+
 def commit_group_offsets(
     config: dict[str, Any], group: str, offsets: Offsets, timeout_s: float = METADATA_TIMEOUT_S
 ) -> None:
