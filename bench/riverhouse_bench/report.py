@@ -17,6 +17,7 @@ from riverhouse_bench.results import THROUGHPUT, targets
 from riverhouse_bench.sections import (
     engine_lines,
     engine_notes,
+    measured_jit,
     profile_lines,
     spark_lines,
     state_lines,
@@ -187,13 +188,9 @@ def _warmup_text(dedup: dict[str, Any]) -> str:
     warmup = dedup.get("warmup_runs_seconds") or []
     if not warmup:
         return ""
-    jit = dedup.get("jit_cpu_s") or {}
     text = f": {len(warmup)} unmeasured warm-up run{'s' if len(warmup) != 1 else ''} took {', '.join(f'{x:.2f}' for x in warmup)} s"
-    if all(isinstance(x, int | float) for x in [*jit.get("warmup", []), *jit.get("steady", [])]) and jit.get("steady"):
-        text += (
-            f", while the JIT compiler threads used {', '.join(f'{x:.1f}' for x in jit['warmup'])} CPU s "
-            f"(in the steady runs: {', '.join(f'{x:.1f}' for x in jit['steady'])})"
-        )
+    if (jit := measured_jit(dedup)) is not None:
+        text += f", while the JIT compiler threads used {jit[0]} CPU s (in the steady runs: {jit[1]})"
     return text
 
 

@@ -146,15 +146,22 @@ def engine_notes(name: str, r: dict[str, Any], s: dict[str, Any]) -> list[str]:
     return notes
 
 
+def measured_jit(result: dict[str, Any]) -> tuple[str, str] | None:
+    """A scenario's JIT compiler threads' CPU seconds per run, (warm-up runs, steady runs) as text;
+    None when a run's figure could not be read (an engine on another host) or there is none."""
+    jit = result.get("jit_cpu_s") or {}
+    warmup, steady = jit.get("warmup", []), jit.get("steady", [])
+    if not steady or not all(isinstance(x, int | float) for x in [*warmup, *steady]):
+        return None
+    return ", ".join(f"{x:.1f}" for x in warmup), ", ".join(f"{x:.1f}" for x in steady)
+
+
 def jit_lines(runs: list[tuple[str, dict[str, Any]]]) -> list[str]:
     """The JIT compiler threads' CPU seconds in each job's warm-up and steady runs, when measured."""
     said = []
     for name, r in runs:
-        jit = r.get("jit_cpu_s") or {}
-        figures = [*jit.get("warmup", []), *jit.get("steady", [])]
-        if jit.get("steady") and all(isinstance(x, int | float) for x in figures):
-            warmup = ", ".join(f"{x:.1f}" for x in jit.get("warmup", []))
-            steady = ", ".join(f"{x:.1f}" for x in jit["steady"])
+        if (jit := measured_jit(r)) is not None:
+            warmup, steady = jit
             said.append(f"{name} {warmup + ' in the warm-up runs, ' if warmup else ''}{steady} in the steady runs")
     if not said:
         return []
