@@ -211,10 +211,12 @@ def _join_run(bench: Bench, name: str, count: int, seed: int) -> dict[str, Any]:
     spec = join_spec(name, f"{name}_orders", f"{name}_users")
     reference = expected_join(order_stats, user_stats, spec.join.window)
     spark = bench.spark
+    jit_before = jit_cpu_s()
     with CpuMeter() as cpu:
         started = time.monotonic()
         summary = Pipeline(spec, bench.settings, spark=spark, log=lambda m: None).run(drain=True)
         seconds = time.monotonic() - started
+    jit = jit_used(jit_before)
     with open_client(bench.settings.clickhouse_dsn) as client:
         rows = client.query(f"SELECT count(), countIf(user_name IS NOT NULL) FROM {qualified_table(spec)}").result_rows[
             0
@@ -236,6 +238,7 @@ def _join_run(bench: Bench, name: str, count: int, seed: int) -> dict[str, Any]:
         "joined": rows[1],
         "expected_joined": reference["expected_joined"],
         "expected_unmatched": reference["expected_unmatched"],
+        "jit_cpu_s": jit,
         # The whole run: the two queries start side by side, then the join and the load.
         "cpu_whole_run": cpu.window(started, started + seconds),
     }
@@ -261,6 +264,7 @@ def riverhouse_dedup_join(bench: Bench, count: int) -> dict[str, Any]:
         "steady": steady,
         "steady_runs_seconds": [round(r["work_seconds"], 3) for r in runs],
         "warmup_runs_seconds": [round(r["work_seconds"], 3) for r in warmup],
+        "jit_cpu_s": {"warmup": [r["jit_cpu_s"] for r in warmup], "steady": [r["jit_cpu_s"] for r in runs]},
         "exact": first["exact"] and all(r["exact"] for r in [*warmup, *runs]),
         "rows": first["rows"],
         "joined": first["joined"],

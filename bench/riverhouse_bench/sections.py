@@ -108,7 +108,7 @@ def _f(value: Any, spec: str = "{:.2f}") -> str:
 
 
 def engine_notes(name: str, r: dict[str, Any], s: dict[str, Any]) -> list[str]:
-    """The scenario table's notes for spark_plain, small_batches, triggered_start and jvm_profile."""
+    """The scenario table's notes for spark_plain, the join, small_batches, triggered_start and jvm_profile."""
     from riverhouse_bench.results import plain_ratio
 
     notes: list[str] = []
@@ -118,6 +118,12 @@ def engine_notes(name: str, r: dict[str, Any], s: dict[str, Any]) -> list[str]:
             f"the plain Spark job (Kafka -> from_json -> dropDuplicates -> Delta append, availableNow, "
             f"maxOffsetsPerTrigger {r.get('max_offsets_per_trigger', 0):,}); riverhouse_dedup / spark_plain: "
             f"{_f(ratio['warm'])}x warm, {_f(ratio['cold'])}x cold"
+        )
+    if name == "riverhouse_dedup_join" and (jit := measured_jit(r)) is not None:
+        warmup, steady = jit
+        notes.append(
+            f"JIT compiler threads' CPU s per run: {warmup + ' in the warm-up runs, ' if warmup else ''}"
+            f"{steady} in the steady runs"
         )
     if name == "small_batches" and r.get("batch_s"):
         notes.append(

@@ -42,3 +42,14 @@ def test_the_jit_line_names_each_job_that_measured_it() -> None:
         "1.2, 2.0 in the steady runs; spark_plain 0.5 in the steady runs.",
     ]
     assert jit_lines([("spark_plain", {"jit_cpu_s": {"warmup": [], "steady": [None]}})]) == []
+
+
+def test_the_join_note_gives_its_jit_cpu_per_run() -> None:
+    from riverhouse_bench.sections import engine_notes
+
+    join = {"jit_cpu_s": {"warmup": [3.54, 2.0], "steady": [1.0, 1.46]}}
+    assert engine_notes("riverhouse_dedup_join", join, {}) == [
+        "JIT compiler threads' CPU s per run: 3.5, 2.0 in the warm-up runs, 1.0, 1.5 in the steady runs"
+    ]
+    # An engine on another host: its JIT threads are not this machine's to read.
+    assert engine_notes("riverhouse_dedup_join", {"jit_cpu_s": {"warmup": [], "steady": [None]}}, {}) == []
