@@ -362,8 +362,13 @@ def batch_offsets(spark_checkpoint: Path, batch_id: int) -> Offsets | None:
     except OSError:
         return None
     if len(lines) >= 3 and lines[2].strip().startswith("{"):
-        return {t: {str(p): int(o) for p, o in parts.items()} for t, parts in json.loads(lines[2]).items()}
+        return _offsets_line(lines[2])
     return None
+
+
+def _offsets_line(line: str) -> Offsets:
+    """A checkpoint's line of source offsets, `{topic: {partition: offset}}`, with partitions as text."""
+    return {t: {str(p): int(o) for p, o in parts.items()} for t, parts in json.loads(line).items()}
 
 
 def batch_records(spark_checkpoint: Path, batch_id: int) -> int | None:
@@ -386,7 +391,7 @@ def _initial_offsets(spark_checkpoint: Path) -> Offsets | None:
         return None
     found = [line for line in lines if line.strip().startswith("{")]
     try:
-        return {t: {str(p): int(o) for p, o in parts.items()} for t, parts in json.loads(found[0]).items()}
+        return _offsets_line(found[0])
     except (IndexError, ValueError, AttributeError):
         return None
 
