@@ -8,9 +8,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.riverhouse-installed
 JARS := jvm/lib
 JARS_STAMP := $(JARS)/.installed
-# Riverhouse's own JVM classes (Hadoop's local file system without child processes:
-# runtime/local_fs.py), compiled into jvm/lib/spark/ with the fetched jars.
-JAVA_SRC := $(wildcard jvm/src/riverhouse/hadoop/*.java)
+# Riverhouse's own JVM classes (Hadoop's local file system without child processes, a strict
+# JSON check: runtime/jvm_build.py), compiled into jvm/lib/spark/ with the fetched jars.
+JAVA_SRC := $(wildcard jvm/src/riverhouse/*/*.java)
 MVN ?= mvn
 PYTEST_ARGS ?=
 # Two test processes (pytest-xdist): a test mostly waits on a JVM, a subprocess or the broker,
@@ -48,7 +48,7 @@ $(JARS_STAMP): jvm/pom.xml $(JAVA_SRC) | $(STAMP) mvn-check
 	    -DoutputDirectory=$(CURDIR)/$(JARS).new/$$profile || { echo "Maven could not fetch the $$profile jars (see above)"; exit 1; }; \
 	done
 	@$(BIN)/python -m riverhouse.platform.runtime.jars prune $(JARS).new/spark
-	@$(BIN)/python -m riverhouse.platform.runtime.local_fs build $(JARS).new/spark
+	@$(BIN)/python -m riverhouse.platform.runtime.jvm_build build $(JARS).new/spark
 	@$(MVN) -B -q -Dstyle.color=never -f jvm/pom.xml -P registry dependency:copy-dependencies -DincludeScope=runtime \
 	    -DoutputDirectory=$(CURDIR)/$(JARS).new/registry-dist || { echo "Maven could not fetch the schema registry (see above)"; exit 1; }
 	@mkdir -p $(JARS).new/registry && tar -xzf $(JARS).new/registry-dist/apicurio-registry-app-*-all.tar.gz -C $(JARS).new/registry && rm -rf $(JARS).new/registry-dist

@@ -9,9 +9,9 @@ Hadoop's local file system with those two steps done through java.nio: a rename 
 `link(2)` (atomic, and it refuses a name that exists, which Hadoop's check-then-rename only
 approximates) and permissions set without a process.
 
-`make jars` compiles them into jvm/lib/spark/riverhouse-hadoop.jar (javac, against pyspark's
-own Hadoop). Best effort: without a JDK's javac the jar is not made, and sessions keep
-Hadoop's classes (the same results, more processes).
+`make jars` compiles them into jvm/lib/spark/riverhouse-hadoop.jar (runtime/jvm_build.py: javac,
+against pyspark's own Hadoop). Best effort: without a JDK's javac the jar is not made, and
+sessions keep Hadoop's classes (the same results, more processes).
 
 Local mode only (runtime/spark.session_conf): Hadoop resolves `file:` while spark-submit starts,
 before `spark.jars` are loaded, so the jar must be on the driver JVM's own class path, and in
@@ -22,16 +22,10 @@ path is the cluster's, and a cluster's tables live in a shared store (s3a:, hdfs
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
-import sys
-import tempfile
-import zipfile
 from pathlib import Path
 from typing import Any
 
 JAR_NAME = "riverhouse-hadoop.jar"
-SOURCES = Path(__file__).resolve().parents[4] / "jvm" / "src"
 # Hadoop reads the class of a scheme's file system from these settings (spark.hadoop.* reach
 # every Hadoop configuration Spark makes, on the driver and the executors).
 CONF = {
@@ -74,44 +68,3 @@ def loadable(settings: dict[str, str], context: Any) -> dict[str, str]:
     except Exception:  # py4j's ClassNotFoundException
         return {k: v for k, v in settings.items() if k not in CONF}
     return settings
-
-
-def _javac() -> str | None:
-    java_home = os.environ.get("JAVA_HOME")
-    if java_home and (Path(java_home) / "bin" / "javac").exists():
-        return str(Path(java_home) / "bin" / "javac")
-    return shutil.which("javac")
-
-
-def build(out_dir: Path) -> Path | None:
-    """Compile jvm/src into `out_dir`/riverhouse-hadoop.jar; None (and why, on stderr) if it cannot be."""
-    import pyspark
-
-    javac = _javac()
-    if javac is None:
-        print("    no javac (a JDK's compiler) found: Spark keeps Hadoop's local file system", file=sys.stderr)
-        return None
-    hadoop = sorted((Path(pyspark.__file__).parent / "jars").glob("hadoop-client-api-*.jar"))
-    sources = sorted(str(p) for p in SOURCES.rglob("*.java"))
-    if not hadoop or not sources:
-        print(f"    nothing to compile (sources: {len(sources)}, Hadoop API jar: {len(hadoop)})", file=sys.stderr)
-        return None
-    with tempfile.TemporaryDirectory(prefix="riverhouse-javac-") as classes:
-        cmd = [javac, "--release", "17", "-nowarn", "-cp", str(hadoop[-1]), "-d", classes, *sources]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode != 0:
-            print(f"    javac failed: Spark keeps Hadoop's local file system\n{done.stderr[-2000:]}", file=sys.stderr)
-            return None
-        target = Path(out_dir) / JAR_NAME
-        with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as jar:
-            for path in sorted(Path(classes).rglob("*.class")):
-                jar.write(path, path.relative_to(classes).as_posix())
-    return target
-
-
-if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "build":
-        built = build(Path(sys.argv[2]))
-        print(f"    {built.name} built (Hadoop's local file system without child processes)" if built else "")
-    else:
-        sys.exit("usage: python -m riverhouse.platform.runtime.local_fs build FOLDER")
