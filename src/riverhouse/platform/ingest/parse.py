@@ -8,7 +8,9 @@ run on the executors at JVM speed. This is the one implementation of every rule.
 from __future__ import annotations
 
 import datetime
+import operator
 from collections.abc import Callable
+from functools import reduce
 from typing import Any
 
 from pyspark.sql import Column, DataFrame
@@ -17,6 +19,8 @@ from pyspark.sql.types import StringType, StructField, StructType
 
 from riverhouse.platform.fields import RESERVED_JSON_KEY, FieldSpec
 from riverhouse.platform.ingest.record_rules import Check, Decoded, any_leaf, at_path, non_finite_checks
+from riverhouse.platform.runtime.jars import spark_jar_files
+from riverhouse.platform.runtime.jvm_build import JSON_JAR
 from riverhouse.platform.spec import SourceSpec
 from riverhouse.platform.types import spark_read_type, variant_shape
 
@@ -166,6 +170,21 @@ def _strict_json(text: Column) -> Column:
     return F.when(text.rlike(TEXT_AFTER_A_BRACE_RE), sealed).otherwise(as_is_then_neutralized(F.try_parse_json))
 
 
+# Riverhouse's one-pass strict check (jvm/src/riverhouse/json/StrictJson.java, in jvm/lib/spark).
+STRICT_CHECK = ("riverhouse.json.StrictJson", "doubt")
+
+
+def _surely_strict(text: Column) -> Column:
+    """Is the record strict JSON for sure? One Jackson pass that refuses a key given twice at any
+    depth and text after the value; it leaves to the variant (`_strict_json`) every record it
+    doubts, among them any with an escape (`\\u`...), so what it accepts the variant accepts
+    (tests/spark/test_strict_check.py). Without the class's jar (no javac at install: jvm_build),
+    it is sure of none, and every record gets the variant: the same verdicts, ~3 us a record more."""
+    if not any(jar.name == JSON_JAR for jar in spark_jar_files()):
+        return F.lit(False)
+    return F.reflect(*[F.lit(name) for name in STRICT_CHECK], text) == F.lit("y")
+
+
 # A `}` with something other than JSON whitespace after it: what any text after a JSON object has
 # (measured: cheaper than trimming and comparing positions).
 TEXT_AFTER_A_BRACE_RE = r"\}[ \t\n\r]*[^ \t\n\r]"
@@ -224,21 +243,25 @@ def _not_valid(f: FieldSpec, value: Column, expected: str) -> Column:
     return F.concat(F.lit(f"field {f.label} is not a valid {f.type}: "), _snippet(value), F.lit(f" ({expected})"))
 
 
-def _exact_number_text(raw: Column, strict: Column, f: FieldSpec) -> Column:
+def _rendered_double(raw: Column) -> Column:
+    """Might a string field's value be a JSON number with a fraction, as from_json renders it?"""
+    # Cheap tests first (no regex, which copies the value into a Java string, for ordinary strings).
+    # The first character is '-' to '9' when the text sorts at or after "-" and before ":" (the
+    # character after '9'): two byte comparisons, where `substring` copied the character into a
+    # new string, per string field and record (~3% of a dedup run's JVM samples, bench/analysis.md).
+    return (raw >= F.lit("-")) & (raw < F.lit(":")) & raw.contains(".") & raw.rlike(DOUBLE_TEXT_RE)
+
+
+def _exact_number_text(raw: Column, rendered: Column, strict: Column, f: FieldSpec) -> Column:
     """A string field's value, with a JSON number whose double rendering changed its value or wrote
     it with an exponent given exactly: the record's strict parse holds it as a decimal (up to 38
     digits), written out in plain notation. Others as read: `1.0` stays `1.0` (the variant would
-    write `1`, and a key field must read as it did before)."""
+    write `1`, and a key field must read as it did before). `rendered`: `_rendered_double(raw)`."""
     path = json_path(f.segments)
     held_exactly = F.schema_of_variant(F.try_variant_get(strict, path, "variant")).startswith("DECIMAL")
     exact = _strict_text(strict, f)
     # The variant's text of the rendering: equal to `exact` when the double kept the number's value.
     changed = raw.contains("E") | (F.try_variant_get(F.try_parse_json(raw), "$", "string") != exact)
-    # Cheap tests first (no regex, which copies the value into a Java string, for ordinary strings).
-    # The first character is '-' to '9' when the text sorts at or after "-" and before ":" (the
-    # character after '9'): two byte comparisons, where `substring` copied the character into a
-    # new string, per string field and record (~3% of a dedup run's JVM samples, bench/analysis.md).
-    rendered = (raw >= F.lit("-")) & (raw < F.lit(":")) & raw.contains(".") & raw.rlike(DOUBLE_TEXT_RE)
     return F.when(rendered & held_exactly & changed, exact).otherwise(raw)
 
 
@@ -364,14 +387,31 @@ def _decode_json(batch: DataFrame, src: SourceSpec, oversized: Column) -> Decode
             {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT, "allowSingleQuotes": "false"},
         ),
     )
-    # The strict parse once per record (a column, not repeated in every check that reads it).
-    df = df.withColumn("_p", jvm_parse).withColumn(
-        "_strict", F.when(F.col("_p").isNotNull(), _strict_json(F.col("_text")))
-    )
-    parsed, strict = F.col("_p"), F.col("_strict")
+    df = df.withColumn("_p", jvm_parse)
+    parsed = F.col("_p")
     raw = {f.name: at_path(parsed, f.segments) for f in src.fields}
+    # The cheap tests of the rules that read a value from the record's strict parse: each rule
+    # reads the variant only when its test holds, so the variant is made only for such records.
+    rendered = {f.name: _rendered_double(raw[f.name]) for f in src.fields if f.type == "string"}
+    looks_like_json = {
+        f.name: any_leaf(raw[f.name], f.ftype, lambda x: x.startswith("{") | x.startswith("["))
+        for f in src.fields
+        if f.ftype.leaf.name == "string" and not f.allow_json_text
+    }
+    decimals = [raw[f.name].isNotNull() for f in src.fields if f.ftype.name == "decimal"]
+    # One Jackson pass per record says which records are strict JSON for sure (jvm/src/riverhouse/
+    # json/StrictJson.java); the variant (`_strict_json`, ~3 us a record) is made for the others
+    # and where a rule reads a value from it. Each is a column, once per record.
+    df = df.withColumn("_surely_strict", parsed.isNotNull() & _surely_strict(F.col("_text")))
+    surely = F.col("_surely_strict")
+    variant_needed = reduce(operator.or_, [~surely, *rendered.values(), *looks_like_json.values(), *decimals])
+    df = df.withColumn("_strict", F.when(parsed.isNotNull() & variant_needed, _strict_json(F.col("_text"))))
+    strict = F.col("_strict")
+    refused = ~surely & strict.isNull()
     typed = {
-        f.name: _exact_number_text(raw[f.name], strict, f) if f.type == "string" else _typed(raw[f.name], f)
+        f.name: _exact_number_text(raw[f.name], rendered[f.name], strict, f)
+        if f.type == "string"
+        else _typed(raw[f.name], f)
         for f in src.fields
     }
 
@@ -432,8 +472,7 @@ def _decode_json(batch: DataFrame, src: SourceSpec, oversized: Column) -> Decode
     json_in_string = [
         (
             # Cheap test first (CASE stops at it for ordinary strings), then the record's strict parse.
-            any_leaf(raw[f.name], f.ftype, lambda x: x.startswith("{") | x.startswith("["))
-            & F.coalesce(_json_in_string(strict, f), F.lit(False)),
+            looks_like_json[f.name] & F.coalesce(_json_in_string(strict, f), F.lit(False)),
             f"field {f.label} should be {f.type}, got a JSON object or array"
             f"{' where a string belongs' if f.ftype.is_container else ''}; "
             "set allow_json_text: true on the field to keep its JSON text",
@@ -447,18 +486,18 @@ def _decode_json(batch: DataFrame, src: SourceSpec, oversized: Column) -> Decode
         # One rule for a key given twice, at any depth: the record is quarantined (readers keep different
         # values: from_json the last, get_json_object the first), naming the key when it is a top-level one.
         (
-            strict.isNull() & _duplicate_key(F.col("_text")).isNotNull(),
+            refused & _duplicate_key(F.col("_text")).isNotNull(),
             F.concat(F.lit("key '"), _snippet(_duplicate_key(F.col("_text"))), F.lit("' appears twice")),
         ),
         # Not JSON at all (single-quoted JSON included): before the per-field checks, which read leniently.
         (
-            parsed[CORRUPT].isNotNull() & strict.isNull(),
+            parsed[CORRUPT].isNotNull() & refused,
             _not_a_json_object(F.col("_text")),
         ),
         *[(parsed[CORRUPT].isNotNull() & c, r) for c, r in [*not_an_object, *wrong_type]],
         (parsed[CORRUPT].isNotNull(), _not_a_json_object(F.col("_text"))),
         (
-            strict.isNull(),
+            refused,
             "not strict JSON: a key appears twice in a nested object, text follows the object, "
             "or a string holds an unpaired surrogate (\\ud800)",
         ),
