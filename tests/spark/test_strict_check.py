@@ -72,6 +72,12 @@ def test_what_the_check_is_sure_of_spark_strict_parse_accepts(spark: Any) -> Non
     assert not any(answers[t][1] for t in ('{"a":{"b":1,"b":2}}', '{"a":1} {"a":2}', '{"user_id": "\\ud800"}'))
 
 
+# A decimal field's value as a string with a comma, with spaces around the colon.
+SPACED_COMMA = (
+    b'{"order_id": "o1", "user_id": "u1", "amount": 2, "price" :\t "1,5", "created_at": "2026-01-02T03:04:05Z"}'
+)
+
+
 def _records() -> list[bytes]:
     nested = {"order_id": "o9", "user_id": "u1", "amount": 1, "price": 2.0, "created_at": "2026-01-02T03:04:05Z"}
     return [
@@ -84,6 +90,10 @@ def _records() -> list[bytes]:
         good(user_id="caf\u00e9"),  # json.dumps escapes it: the variant's path
         good(price=float("nan")),
         good(price="12,5"),
+        SPACED_COMMA,  # a decimal as a string with a comma, then one elsewhere
+        good(price="1,234.50"),
+        good(price="12.5"),
+        good(user_id="a,b", price=3.25),
         good(created_at=1767323045678),
         json.dumps({**nested, "extra": {"deep": [{"k": 1}, {"k": 2}]}}).encode(),
         json.dumps({**nested, "extra": {"k": 1}}).encode()[:-1] + b',"extra": 2}',  # a key twice
@@ -110,3 +120,9 @@ def test_records_parse_the_same_with_and_without_the_check(
     assert repr(with_check) == repr(without)  # repr: a NaN value equals itself
     statuses = [r["_status"] for r in with_check]
     assert statuses.count("ok") >= 8 and statuses.count("rejected") >= 20, statuses
+    by_value = {r["_value"]: r for r in with_check}
+    if price.startswith("decimal"):  # from_json would read "1,5" as 15: the comma rule quarantines it
+        for value in (SPACED_COMMA, good(price="1,234.50"), good(price="12,5")):
+            assert "a comma is neither a decimal point" in by_value[value]["_reason"], by_value[value]
+        assert by_value[good(price="12.5")]["_status"] == "ok"  # a decimal's text without a comma
+    assert by_value[good(user_id="a,b", price=3.25)]["_status"] == "ok"

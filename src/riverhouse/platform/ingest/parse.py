@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import operator
+import re
 from collections.abc import Callable
 from functools import reduce
 from typing import Any
@@ -252,6 +253,15 @@ def _rendered_double(raw: Column) -> Column:
     return (raw >= F.lit("-")) & (raw < F.lit(":")) & raw.contains(".") & raw.rlike(DOUBLE_TEXT_RE)
 
 
+def _text_with_comma(text: Column, f: FieldSpec) -> Column:
+    """Might the record give the field's value as a JSON string that holds a comma? Its key, then a
+    string with a comma before its closing quote, anywhere in the record (a superset: a key of the
+    same name elsewhere matches too). A string with an escaped quote has a backslash, and the
+    one-pass check leaves such records to the variant anyway."""
+    key = re.escape(f.segments[-1])  # fields.PATH_SEGMENT_RE: no quote or backslash in a key
+    return text.rlike(rf'"{key}"[ \t\n\r]*:[ \t\n\r]*"[^"]*,')
+
+
 def _exact_number_text(raw: Column, rendered: Column, strict: Column, f: FieldSpec) -> Column:
     """A string field's value, with a JSON number whose double rendering changed its value or wrote
     it with an exponent given exactly: the record's strict parse holds it as a decimal (up to 38
@@ -398,13 +408,15 @@ def _decode_json(batch: DataFrame, src: SourceSpec, oversized: Column) -> Decode
         for f in src.fields
         if f.ftype.leaf.name == "string" and not f.allow_json_text
     }
-    decimals = [raw[f.name].isNotNull() for f in src.fields if f.ftype.name == "decimal"]
+    commas = [
+        raw[f.name].isNotNull() & _text_with_comma(F.col("_text"), f) for f in src.fields if f.ftype.name == "decimal"
+    ]
     # One Jackson pass per record says which records are strict JSON for sure (jvm/src/riverhouse/
     # json/StrictJson.java); the variant (`_strict_json`, ~3 us a record) is made for the others
     # and where a rule reads a value from it. Each is a column, once per record.
     df = df.withColumn("_surely_strict", parsed.isNotNull() & _surely_strict(F.col("_text")))
     surely = F.col("_surely_strict")
-    variant_needed = reduce(operator.or_, [~surely, *rendered.values(), *looks_like_json.values(), *decimals])
+    variant_needed = reduce(operator.or_, [~surely, *rendered.values(), *looks_like_json.values(), *commas])
     df = df.withColumn("_strict", F.when(parsed.isNotNull() & variant_needed, _strict_json(F.col("_text"))))
     strict = F.col("_strict")
     refused = ~surely & strict.isNull()
