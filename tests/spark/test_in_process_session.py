@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from riverhouse.platform.runtime import local_fs
-from riverhouse.platform.runtime.jars import spark_jar_files
+from riverhouse.platform.runtime.jvm_build import in_spark_jars
 
 SCRIPT = """
 import json, sys
@@ -167,7 +167,7 @@ def test_in_process_the_batch_id_compiles_nothing_and_runs_no_job(in_process: di
 
 
 @pytest.mark.skipif(
-    not any(j.name == local_fs.JAR_NAME for j in spark_jar_files()),
+    not in_spark_jars(local_fs.JAR_NAME),
     reason="riverhouse-hadoop.jar was not built (`make jars` needs a JDK's javac)",
 )
 def test_sessions_use_the_local_file_system_whose_rename_is_atomic(in_process: dict[str, Any]) -> None:

@@ -13,8 +13,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from riverhouse.platform.ingest import parse
-from riverhouse.platform.runtime.jars import spark_jar_files
-from riverhouse.platform.runtime.jvm_build import JSON_JAR
+from riverhouse.platform.runtime.jvm_build import JSON_JAR, in_spark_jars
 from riverhouse.platform.spec import parse_spec
 from tests.conftest import orders_spec_data
 from tests.spark.test_parse import good, kafka_rows
@@ -22,7 +21,7 @@ from tests.spark.test_parse import good, kafka_rows
 pytestmark = [
     pytest.mark.spark,
     pytest.mark.skipif(
-        not any(j.name == JSON_JAR for j in spark_jar_files()),
+        not in_spark_jars(JSON_JAR),
         reason=f"{JSON_JAR} was not built (`make jars` needs a JDK's javac)",
     ),
 ]
@@ -115,7 +114,7 @@ def test_records_parse_the_same_with_and_without_the_check(
     data["sources"]["orders"]["fields"]["price"] = price
     src = parse_spec(data).sources["orders"]
     with_check = _parsed(spark, src)
-    monkeypatch.setattr(parse, "spark_jar_files", lambda: [])  # no jar: the variant for every record
+    monkeypatch.setattr(parse, "in_spark_jars", lambda jar: False)  # no jar: the variant for every record
     without = _parsed(spark, src)
     assert repr(with_check) == repr(without)  # repr: a NaN value equals itself
     statuses = [r["_status"] for r in with_check]

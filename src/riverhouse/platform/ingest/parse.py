@@ -20,8 +20,7 @@ from pyspark.sql.types import StringType, StructField, StructType
 
 from riverhouse.platform.fields import RESERVED_JSON_KEY, FieldSpec
 from riverhouse.platform.ingest.record_rules import Check, Decoded, any_leaf, at_path, non_finite_checks
-from riverhouse.platform.runtime.jars import spark_jar_files
-from riverhouse.platform.runtime.jvm_build import JSON_JAR
+from riverhouse.platform.runtime.jvm_build import JSON_JAR, in_spark_jars
 from riverhouse.platform.spec import SourceSpec
 from riverhouse.platform.types import spark_read_type, variant_shape
 
@@ -181,7 +180,7 @@ def _surely_strict(text: Column) -> Column:
     doubts, among them any with an escape (`\\u`...), so what it accepts the variant accepts
     (tests/spark/test_strict_check.py). Without the class's jar (no javac at install: jvm_build),
     it is sure of none, and every record gets the variant: the same verdicts, ~3 us a record more."""
-    if not any(jar.name == JSON_JAR for jar in spark_jar_files()):
+    if not in_spark_jars(JSON_JAR):
         return F.lit(False)
     return F.reflect(*[F.lit(name) for name in STRICT_CHECK], text) == F.lit("y")
 

@@ -22,6 +22,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from riverhouse.platform.runtime.jars import spark_jar_files
 from riverhouse.platform.runtime.local_fs import JAR_NAME as HADOOP_JAR
 
 JSON_JAR = "riverhouse-json.jar"
@@ -31,6 +32,11 @@ JARS = {
     HADOOP_JAR: ("hadoop", "hadoop-client-api-*.jar"),
     JSON_JAR: ("json", "jackson-core-*.jar"),
 }
+
+
+def in_spark_jars(jar: str) -> bool:
+    """Was this jar of Riverhouse's own built into the Spark jars that sessions get?"""
+    return any(j.name == jar for j in spark_jar_files())
 
 
 def _javac() -> str | None:
