@@ -80,7 +80,7 @@ class FakePipeline:
     def check_clickhouse(self) -> CheckOutcome:
         return self._check("clickhouse")
 
-    def lag(self, sources: list[str] | None = None) -> PipelineLag:
+    def lag(self, sources: list[str] | None = None, closed_is_final: bool = False) -> PipelineLag:
         src = self.spec.sink_source
         return PipelineLag(
             self.spec.name, [SourceLag(self.spec.sink_source_name, src.topic, {"0": 5}, {}, self.waiting)]

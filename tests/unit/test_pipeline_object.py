@@ -86,7 +86,7 @@ class Stub(Pipeline):
     def __init__(self, spec: Any, settings: Settings):
         super().__init__(spec, settings, log=lambda m: None, spark_factory=NoSpark())
 
-    def lag(self, sources: list[str] | None = None) -> PipelineLag:
+    def lag(self, sources: list[str] | None = None, closed_is_final: bool = False) -> PipelineLag:
         return PipelineLag(self.name)
 
     def ingest(

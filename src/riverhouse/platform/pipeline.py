@@ -181,9 +181,10 @@ class Pipeline:
         out.topics = self.produce()
         return out
 
-    def lag(self, sources: list[str] | None = None) -> PipelineLag:
-        """Records waiting in Kafka behind the committed offsets (raises if Kafka is unreachable)."""
-        return pipeline_lag(self.spec, self.settings, sources)
+    def lag(self, sources: list[str] | None = None, closed_is_final: bool = False) -> PipelineLag:
+        """Records waiting in Kafka behind the committed offsets (raises if Kafka is unreachable;
+        `closed_is_final`: at once if its port refuses connections, see `kafka.lag.pipeline_lag`)."""
+        return pipeline_lag(self.spec, self.settings, sources, closed_is_final)
 
     def reset_plan(self) -> ResetPlan:
         return plan_reset(self.spec, self.settings)

@@ -166,12 +166,15 @@ def topic_metadata(
     topic: str | None,
     doing: str,
     timeout_s: float = METADATA_TIMEOUT_S,
+    closed_is_final: bool = False,
 ) -> Any:
     """The cluster's metadata (of `topic` only, if given), or KafkaSourceError: "cannot reach Kafka at X {doing}: why".
 
     `reasons` is what the consumer's error_cb collected: librdkafka reports why a broker cannot be
     used (refused, authentication, TLS) only there; the metadata call itself just times out with
-    "transport failure".
+    "transport failure". `closed_is_final`: a port that refuses connections for REFUSED_FOR_S is
+    an answer too (for a caller that asks again soon, as a sensor's next tick does); otherwise
+    it is waited for until the timeout, as a restarting broker's is.
     """
     from confluent_kafka import KafkaException
 
@@ -182,7 +185,7 @@ def topic_metadata(
             return consumer.list_topics(topic, timeout=max(0.05, min(REFUSED_CHECK_S, deadline - time.monotonic())))
         except KafkaException as exc:
             consumer.poll(0.2)  # serves error_cb: the reason, if librdkafka knows one
-            refused = _refused_for_good(reasons)
+            refused = _refused_for_good(reasons, closed_is_final)
             if refused is not None and first_refusal is None:
                 first_refusal = time.monotonic()
             settled = first_refusal is not None and time.monotonic() - first_refusal >= REFUSED_FOR_S
@@ -212,9 +215,15 @@ _REFUSALS = (
 )
 
 
-def _refused_for_good(reasons: list[str]) -> str | None:
-    """The first error saying the broker refused this client's credentials or TLS, if any."""
-    return next((reason for reason in reasons if any(word in reason for word in _REFUSALS)), None)
+# A port nothing listens on (librdkafka: "Connect to ipv4#127.0.0.1:9 failed: Connection refused").
+_CLOSED = "Connection refused"
+
+
+def _refused_for_good(reasons: list[str], closed_is_final: bool = False) -> str | None:
+    """The first error saying the broker refused this client's credentials or TLS (or, if
+    `closed_is_final`, its connection), if any."""
+    words = (*_REFUSALS, _CLOSED) if closed_is_final else _REFUSALS
+    return next((reason for reason in reasons if any(word in reason for word in words)), None)
 
 
 def collecting_consumer(config: dict[str, Any], group_prefix: str, reasons: list[str], **extra: Any) -> Any:
@@ -232,8 +241,12 @@ def collecting_consumer(config: dict[str, Any], group_prefix: str, reasons: list
     )
 
 
-def watermarks(config: dict[str, Any], topics: list[str]) -> dict[str, dict[int, tuple[int, int]]]:
-    """(low, high) offsets of every partition of the topics; a missing topic has none."""
+def watermarks(
+    config: dict[str, Any], topics: list[str], closed_is_final: bool = False
+) -> dict[str, dict[int, tuple[int, int]]]:
+    """(low, high) offsets of every partition of the topics; a missing topic has none.
+
+    `closed_is_final`: see `topic_metadata`."""
     from confluent_kafka import KafkaException, TopicPartition
 
     reasons: list[str] = []
@@ -241,7 +254,8 @@ def watermarks(config: dict[str, Any], topics: list[str]) -> dict[str, dict[int,
     try:
         out: dict[str, dict[int, tuple[int, int]]] = {}
         for topic in topics:
-            metadata = topic_metadata(consumer, reasons, config, topic, f"to list topic {topic!r}")
+            doing = f"to list topic {topic!r}"
+            metadata = topic_metadata(consumer, reasons, config, topic, doing, closed_is_final=closed_is_final)
             info = metadata.topics.get(topic)
             if info is None or info.error is not None or not info.partitions:
                 out[topic] = {}

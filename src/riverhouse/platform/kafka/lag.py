@@ -55,13 +55,19 @@ class PipelineLag:
         }
 
 
-def pipeline_lag(spec: PipelineSpec, settings: Settings, sources: list[str] | None = None) -> PipelineLag:
-    """End offsets vs committed offsets for every source, or the given ones (raises if Kafka is unreachable)."""
+def pipeline_lag(
+    spec: PipelineSpec, settings: Settings, sources: list[str] | None = None, closed_is_final: bool = False
+) -> PipelineLag:
+    """End offsets vs committed offsets for every source, or the given ones (raises if Kafka is unreachable).
+
+    `closed_is_final`: a broker whose port refuses connections is unreachable after ~2 s, not
+    after the whole metadata timeout (`kafka.client.topic_metadata`)."""
     bootstrap = resolve_bootstrap(spec, settings)
     out = PipelineLag(spec.name)
     for name in sources or list(spec.sources):
         src = spec.sources[name]
-        marks = watermarks(librdkafka_config(spec.kafka, bootstrap), [src.topic]).get(src.topic, {})
+        config = librdkafka_config(spec.kafka, bootstrap)
+        marks = watermarks(config, [src.topic], closed_is_final).get(src.topic, {})
         checkpoint = checkpoint_dir(settings, spec.name, name)
         published = read_published(checkpoint) if spec.orchestration.resident_query else None
         reached = published.get("offsets") if published else committed_offsets(checkpoint / "spark")
