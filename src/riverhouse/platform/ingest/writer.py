@@ -202,6 +202,12 @@ class BatchWriter:
             # Rejected records are few: one task and one file per day, not one per Kafka partition.
             rejected = rows.where(F.col("_status") == "rejected").select(*self.quarantine_columns).coalesce(1)
             quarantine = self._quarantine(rejected, batch_id, stage)
+            if self.src.format == "avro":
+                # Not beside silver's work: Spark 4.2's `from_avro` evaluates its options map when a
+                # plan holding it is canonicalized, with a map builder its copies share, and two
+                # requests canonicalizing copies of the batch's plan at once corrupted it
+                # ("requirement failed" in ArrayBasedMapData; bench/analysis.md).
+                quarantine.result()
         try:
             if metrics.valid:
                 mark = time.monotonic()
