@@ -62,11 +62,10 @@ def pipeline_lag(
 
     `closed_is_final`: a broker whose port refuses connections is unreachable after ~2 s, not
     after the whole metadata timeout (`kafka.client.topic_metadata`)."""
-    bootstrap = resolve_bootstrap(spec, settings)
+    config = librdkafka_config(spec.kafka, resolve_bootstrap(spec, settings))  # one for every source
     out = PipelineLag(spec.name)
     for name in sources or list(spec.sources):
         src = spec.sources[name]
-        config = librdkafka_config(spec.kafka, bootstrap)
         marks = watermarks(config, [src.topic], closed_is_final).get(src.topic, {})
         checkpoint = checkpoint_dir(settings, spec.name, name)
         published = read_published(checkpoint) if spec.orchestration.resident_query else None
