@@ -15,6 +15,8 @@ import pytest
 
 from riverhouse.platform.errors import EngineUnavailable
 from riverhouse.platform.runtime import engine, processes
+from riverhouse.platform.runtime.jars import JSON_EXTENSION, JSON_JAR
+from riverhouse.platform.runtime.jvm_build import in_spark_jars
 from riverhouse.platform.runtime.spark import (
     REDACTION_CONF,
     SparkConfError,
@@ -158,7 +160,10 @@ def test_small_machine_defaults_apply_in_local_mode_only() -> None:
         assert key not in cluster  # the cluster's spark-defaults.conf decides
     for conf in (local, cluster):
         assert conf["spark.sql.session.timeZone"] == "UTC"
-        assert conf["spark.sql.extensions"] == "io.delta.sql.DeltaSparkSessionExtension"
+        extensions = conf["spark.sql.extensions"].split(",")
+        assert extensions[0] == "io.delta.sql.DeltaSparkSessionExtension"
+        # Riverhouse's own (riverhouse_from_json) wherever `make jars` built its jar.
+        assert extensions[1:] == ([JSON_EXTENSION] if in_spark_jars(JSON_JAR) else [])
 
 
 def test_user_settings_override_defaults_but_never_the_fixed_ones(monkeypatch: pytest.MonkeyPatch) -> None:

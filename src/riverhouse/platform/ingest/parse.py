@@ -8,6 +8,7 @@ run on the executors at JVM speed. This is the one implementation of every rule.
 from __future__ import annotations
 
 import datetime
+import json
 import operator
 import re
 from collections.abc import Callable
@@ -20,7 +21,8 @@ from pyspark.sql.types import StringType, StructField, StructType
 
 from riverhouse.platform.fields import RESERVED_JSON_KEY, FieldSpec
 from riverhouse.platform.ingest.record_rules import Check, Decoded, any_leaf, at_path, non_finite_checks
-from riverhouse.platform.runtime.jvm_build import JSON_JAR, in_spark_jars
+from riverhouse.platform.runtime.jars import JSON_EXTENSION, JSON_JAR
+from riverhouse.platform.runtime.jvm_build import in_spark_jars
 from riverhouse.platform.spec import SourceSpec
 from riverhouse.platform.types import spark_read_type, variant_shape
 
@@ -172,6 +174,8 @@ def _strict_json(text: Column) -> Column:
 
 # Riverhouse's one-pass strict check (jvm/src/riverhouse/json/StrictJson.java, in jvm/lib/spark).
 STRICT_CHECK = ("riverhouse.json.StrictJson", "doubt")
+# from_json over the record's bytes (jvm/src/riverhouse/json/Extensions.java registers it).
+FROM_JSON_BYTES = "riverhouse_from_json"
 
 
 def _surely_strict(text: Column) -> Column:
@@ -183,6 +187,18 @@ def _surely_strict(text: Column) -> Column:
     if not in_spark_jars(JSON_JAR):
         return F.lit(False)
     return F.reflect(*[F.lit(name) for name in STRICT_CHECK], text) == F.lit("y")
+
+
+def _from_json(spark: Any, text: Column, schema: StructType, options: dict[str, str]) -> Column:
+    """Spark's `from_json`, as `riverhouse_from_json` where the session has Riverhouse's extension
+    (runtime/jars.JSON_EXTENSION): the same parse (Spark's parser, options and schema) over the
+    record's UTF-8 bytes rather than through a reader that allocates 8 KB per record
+    (jvm/src/riverhouse/json/FromJsonBytes.java; bench/analysis.md). `text` must be valid UTF-8.
+    The rows are the same (tests/spark/test_from_json_bytes.py)."""
+    extensions = spark.conf.get("spark.sql.extensions", "") or ""
+    if JSON_EXTENSION not in extensions.split(","):
+        return F.from_json(text, schema, options)
+    return F.call_function(FROM_JSON_BYTES, text, F.lit(schema.json()), F.lit(json.dumps(options, sort_keys=True)))
 
 
 # A `}` with something other than JSON whitespace after it: what any text after a JSON object has
@@ -390,7 +406,8 @@ def _decode_json(batch: DataFrame, src: SourceSpec, oversized: Column) -> Decode
         F.col("_utf8"),
         # Strict about quoting: single-quoted JSON is not JSON (Spark's default reads it, and its
         # object values then reached string fields unchecked: the strict parse below refuses it).
-        F.from_json(
+        _from_json(
+            batch.sparkSession,
             F.col("_text"),
             json_schema,
             {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT, "allowSingleQuotes": "false"},

@@ -26,6 +26,10 @@ DELTA_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
 }
+# Riverhouse's own JSON classes (jvm/src/riverhouse/json, built by runtime/jvm_build.py) and the
+# session extension among them that registers `riverhouse_from_json` (ingest/parse.py).
+JSON_JAR = "riverhouse-json.jar"
+JSON_EXTENSION = "riverhouse.json.Extensions"
 
 
 class JarsMissingError(RuntimeError):
@@ -103,7 +107,10 @@ def spark_conf() -> dict[str, str]:
     """
     jars = _jars("spark")
     if jars:
-        return {"spark.jars": ",".join(str(j) for j in jars), **DELTA_CONF}
+        conf = {"spark.jars": ",".join(str(j) for j in jars), **DELTA_CONF}
+        if any(j.name == JSON_JAR for j in jars):
+            conf["spark.sql.extensions"] = f"{DELTA_CONF['spark.sql.extensions']},{JSON_EXTENSION}"
+        return conf
     if POM.exists():
         packages = {"spark.jars.packages": ",".join(pom_coordinates("spark"))}
         if excludes := pom_exclusions("spark"):  # Ivy would fetch what the POM excludes

@@ -1,14 +1,15 @@
 """Riverhouse's own JVM classes (jvm/src/riverhouse/*), compiled at install into jvm/lib/spark.
 
-Two jars, each from one package and against the jar of pyspark/jars its classes need:
+Two jars, each from one package and against the jars of pyspark/jars its classes need:
 
 - `riverhouse-hadoop.jar` (jvm/src/riverhouse/hadoop, against Hadoop's client API): Hadoop's
   local file system without a child process per rename (runtime/local_fs.py);
-- `riverhouse-json.jar` (jvm/src/riverhouse/json, against Jackson): one strict pass per record,
-  which spares most records the variant parse (ingest/parse.py, `_surely_strict`).
+- `riverhouse-json.jar` (jvm/src/riverhouse/json, against Jackson and Spark's SQL jars): one strict
+  pass per record, which spares most records the variant parse (ingest/parse.py, `_surely_strict`),
+  and `riverhouse_from_json`, Spark's `from_json` over the record's bytes (a session extension).
 
 Best effort, as both only make things faster: without a JDK's javac neither is made, sessions
-keep Hadoop's classes and every record gets the variant parse (the same results).
+keep Hadoop's classes, every record gets the variant parse and `from_json` (the same results).
 `make jars` runs `python -m riverhouse.platform.runtime.jvm_build build jvm/lib/spark`.
 """
 
@@ -22,15 +23,27 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from riverhouse.platform.runtime.jars import spark_jar_files
+from riverhouse.platform.runtime.jars import JSON_JAR, spark_jar_files
 from riverhouse.platform.runtime.local_fs import JAR_NAME as HADOOP_JAR
 
-JSON_JAR = "riverhouse-json.jar"
 SOURCES = Path(__file__).resolve().parents[4] / "jvm" / "src" / "riverhouse"
-# jar -> (its package under jvm/src/riverhouse, the pyspark/jars file its classes compile against)
+# The pyspark/jars files riverhouse-json.jar's classes compile against (docker/Dockerfile fetches
+# the same artifacts at pyspark's versions: tests/unit/test_docker_wiring.py).
+JSON_API = (
+    "jackson-core-*.jar",
+    "jackson-databind-*.jar",
+    "spark-sql_*.jar",
+    "spark-catalyst_*.jar",
+    "spark-sql-api_*.jar",
+    "spark-unsafe_*.jar",
+    "spark-common-utils_*.jar",
+    "scala-library-*.jar",
+    "kryo-shaded-*.jar",
+)
+# jar -> (its package under jvm/src/riverhouse, the pyspark/jars files its classes compile against)
 JARS = {
-    HADOOP_JAR: ("hadoop", "hadoop-client-api-*.jar"),
-    JSON_JAR: ("json", "jackson-core-*.jar"),
+    HADOOP_JAR: ("hadoop", ("hadoop-client-api-*.jar",)),
+    JSON_JAR: ("json", JSON_API),
 }
 
 
@@ -55,14 +68,20 @@ def build(out_dir: Path) -> list[Path]:
         print("    no javac (a JDK's compiler) found: Riverhouse's own classes are not built", file=sys.stderr)
         return []
     made = []
-    for jar, (package, api_glob) in JARS.items():
-        api = sorted((Path(pyspark.__file__).parent / "jars").glob(api_glob))
+    shipped = Path(pyspark.__file__).parent / "jars"
+    for jar, (package, api_globs) in JARS.items():
+        found = {pattern: sorted(shipped.glob(pattern)) for pattern in api_globs}
+        api = [str(paths[-1]) for paths in found.values() if paths]
         sources = sorted(str(p) for p in (SOURCES / package).rglob("*.java"))
-        if not api or not sources:
-            print(f"    {jar}: nothing to compile (sources: {len(sources)}, {api_glob}: {len(api)})", file=sys.stderr)
+        if len(api) < len(api_globs) or not sources:
+            absent = ", ".join(pattern for pattern, paths in found.items() if not paths) or "none"
+            print(
+                f"    {jar}: nothing to compile (sources: {len(sources)}; absent from pyspark/jars: {absent})",
+                file=sys.stderr,
+            )
             continue
         with tempfile.TemporaryDirectory(prefix="riverhouse-javac-") as classes:
-            cmd = [javac, "--release", "17", "-nowarn", "-cp", str(api[-1]), "-d", classes, *sources]
+            cmd = [javac, "--release", "17", "-nowarn", "-cp", os.pathsep.join(api), "-d", classes, *sources]
             done = subprocess.run(cmd, capture_output=True, text=True)
             if done.returncode != 0:
                 print(f"    {jar}: javac failed\n{done.stderr[-2000:]}", file=sys.stderr)

@@ -1,0 +1,77 @@
+package riverhouse.json;
+
+import java.util.List;
+import java.util.Map;
+import org.apache.spark.sql.SparkSessionExtensions;
+import org.apache.spark.sql.catalyst.FunctionIdentifier;
+import org.apache.spark.sql.catalyst.expressions.Expression;
+import org.apache.spark.sql.catalyst.expressions.ExpressionInfo;
+import org.apache.spark.sql.catalyst.expressions.Literal;
+import org.apache.spark.sql.catalyst.expressions.objects.Invoke;
+import org.apache.spark.sql.internal.SQLConf;
+import org.apache.spark.sql.types.AbstractDataType;
+import org.apache.spark.sql.types.DataType;
+import org.apache.spark.sql.types.ObjectType;
+import org.apache.spark.sql.types.StructType;
+import scala.collection.immutable.Seq;
+import scala.runtime.BoxedUnit;
+
+/**
+ * Riverhouse's Spark session extension ({@code spark.sql.extensions}, next to Delta's; set by
+ * runtime/jars.py when this jar was built): one SQL function,
+ * {@code riverhouse_from_json(text, schema_json, options_json)}, Spark's {@code from_json} reading
+ * the record's UTF-8 bytes ({@link FromJsonBytes}). The schema is a {@code StructType}'s JSON, the
+ * options a JSON object of strings, both literals; the time zone and the corrupt-record column's
+ * default name are the session's, as for {@code from_json}. The expression is an {@code Invoke} of
+ * the evaluator, as Spark plans {@code from_json} itself, so it runs in generated code.
+ */
+public final class Extensions implements scala.Function1<SparkSessionExtensions, BoxedUnit> {
+    public static final String FROM_JSON = "riverhouse_from_json";
+
+    @Override
+    public BoxedUnit apply(SparkSessionExtensions extensions) {
+        ExpressionInfo info = new ExpressionInfo(Extensions.class.getName(), null, FROM_JSON);
+        scala.Function1<Seq<Expression>, Expression> builder = Extensions::fromJson;
+        extensions.injectFunction(new scala.Tuple3<>(FunctionIdentifier.apply(FROM_JSON), info, builder));
+        return BoxedUnit.UNIT;
+    }
+
+    static Expression fromJson(Seq<Expression> arguments) {
+        if (arguments.length() != 3) {
+            throw new IllegalArgumentException(FROM_JSON + "(text, schema_json, options_json) takes 3 arguments, got "
+                + arguments.length());
+        }
+        StructType schema = (StructType) DataType.fromJson(literal(arguments.apply(1), "schema_json"));
+        StructType nullable = schema.asNullable();
+        SQLConf conf = SQLConf.get();
+        FromJsonBytes evaluator = new FromJsonBytes(
+            nullable, options(literal(arguments.apply(2), "options_json")), conf.sessionLocalTimeZone(),
+            conf.columnNameOfCorruptRecord());
+        Seq<Expression> text = scala.jdk.javaapi.CollectionConverters.asScala(List.of(arguments.apply(0))).toList();
+        @SuppressWarnings("unchecked")
+        Seq<AbstractDataType> noCheck = (Seq<AbstractDataType>) (Object) scala.collection.immutable.Nil$.MODULE$;
+        return new Invoke(
+            new Literal(evaluator, new ObjectType(FromJsonBytes.class)), "evaluate", nullable, text, noCheck,
+            true, true, true);
+    }
+
+    private static String literal(Expression argument, String name) {
+        if (!argument.foldable()) {
+            throw new IllegalArgumentException(FROM_JSON + ": " + name + " must be a string literal");
+        }
+        Object value = argument.eval(null);
+        if (value == null) {
+            throw new IllegalArgumentException(FROM_JSON + ": " + name + " must not be NULL");
+        }
+        return value.toString();
+    }
+
+    @SuppressWarnings("unchecked")
+    private static Map<String, String> options(String json) {
+        try {
+            return new com.fasterxml.jackson.databind.ObjectMapper().readValue(json, Map.class);
+        } catch (java.io.IOException e) {
+            throw new IllegalArgumentException(FROM_JSON + ": options_json is not a JSON object of strings", e);
+        }
+    }
+}
