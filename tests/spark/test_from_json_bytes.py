@@ -89,6 +89,7 @@ def _texts() -> list[str]:
 def test_riverhouse_sessions_have_the_extension_and_the_parse_uses_it(spark: Any) -> None:
     assert JSON_EXTENSION in spark.conf.get("spark.sql.extensions").split(",")
     column = parse._from_json(spark, F.col("t"), SCHEMAS["orders"], OPTIONS)
+    assert parse.has_json_functions(spark)
     assert parse.FROM_JSON_BYTES in str(column)
 
 

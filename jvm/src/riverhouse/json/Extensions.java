@@ -8,9 +8,11 @@ import org.apache.spark.sql.catalyst.expressions.Expression;
 import org.apache.spark.sql.catalyst.expressions.ExpressionInfo;
 import org.apache.spark.sql.catalyst.expressions.Literal;
 import org.apache.spark.sql.catalyst.expressions.objects.Invoke;
+import org.apache.spark.sql.catalyst.expressions.objects.StaticInvoke;
 import org.apache.spark.sql.internal.SQLConf;
 import org.apache.spark.sql.types.AbstractDataType;
 import org.apache.spark.sql.types.DataType;
+import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.ObjectType;
 import org.apache.spark.sql.types.StructType;
 import scala.collection.immutable.Seq;
@@ -18,22 +20,39 @@ import scala.runtime.BoxedUnit;
 
 /**
  * Riverhouse's Spark session extension ({@code spark.sql.extensions}, next to Delta's; set by
- * runtime/jars.py when this jar was built): one SQL function,
+ * runtime/jars.py when this jar was built): two SQL functions,
  * {@code riverhouse_from_json(text, schema_json, options_json)}, Spark's {@code from_json} reading
- * the record's UTF-8 bytes ({@link FromJsonBytes}). The schema is a {@code StructType}'s JSON, the
+ * the record's UTF-8 bytes ({@link FromJsonBytes}), and {@code riverhouse_json_sure(text)}, the
+ * one-pass strict check over them ({@link StrictJson}). The schema is a {@code StructType}'s JSON, the
  * options a JSON object of strings, both literals; the time zone and the corrupt-record column's
  * default name are the session's, as for {@code from_json}. The expression is an {@code Invoke} of
  * the evaluator, as Spark plans {@code from_json} itself, so it runs in generated code.
  */
 public final class Extensions implements scala.Function1<SparkSessionExtensions, BoxedUnit> {
     public static final String FROM_JSON = "riverhouse_from_json";
+    public static final String JSON_SURE = "riverhouse_json_sure";
 
     @Override
     public BoxedUnit apply(SparkSessionExtensions extensions) {
-        ExpressionInfo info = new ExpressionInfo(Extensions.class.getName(), null, FROM_JSON);
-        scala.Function1<Seq<Expression>, Expression> builder = Extensions::fromJson;
-        extensions.injectFunction(new scala.Tuple3<>(FunctionIdentifier.apply(FROM_JSON), info, builder));
+        inject(extensions, FROM_JSON, Extensions::fromJson);
+        inject(extensions, JSON_SURE, Extensions::jsonSure);
         return BoxedUnit.UNIT;
+    }
+
+    private static void inject(
+            SparkSessionExtensions extensions, String name, scala.Function1<Seq<Expression>, Expression> builder) {
+        ExpressionInfo info = new ExpressionInfo(Extensions.class.getName(), null, name);
+        extensions.injectFunction(new scala.Tuple3<>(FunctionIdentifier.apply(name), info, builder));
+    }
+
+    /** {@code riverhouse_json_sure(text)}: {@link StrictJson#sure}, NULL for NULL; deterministic, in generated code. */
+    static Expression jsonSure(Seq<Expression> arguments) {
+        if (arguments.length() != 1) {
+            throw new IllegalArgumentException(JSON_SURE + "(text) takes 1 argument, got " + arguments.length());
+        }
+        return new StaticInvoke(
+            StrictJson.class, DataTypes.BooleanType, "sure", seq(arguments.apply(0)), noTypeCheck(), true, false, true,
+            scala.Option.empty());
     }
 
     static Expression fromJson(Seq<Expression> arguments) {
@@ -47,12 +66,19 @@ public final class Extensions implements scala.Function1<SparkSessionExtensions,
         FromJsonBytes evaluator = new FromJsonBytes(
             nullable, options(literal(arguments.apply(2), "options_json")), conf.sessionLocalTimeZone(),
             conf.columnNameOfCorruptRecord());
-        Seq<Expression> text = scala.jdk.javaapi.CollectionConverters.asScala(List.of(arguments.apply(0))).toList();
-        @SuppressWarnings("unchecked")
-        Seq<AbstractDataType> noCheck = (Seq<AbstractDataType>) (Object) scala.collection.immutable.Nil$.MODULE$;
         return new Invoke(
-            new Literal(evaluator, new ObjectType(FromJsonBytes.class)), "evaluate", nullable, text, noCheck,
-            true, true, true);
+            new Literal(evaluator, new ObjectType(FromJsonBytes.class)), "evaluate", nullable, seq(arguments.apply(0)),
+            noTypeCheck(), true, true, true);
+    }
+
+    private static Seq<Expression> seq(Expression argument) {
+        return scala.jdk.javaapi.CollectionConverters.asScala(List.of(argument)).toList();
+    }
+
+    /** No input types: the argument is the record's text (a string), as the parse builds it. */
+    @SuppressWarnings("unchecked")
+    private static Seq<AbstractDataType> noTypeCheck() {
+        return (Seq<AbstractDataType>) (Object) scala.collection.immutable.Nil$.MODULE$;
     }
 
     private static String literal(Expression argument, String name) {

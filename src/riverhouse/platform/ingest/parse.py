@@ -21,8 +21,7 @@ from pyspark.sql.types import StringType, StructField, StructType
 
 from riverhouse.platform.fields import RESERVED_JSON_KEY, FieldSpec
 from riverhouse.platform.ingest.record_rules import Check, Decoded, any_leaf, at_path, non_finite_checks
-from riverhouse.platform.runtime.jars import JSON_EXTENSION, JSON_JAR
-from riverhouse.platform.runtime.jvm_build import in_spark_jars
+from riverhouse.platform.runtime.jars import JSON_EXTENSION
 from riverhouse.platform.spec import SourceSpec
 from riverhouse.platform.types import spark_read_type, variant_shape
 
@@ -172,31 +171,38 @@ def _strict_json(text: Column) -> Column:
     return F.when(text.rlike(TEXT_AFTER_A_BRACE_RE), sealed).otherwise(as_is_then_neutralized(F.try_parse_json))
 
 
-# Riverhouse's one-pass strict check (jvm/src/riverhouse/json/StrictJson.java, in jvm/lib/spark).
-STRICT_CHECK = ("riverhouse.json.StrictJson", "doubt")
-# from_json over the record's bytes (jvm/src/riverhouse/json/Extensions.java registers it).
+# Riverhouse's SQL functions (jvm/src/riverhouse/json, registered by its session extension): the
+# one-pass strict check (StrictJson.java) and from_json over the record's bytes (FromJsonBytes.java).
+JSON_SURE = "riverhouse_json_sure"
 FROM_JSON_BYTES = "riverhouse_from_json"
 
 
-def _surely_strict(text: Column) -> Column:
-    """Is the record strict JSON for sure? One Jackson pass that refuses a key given twice at any
-    depth and text after the value; it leaves to the variant (`_strict_json`) every record it
-    doubts, among them any with an escape (`\\u`...), so what it accepts the variant accepts
-    (tests/spark/test_strict_check.py). Without the class's jar (no javac at install: jvm_build),
-    it is sure of none, and every record gets the variant: the same verdicts, ~3 us a record more."""
-    if not in_spark_jars(JSON_JAR):
+def has_json_functions(spark: Any) -> bool:
+    """Does the session have Riverhouse's extension (runtime/jars.JSON_EXTENSION, beside Delta's in
+    `spark.sql.extensions` when `make jars` built its jar)? Without it (no javac at install, an
+    engine started without it) the parse uses Spark's own functions: the same results, slower."""
+    extensions = spark.conf.get("spark.sql.extensions", "") or ""
+    return JSON_EXTENSION in extensions.split(",")
+
+
+def _surely_strict(spark: Any, text: Column) -> Column:
+    """Is the record strict JSON for sure? One Jackson pass over its bytes that refuses a key given
+    twice at any depth and text after the value; it leaves to the variant (`_strict_json`) every
+    record it doubts, among them any with an escape (`\\u`...), so what it accepts the variant
+    accepts (tests/spark/test_strict_check.py). Without Riverhouse's functions it is sure of none,
+    and every record gets the variant: the same verdicts, ~3 us a record more. `text`: valid UTF-8."""
+    if not has_json_functions(spark):
         return F.lit(False)
-    return F.reflect(*[F.lit(name) for name in STRICT_CHECK], text) == F.lit("y")
+    return F.call_function(JSON_SURE, text)
 
 
 def _from_json(spark: Any, text: Column, schema: StructType, options: dict[str, str]) -> Column:
-    """Spark's `from_json`, as `riverhouse_from_json` where the session has Riverhouse's extension
-    (runtime/jars.JSON_EXTENSION): the same parse (Spark's parser, options and schema) over the
-    record's UTF-8 bytes rather than through a reader that allocates 8 KB per record
-    (jvm/src/riverhouse/json/FromJsonBytes.java; bench/analysis.md). `text` must be valid UTF-8.
-    The rows are the same (tests/spark/test_from_json_bytes.py)."""
-    extensions = spark.conf.get("spark.sql.extensions", "") or ""
-    if JSON_EXTENSION not in extensions.split(","):
+    """Spark's `from_json`, as `riverhouse_from_json` where the session has Riverhouse's functions:
+    the same parse (Spark's parser, options and schema) over the record's UTF-8 bytes rather than
+    through a reader that allocates 8 KB per record (jvm/src/riverhouse/json/FromJsonBytes.java;
+    bench/analysis.md). `text` must be valid UTF-8. The rows are the same
+    (tests/spark/test_from_json_bytes.py)."""
+    if not has_json_functions(spark):
         return F.from_json(text, schema, options)
     return F.call_function(FROM_JSON_BYTES, text, F.lit(schema.json()), F.lit(json.dumps(options, sort_keys=True)))
 
@@ -430,7 +436,7 @@ def _decode_json(batch: DataFrame, src: SourceSpec, oversized: Column) -> Decode
     # One Jackson pass per record says which records are strict JSON for sure (jvm/src/riverhouse/
     # json/StrictJson.java); the variant (`_strict_json`, ~3 us a record) is made for the others
     # and where a rule reads a value from it. Each is a column, once per record.
-    df = df.withColumn("_surely_strict", parsed.isNotNull() & _surely_strict(F.col("_text")))
+    df = df.withColumn("_surely_strict", parsed.isNotNull() & _surely_strict(batch.sparkSession, F.col("_text")))
     surely = F.col("_surely_strict")
     variant_needed = reduce(operator.or_, [~surely, *rendered.values(), *looks_like_json.values(), *commas])
     df = df.withColumn("_strict", F.when(parsed.isNotNull() & variant_needed, _strict_json(F.col("_text"))))
