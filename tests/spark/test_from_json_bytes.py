@@ -88,8 +88,10 @@ def _texts() -> list[str]:
 
 def test_riverhouse_sessions_have_the_extension_and_the_parse_uses_it(spark: Any) -> None:
     assert JSON_EXTENSION in spark.conf.get("spark.sql.extensions").split(",")
-    column = parse._from_json(spark, F.col("t"), SCHEMAS["orders"], OPTIONS)
+    registered = {r[0] for r in spark.sql("SHOW FUNCTIONS LIKE 'riverhouse*'").collect()}
+    assert {parse.FROM_JSON_BYTES, parse.JSON_SURE} <= registered, registered
     assert parse.has_json_functions(spark)
+    column = parse._from_json(F.col("t"), SCHEMAS["orders"], OPTIONS, parse.has_json_functions(spark))
     assert parse.FROM_JSON_BYTES in str(column)
 
 

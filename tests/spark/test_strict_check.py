@@ -61,7 +61,7 @@ def test_what_the_check_is_sure_of_spark_strict_parse_accepts(spark: Any) -> Non
     frame = spark.createDataFrame([(t,) for t in TEXTS], "t string")
     rows = frame.select(
         "t",
-        parse._surely_strict(spark, F.col("t")).alias("sure"),
+        parse._surely_strict(F.col("t"), parse.has_json_functions(spark)).alias("sure"),
         parse._strict_json(F.col("t")).isNotNull().alias("variant_accepts"),
     ).collect()
     answers = {r["t"]: (r["sure"], r["variant_accepts"]) for r in rows}
@@ -106,7 +106,7 @@ def test_mutated_records_the_check_is_sure_of_are_ones_spark_strict_parse_accept
     texts = [_mutated(rng, rng.choice(bases)) for _ in range(4000)]
     frame = spark.createDataFrame([(t,) for t in texts], "t string")
     answers = frame.select(
-        parse._surely_strict(spark, F.col("t")).alias("sure"),
+        parse._surely_strict(F.col("t"), parse.has_json_functions(spark)).alias("sure"),
         parse._strict_json(F.col("t")).isNotNull().alias("accepts"),
     )
     counts = {(r["sure"], r["accepts"]): r["count"] for r in answers.groupBy("sure", "accepts").count().collect()}

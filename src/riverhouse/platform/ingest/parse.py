@@ -185,24 +185,25 @@ def has_json_functions(spark: Any) -> bool:
     return JSON_EXTENSION in extensions.split(",")
 
 
-def _surely_strict(spark: Any, text: Column) -> Column:
+def _surely_strict(text: Column, functions: bool) -> Column:
     """Is the record strict JSON for sure? One Jackson pass over its bytes that refuses a key given
     twice at any depth and text after the value; it leaves to the variant (`_strict_json`) every
     record it doubts, among them any with an escape (`\\u`...), so what it accepts the variant
-    accepts (tests/spark/test_strict_check.py). Without Riverhouse's functions it is sure of none,
-    and every record gets the variant: the same verdicts, ~3 us a record more. `text`: valid UTF-8."""
-    if not has_json_functions(spark):
+    accepts (tests/spark/test_strict_check.py). Without Riverhouse's functions (`functions`: what
+    `has_json_functions` said) it is sure of none, and every record gets the variant: the same
+    verdicts, ~3 us a record more. `text`: valid UTF-8."""
+    if not functions:
         return F.lit(False)
     return F.call_function(JSON_SURE, text)
 
 
-def _from_json(spark: Any, text: Column, schema: StructType, options: dict[str, str]) -> Column:
+def _from_json(text: Column, schema: StructType, options: dict[str, str], functions: bool) -> Column:
     """Spark's `from_json`, as `riverhouse_from_json` where the session has Riverhouse's functions:
     the same parse (Spark's parser, options and schema) over the record's UTF-8 bytes rather than
     through a reader that allocates 8 KB per record (jvm/src/riverhouse/json/FromJsonBytes.java;
     bench/analysis.md). `text` must be valid UTF-8. The rows are the same
     (tests/spark/test_from_json_bytes.py)."""
-    if not has_json_functions(spark):
+    if not functions:
         return F.from_json(text, schema, options)
     return F.call_function(FROM_JSON_BYTES, text, F.lit(schema.json()), F.lit(json.dumps(options, sort_keys=True)))
 
@@ -408,15 +409,16 @@ def _decode_json(batch: DataFrame, src: SourceSpec, oversized: Column) -> Decode
     text = F.when(~oversized, F.col("value").cast("string"))
     # UTF-8 validity once per record (a column): the parse and the check each scanned the text.
     df = batch.withColumn("_text", text).withColumn("_utf8", F.is_valid_utf8(F.col("_text")))
+    functions = has_json_functions(batch.sparkSession)  # Riverhouse's, or Spark's own (the same rows)
     jvm_parse = F.when(
         F.col("_utf8"),
         # Strict about quoting: single-quoted JSON is not JSON (Spark's default reads it, and its
         # object values then reached string fields unchecked: the strict parse below refuses it).
         _from_json(
-            batch.sparkSession,
             F.col("_text"),
             json_schema,
             {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT, "allowSingleQuotes": "false"},
+            functions,
         ),
     )
     df = df.withColumn("_p", jvm_parse)
@@ -436,7 +438,7 @@ def _decode_json(batch: DataFrame, src: SourceSpec, oversized: Column) -> Decode
     # One Jackson pass per record says which records are strict JSON for sure (jvm/src/riverhouse/
     # json/StrictJson.java); the variant (`_strict_json`, ~3 us a record) is made for the others
     # and where a rule reads a value from it. Each is a column, once per record.
-    df = df.withColumn("_surely_strict", parsed.isNotNull() & _surely_strict(batch.sparkSession, F.col("_text")))
+    df = df.withColumn("_surely_strict", parsed.isNotNull() & _surely_strict(F.col("_text"), functions))
     surely = F.col("_surely_strict")
     variant_needed = reduce(operator.or_, [~surely, *rendered.values(), *looks_like_json.values(), *commas])
     df = df.withColumn("_strict", F.when(parsed.isNotNull() & variant_needed, _strict_json(F.col("_text"))))

@@ -27,7 +27,8 @@ DELTA_CONF = {
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
 }
 # Riverhouse's own JSON classes (jvm/src/riverhouse/json, built by runtime/jvm_build.py) and the
-# session extension among them that registers `riverhouse_from_json` (ingest/parse.py).
+# session extension among them that registers their SQL functions (ingest/parse.py,
+# `has_json_functions`): `riverhouse_json_sure` and `riverhouse_from_json`.
 JSON_JAR = "riverhouse-json.jar"
 JSON_EXTENSION = "riverhouse.json.Extensions"
 

@@ -4,9 +4,10 @@ Two jars, each from one package and against the jars of pyspark/jars its classes
 
 - `riverhouse-hadoop.jar` (jvm/src/riverhouse/hadoop, against Hadoop's client API): Hadoop's
   local file system without a child process per rename (runtime/local_fs.py);
-- `riverhouse-json.jar` (jvm/src/riverhouse/json, against Jackson and Spark's SQL jars): one strict
-  pass per record, which spares most records the variant parse (ingest/parse.py, `_surely_strict`),
-  and `riverhouse_from_json`, Spark's `from_json` over the record's bytes (a session extension).
+- `riverhouse-json.jar` (jvm/src/riverhouse/json, against Jackson and Spark's SQL jars): a session
+  extension with two SQL functions over a record's bytes, one strict pass that spares most records
+  the variant parse (`riverhouse_json_sure`) and Spark's `from_json` without its per-record reader
+  (`riverhouse_from_json`) (ingest/parse.py, `has_json_functions`).
 
 Best effort, as both only make things faster: without a JDK's javac neither is made, sessions
 keep Hadoop's classes, every record gets the variant parse and `from_json` (the same results).
