@@ -6,6 +6,7 @@ import java.io.ByteArrayInputStream;
 import java.io.IOException;
 import java.io.InputStream;
 import java.io.Serializable;
+import java.io.UncheckedIOException;
 import java.nio.ByteBuffer;
 import java.util.Map;
 import org.apache.spark.sql.catalyst.InternalRow;
@@ -115,7 +116,7 @@ public final class FromJsonBytes implements Serializable {
         try {
             return factory.createParser(stream);
         } catch (IOException e) {
-            throw FromJsonBytes.<RuntimeException>unchecked(e); // Spark's parser turns it into a bad record
+            throw new UncheckedIOException(e); // a bad record: `parse` reads it again through the reader
         }
     }
 
@@ -130,10 +131,5 @@ public final class FromJsonBytes implements Serializable {
             }
         }
         return record.getByte(0) != (byte) 0xEF;
-    }
-
-    @SuppressWarnings("unchecked")
-    private static <E extends Throwable> RuntimeException unchecked(Throwable e) throws E {
-        throw (E) e;
     }
 }
