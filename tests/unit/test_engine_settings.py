@@ -299,9 +299,10 @@ def test_an_engine_for_one_command_adds_its_java_options_to_the_settings_ones(
 
     options = driver_options("-Dmine=1")
     # A user's options keep the driver's UTC zone (runtime/spark.py UTC_JVM), unless they name one.
-    assert options[:5] == [
+    assert options[:6] == [
         "-Dmine=1",
         "-Duser.timezone=UTC",
+        "-XX:-DontCompileHugeMethods",  # runtime/huge_methods.py: the record rules in whole-stage code
         "-XX:TieredStopAtLevel=1",
         "-XX:ReservedCodeCacheSize=240m",
         "-XX:+UseSerialGC",
@@ -420,3 +421,38 @@ def test_spark_defaults_confs_driver_options_are_kept_beside_riverhouses(
     # A user's RIVERHOUSE_SPARK_CONF still decides the whole value, as before.
     monkeypatch.setenv("RIVERHOUSE_SPARK_CONF", json.dumps({"spark.driver.extraJavaOptions": "-Dmine=1"}))
     assert "-Dkrb=1" not in session_conf("local[2]")["spark.driver.extraJavaOptions"]
+
+
+def test_the_jvms_that_run_tasks_compile_huge_methods_and_the_parse_knows_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """runtime/huge_methods.py: the driver's JVM in local mode, the executors' on a cluster (beside
+    spark-defaults.conf's executor options), unless the user's options say otherwise."""
+    from riverhouse.platform.runtime.huge_methods import FLAG, compiles_huge_methods
+
+    monkeypatch.delenv("RIVERHOUSE_SPARK_CONF", raising=False)
+    (tmp_path / "spark-defaults.conf").write_text("spark.executor.extraJavaOptions -Dsite=1\n")
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
+    local = session_conf("local[2]")
+    assert FLAG in local["spark.driver.extraJavaOptions"].split()
+    assert "spark.executor.extraJavaOptions" not in local  # local mode: the driver runs the tasks
+    cluster = session_conf("spark://m:7077")
+    assert cluster["spark.executor.extraJavaOptions"].split() == ["-Dsite=1", FLAG]
+    argv, _ = engine.server_command(tmp_path, "spark://m:7077", "1g", "127.0.0.1", 15555)
+    conf = java_properties(Path(argv[argv.index("--properties-file") + 1]).read_text())
+    assert FLAG in conf["spark.executor.extraJavaOptions"].split()
+    # The user's own choice stays, and the parse then plans the rules outside whole-stage code.
+    monkeypatch.setenv(
+        "RIVERHOUSE_SPARK_CONF", json.dumps({"spark.driver.extraJavaOptions": "-XX:+DontCompileHugeMethods"})
+    )
+    refused = session_conf("local[2]")
+    assert FLAG not in refused["spark.driver.extraJavaOptions"].split()
+
+    class Session:
+        def __init__(self, conf: dict[str, str]) -> None:
+            self.conf = type("Conf", (), {"get": lambda _, key, default=None: conf.get(key, default)})()
+
+    assert compiles_huge_methods(Session({"spark.master": "local[2]", **local}))
+    assert not compiles_huge_methods(Session({"spark.master": "local[2]", **refused}))
+    assert compiles_huge_methods(Session({"spark.master": "spark://m:7077", **cluster}))
+    assert not compiles_huge_methods(Session({"spark.master": "spark://m:7077", "spark.driver.extraJavaOptions": FLAG}))

@@ -20,12 +20,13 @@ import scala.runtime.BoxedUnit;
 
 /**
  * Riverhouse's Spark session extension ({@code spark.sql.extensions}, next to Delta's; set by
- * runtime/jars.py when this jar was built): three SQL functions,
+ * runtime/jars.py when this jar was built): four SQL functions,
  * {@code riverhouse_from_json(text, schema_json, options_json)}, Spark's {@code from_json} reading
  * the record's UTF-8 bytes ({@link FromJsonBytes}), {@code riverhouse_json_sure(text)}, the
  * one-pass strict check over them ({@link StrictJson}), and {@code riverhouse_plain_timestamp(text)},
  * the instant of a timestamp in the plain ISO 8601 form, NULL for any other text
- * ({@link PlainTimestamp}). The schema is a {@code StructType}'s JSON, the
+ * ({@link PlainTimestamp}), and {@code riverhouse_repeated_key(text)}, the first top-level key given
+ * twice ({@link RepeatedKey}). The schema is a {@code StructType}'s JSON, the
  * options a JSON object of strings, both literals; the time zone and the corrupt-record column's
  * default name are the session's, as for {@code from_json}. The expression is an {@code Invoke} of
  * the evaluator, as Spark plans {@code from_json} itself, so it runs in generated code.
@@ -34,12 +35,14 @@ public final class Extensions implements scala.Function1<SparkSessionExtensions,
     public static final String FROM_JSON = "riverhouse_from_json";
     public static final String JSON_SURE = "riverhouse_json_sure";
     public static final String PLAIN_TIMESTAMP = "riverhouse_plain_timestamp";
+    public static final String REPEATED_KEY = "riverhouse_repeated_key";
 
     @Override
     public BoxedUnit apply(SparkSessionExtensions extensions) {
         inject(extensions, FROM_JSON, Extensions::fromJson);
         inject(extensions, JSON_SURE, Extensions::jsonSure);
         inject(extensions, PLAIN_TIMESTAMP, Extensions::plainTimestamp);
+        inject(extensions, REPEATED_KEY, Extensions::repeatedKey);
         return BoxedUnit.UNIT;
     }
 
@@ -68,6 +71,16 @@ public final class Extensions implements scala.Function1<SparkSessionExtensions,
         return new StaticInvoke(
             PlainTimestamp.class, DataTypes.TimestampType, "micros", seq(arguments.apply(0)), noTypeCheck(), true, true,
             true, scala.Option.empty());
+    }
+
+    /** {@code riverhouse_repeated_key(text)}: {@link RepeatedKey#first}, a string or NULL. */
+    static Expression repeatedKey(Seq<Expression> arguments) {
+        if (arguments.length() != 1) {
+            throw new IllegalArgumentException(REPEATED_KEY + "(text) takes 1 argument, got " + arguments.length());
+        }
+        return new StaticInvoke(
+            RepeatedKey.class, DataTypes.StringType, "first", seq(arguments.apply(0)), noTypeCheck(), true, true, true,
+            scala.Option.empty());
     }
 
     static Expression fromJson(Seq<Expression> arguments) {

@@ -21,6 +21,7 @@ from pyspark.sql.types import StringType, StructField, StructType
 
 from riverhouse.platform.fields import RESERVED_JSON_KEY, FieldSpec
 from riverhouse.platform.ingest.record_rules import Check, Decoded, any_leaf, at_path, non_finite_checks
+from riverhouse.platform.runtime.huge_methods import compiles_huge_methods
 from riverhouse.platform.runtime.jars import JSON_EXTENSION
 from riverhouse.platform.spec import SourceSpec
 from riverhouse.platform.types import spark_read_type, variant_shape
@@ -182,6 +183,7 @@ def _strict_json(text: Column) -> Column:
 JSON_SURE = "riverhouse_json_sure"
 FROM_JSON_BYTES = "riverhouse_from_json"
 PLAIN_TIMESTAMP = "riverhouse_plain_timestamp"  # a timestamp's plain ISO form (PlainTimestamp.java)
+REPEATED_KEY = "riverhouse_repeated_key"  # the first top-level key given twice (RepeatedKey.java)
 
 
 def has_json_functions(spark: Any) -> bool:
@@ -229,13 +231,18 @@ def _sealed(record: Column, seal: Column) -> Column:
     return F.when(F.try_variant_get(parsed, "$[1]", "bigint") == seal, F.try_variant_get(parsed, "$[0]", "variant"))
 
 
-def _duplicate_key(text: Column) -> Column:
+def _duplicate_key(text: Column, whole_stage: bool) -> Column:
     """The first key given twice at the top level of the record, else NULL.
 
     Its `filter` (a higher-order function, which has no generated code) also keeps the record
-    rules' projection out of whole-stage code. That is measured as faster: inside it, the rules
-    make one method too big for HotSpot to compile (bench/analysis.md, twenty-ninth session).
+    rules' projection out of whole-stage code, where they make one method too big for HotSpot to
+    compile unless its JVM was told to (runtime/huge_methods.py). `whole_stage` (the session has
+    Riverhouse's functions and such JVMs) asks for `riverhouse_repeated_key`, the same answer as a
+    `StaticInvoke` (jvm/src/riverhouse/json/RepeatedKey.java), and so the rules in whole-stage code:
+    ~20% less CPU for the parse (bench/analysis.md, forty-third session).
     """
+    if whole_stage:
+        return F.call_function(REPEATED_KEY, text)
     keys = F.json_object_keys(text)
     return F.try_element_at(F.filter(keys, lambda k: F.size(F.filter(keys, lambda other: other == k)) > 1), F.lit(1))
 
@@ -417,6 +424,7 @@ def _decode_json(batch: DataFrame, src: SourceSpec, oversized: Column) -> Decode
     # UTF-8 validity once per record (a column): the parse and the check each scanned the text.
     df = batch.withColumn("_text", text).withColumn("_utf8", F.is_valid_utf8(F.col("_text")))
     functions = has_json_functions(batch.sparkSession)  # Riverhouse's, or Spark's own (the same rows)
+    whole_stage = functions and compiles_huge_methods(batch.sparkSession)  # the rules in whole-stage code
     jvm_parse = F.when(
         F.col("_utf8"),
         # Strict about quoting: single-quoted JSON is not JSON (Spark's default reads it, and its
@@ -530,8 +538,8 @@ def _decode_json(batch: DataFrame, src: SourceSpec, oversized: Column) -> Decode
         # One rule for a key given twice, at any depth: the record is quarantined (readers keep different
         # values: from_json the last, get_json_object the first), naming the key when it is a top-level one.
         (
-            refused & _duplicate_key(F.col("_text")).isNotNull(),
-            F.concat(F.lit("key '"), _snippet(_duplicate_key(F.col("_text"))), F.lit("' appears twice")),
+            refused & _duplicate_key(F.col("_text"), whole_stage).isNotNull(),
+            F.concat(F.lit("key '"), _snippet(_duplicate_key(F.col("_text"), whole_stage)), F.lit("' appears twice")),
         ),
         # Not JSON at all (single-quoted JSON included): before the per-field checks, which read leniently.
         (

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from riverhouse.platform.errors import EngineUnavailable
-from riverhouse.platform.runtime import collector, local_fs, processes
+from riverhouse.platform.runtime import collector, huge_methods, local_fs, processes
 from riverhouse.platform.runtime.engine_retry import engine_retry_policy
-from riverhouse.platform.runtime.spark_defaults import spark_defaults
+from riverhouse.platform.runtime.spark_defaults import is_local, spark_defaults
 
 # Every session (a user's RIVERHOUSE_SPARK_CONF may change them): Arrow for Python <-> JVM, quiet progress.
 SESSION_DEFAULTS: dict[str, str] = {
@@ -168,10 +168,6 @@ def configured_master() -> str:
     return spark_defaults_master() or DEFAULT_MASTER
 
 
-def is_local(master: str) -> bool:
-    return master.startswith("local")
-
-
 def session_conf(master: str, conf: dict[str, str] | None = None) -> dict[str, str]:
     """Every setting of a Riverhouse session (or engine) on `master`, lowest precedence first.
 
@@ -200,7 +196,7 @@ def session_conf(master: str, conf: dict[str, str] | None = None) -> dict[str, s
     }
     if "-Duser.timezone=" not in (java := merged["spark.driver.extraJavaOptions"]):
         merged["spark.driver.extraJavaOptions"] = f"{java} {UTC_JVM}".strip()
-    return local_fs.on_class_path(merged)
+    return local_fs.on_class_path(huge_methods.with_flag(merged, master))
 
 
 def connect_session_conf(conf: dict[str, str]) -> dict[str, str]:

@@ -36,3 +36,8 @@ def spark_defaults() -> dict[str, str]:
         # One '=' or ':' may follow the key, with whitespace around it.
         settings[key] = re.sub(r"^\s*[=:]?\s*", "", rest, count=1).strip()
     return settings
+
+
+def is_local(master: str) -> bool:
+    """A local master (`local`, `local[2]`, `local[*]`): the driver's JVM runs the tasks."""
+    return master.startswith("local")
