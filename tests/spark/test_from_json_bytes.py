@@ -24,16 +24,10 @@ from pyspark.sql.types import (
 
 from riverhouse.platform.ingest import parse
 from riverhouse.platform.runtime.jars import JSON_EXTENSION
-from riverhouse.platform.runtime.jvm_build import JSON_JAR, in_spark_jars
+from tests.spark.json_jar import NEEDS_JSON_JAR
 from tests.spark.test_strict_check import TEXTS, _mutated
 
-pytestmark = [
-    pytest.mark.spark,
-    pytest.mark.skipif(
-        not in_spark_jars(JSON_JAR),
-        reason=f"{JSON_JAR} was not built (`make jars` needs a JDK's javac)",
-    ),
-]
+pytestmark = NEEDS_JSON_JAR
 
 OPTIONS = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": parse.CORRUPT, "allowSingleQuotes": "false"}
 SCHEMAS = {

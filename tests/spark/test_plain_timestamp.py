@@ -15,17 +15,11 @@ import pytest
 from pyspark.sql import functions as F
 
 from riverhouse.platform.ingest import parse
-from riverhouse.platform.runtime.jvm_build import JSON_JAR, in_spark_jars
 from riverhouse.platform.spec import parse_spec
 from tests.conftest import orders_spec_data
+from tests.spark.json_jar import NEEDS_JSON_JAR
 
-pytestmark = [
-    pytest.mark.spark,
-    pytest.mark.skipif(
-        not in_spark_jars(JSON_JAR),
-        reason=f"{JSON_JAR} was not built (`make jars` needs a JDK's javac)",
-    ),
-]
+pytestmark = NEEDS_JSON_JAR
 
 # Each text with the UTC instant it names (as Spark's cast reads it), or None where the function
 # must leave it to the rules (they may still read it, or refuse it).

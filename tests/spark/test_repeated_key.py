@@ -9,20 +9,13 @@ from __future__ import annotations
 import random
 from typing import Any
 
-import pytest
 from pyspark.sql import functions as F
 
 from riverhouse.platform.ingest import parse
-from riverhouse.platform.runtime.jvm_build import JSON_JAR, in_spark_jars
+from tests.spark.json_jar import NEEDS_JSON_JAR
 from tests.spark.test_strict_check import TEXTS, _mutated
 
-pytestmark = [
-    pytest.mark.spark,
-    pytest.mark.skipif(
-        not in_spark_jars(JSON_JAR),
-        reason=f"{JSON_JAR} was not built (`make jars` needs a JDK's javac)",
-    ),
-]
+pytestmark = NEEDS_JSON_JAR
 
 NAMED = {
     '{"a":1,"b":2,"a":3}': "a",
@@ -67,3 +60,34 @@ def test_mutated_records_get_the_same_key_from_both(spark: Any) -> None:
     differing = [(t, a) for t, a in zip(texts, answers, strict=True) if a[0] != a[1]]
     assert differing == [], differing[:5]
     assert sum(sql is not None for _, sql in answers) > 150  # repeated keys are among them
+
+
+def _rules_in_whole_stage_code(spark: Any, fields: int) -> bool:
+    from riverhouse.platform.spec import parse_spec
+    from tests.conftest import orders_spec_data
+    from tests.spark.test_parse import good, kafka_rows
+
+    data = orders_spec_data("orders")
+    data["sources"]["orders"]["fields"].update({f"extra_{i}": "string" for i in range(fields - 5)})
+    src = parse_spec(data).sources["orders"]
+    assert len(src.fields) == fields
+    batch = kafka_rows(spark, [good()]).repartition(1)  # not a local relation the optimizer would fold
+    frame = parse.parse_records(batch, src)
+    if hasattr(frame, "_jdf"):  # an in-process session (RIVERHOUSE_TEST_ENGINE=local)
+        plan = frame._jdf.queryExecution().executedPlan().toString()
+    else:
+        plan = frame._explain_string(mode="simple")
+    [rules] = [line for line in plan.splitlines() if " AS _topic#" in line]
+    return rules.lstrip(" +-:").startswith("*(")
+
+
+def test_the_record_rules_run_in_whole_stage_code_unless_the_spec_is_too_wide_for_one_class(spark: Any) -> None:
+    """Where the session's JVMs compile huge methods (the test engine, like every engine Riverhouse
+    starts: runtime/huge_methods.py), a spec's rules run in whole-stage code; a spec wider than
+    parse.WHOLE_STAGE_MAX_FIELDS keeps them out of it (their code outgrew one class at 36 fields)."""
+    from riverhouse.platform.runtime.huge_methods import compiles_huge_methods
+
+    assert compiles_huge_methods(spark)
+    assert _rules_in_whole_stage_code(spark, 5)
+    assert _rules_in_whole_stage_code(spark, parse.WHOLE_STAGE_MAX_FIELDS)
+    assert not _rules_in_whole_stage_code(spark, parse.WHOLE_STAGE_MAX_FIELDS + 1)

@@ -14,18 +14,12 @@ import pytest
 from pyspark.sql import functions as F
 
 from riverhouse.platform.ingest import parse
-from riverhouse.platform.runtime.jvm_build import JSON_JAR, in_spark_jars
 from riverhouse.platform.spec import parse_spec
 from tests.conftest import orders_spec_data
+from tests.spark.json_jar import NEEDS_JSON_JAR
 from tests.spark.test_parse import good, kafka_rows
 
-pytestmark = [
-    pytest.mark.spark,
-    pytest.mark.skipif(
-        not in_spark_jars(JSON_JAR),
-        reason=f"{JSON_JAR} was not built (`make jars` needs a JDK's javac)",
-    ),
-]
+pytestmark = NEEDS_JSON_JAR
 
 DEEP = '{"order_id":"o1","n":' + "[" * 70 + "1" + "]" * 70 + "}"
 # Each text with what the check must answer: True only where it may skip Spark's strict parse.

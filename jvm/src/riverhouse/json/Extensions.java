@@ -54,33 +54,30 @@ public final class Extensions implements scala.Function1<SparkSessionExtensions,
 
     /** {@code riverhouse_json_sure(text)}: {@link StrictJson#sure}, NULL for NULL; deterministic, in generated code. */
     static Expression jsonSure(Seq<Expression> arguments) {
-        if (arguments.length() != 1) {
-            throw new IllegalArgumentException(JSON_SURE + "(text) takes 1 argument, got " + arguments.length());
-        }
-        return new StaticInvoke(
-            StrictJson.class, DataTypes.BooleanType, "sure", seq(arguments.apply(0)), noTypeCheck(), true, false, true,
-            scala.Option.empty());
+        return ofText(JSON_SURE, arguments, StrictJson.class, "sure", DataTypes.BooleanType, false);
     }
 
     /** {@code riverhouse_plain_timestamp(text)}: {@link PlainTimestamp#micros}, a timestamp or NULL. */
     static Expression plainTimestamp(Seq<Expression> arguments) {
-        if (arguments.length() != 1) {
-            throw new IllegalArgumentException(
-                PLAIN_TIMESTAMP + "(text) takes 1 argument, got " + arguments.length());
-        }
-        return new StaticInvoke(
-            PlainTimestamp.class, DataTypes.TimestampType, "micros", seq(arguments.apply(0)), noTypeCheck(), true, true,
-            true, scala.Option.empty());
+        return ofText(PLAIN_TIMESTAMP, arguments, PlainTimestamp.class, "micros", DataTypes.TimestampType, true);
     }
 
     /** {@code riverhouse_repeated_key(text)}: {@link RepeatedKey#first}, a string or NULL. */
     static Expression repeatedKey(Seq<Expression> arguments) {
+        return ofText(REPEATED_KEY, arguments, RepeatedKey.class, "first", DataTypes.StringType, true);
+    }
+
+    /**
+     * {@code name(text)}: a deterministic {@code StaticInvoke} of {@code cls.method(UTF8String)}, in generated
+     * code; NULL for NULL, and for NULL from the method when {@code returnsNull}.
+     */
+    private static Expression ofText(
+            String name, Seq<Expression> arguments, Class<?> cls, String method, DataType type, boolean returnsNull) {
         if (arguments.length() != 1) {
-            throw new IllegalArgumentException(REPEATED_KEY + "(text) takes 1 argument, got " + arguments.length());
+            throw new IllegalArgumentException(name + "(text) takes 1 argument, got " + arguments.length());
         }
         return new StaticInvoke(
-            RepeatedKey.class, DataTypes.StringType, "first", seq(arguments.apply(0)), noTypeCheck(), true, true, true,
-            scala.Option.empty());
+            cls, type, method, seq(arguments.apply(0)), noTypeCheck(), true, returnsNull, true, scala.Option.empty());
     }
 
     static Expression fromJson(Seq<Expression> arguments) {

@@ -184,6 +184,7 @@ JSON_SURE = "riverhouse_json_sure"
 FROM_JSON_BYTES = "riverhouse_from_json"
 PLAIN_TIMESTAMP = "riverhouse_plain_timestamp"  # a timestamp's plain ISO form (PlainTimestamp.java)
 REPEATED_KEY = "riverhouse_repeated_key"  # the first top-level key given twice (RepeatedKey.java)
+WHOLE_STAGE_MAX_FIELDS = 16  # the widest spec whose record rules run in whole-stage code (_decode_json)
 
 
 def has_json_functions(spark: Any) -> bool:
@@ -424,7 +425,11 @@ def _decode_json(batch: DataFrame, src: SourceSpec, oversized: Column) -> Decode
     # UTF-8 validity once per record (a column): the parse and the check each scanned the text.
     df = batch.withColumn("_text", text).withColumn("_utf8", F.is_valid_utf8(F.col("_text")))
     functions = has_json_functions(batch.sparkSession)  # Riverhouse's, or Spark's own (the same rows)
-    whole_stage = functions and compiles_huge_methods(batch.sparkSession)  # the rules in whole-stage code
+    # The rules in whole-stage code (`_duplicate_key`), for a spec whose rules' code Janino can compile
+    # as one class: at 36 fields it outgrew 64 KB, and Spark's fallback to operators one by one then
+    # took twice the CPU of the other shape; at 12 fields whole-stage code took 22% less, at 24 the
+    # same (bench/analysis.md, forty-third session).
+    whole_stage = functions and len(src.fields) <= WHOLE_STAGE_MAX_FIELDS and compiles_huge_methods(batch.sparkSession)
     jvm_parse = F.when(
         F.col("_utf8"),
         # Strict about quoting: single-quoted JSON is not JSON (Spark's default reads it, and its
