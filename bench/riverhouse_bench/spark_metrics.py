@@ -28,7 +28,7 @@ LOG_REPLAY = "Delta log replay (snapshot, files to read)"
 OBSERVED_STEPS = (
     ("rh_append_bronze", "bronze append (+ Kafka read + parse into the batch's cache)"),
     ("rh_append_quarantine", "quarantine append"),
-    ("rh_dedup", "in-batch dedup (count of keys spanning more than the window)"),
+    ("rh_dedup", "in-batch dedup (count of long keys; with a lookup, the window pass into its cache)"),
     ("rh_append_silver", "silver append (+ anti-join with silver's window)"),
 )
 

@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from riverhouse.platform.ingest.dedup import dedup_batch, dedup_in_batch, insert_new
+from riverhouse.platform.ingest.dedup import _ranked_with_span, dedup_batch, dedup_in_batch, insert_new
 from riverhouse.platform.state.delta_log import MARK_APP, MARK_BATCH, DeltaLog, files_overlapping
 from riverhouse.platform.state.delta_spark import Appended
 from riverhouse.platform.state.tables import (
@@ -223,17 +223,22 @@ def test_an_integer_keys_range_narrows_the_files_too(spark: Any, tmp_path: Path)
     assert chosen(109, 109) == [1] and chosen(110, 199) == [] and chosen(-5, 2**40) == [0, 1, 2]
 
 
-def test_in_batch_dedup_in_spark_keeps_what_the_walk_keeps(spark: Any) -> None:
-    """Window functions (and the walk for keys spanning more than a window) give the reference's rows."""
+@pytest.mark.parametrize("read_twice", [True, False], ids=["one-window-pass", "count-first"])
+def test_in_batch_dedup_in_spark_keeps_what_the_walk_keeps(spark: Any, read_twice: bool) -> None:
+    """Window functions (and the walk for keys spanning more than a window) give the reference's
+    rows, whether the long keys are found by the window pass (a result read twice) or by a count
+    before it (read once)."""
     rng = random.Random(7)
     events = [(f"k{rng.randrange(30)}", timedelta(minutes=rng.randrange(0, 300)), i) for i in range(600)]
     events += [("edge", timedelta(0), 1000), ("edge", WINDOW, 1001), ("edge", WINDOW + timedelta(microseconds=1), 1002)]
     events += [("tie", timedelta(0), 1004), ("tie", timedelta(0), 1003)]
+    # Keys within one window beside them: their first event only, from the same window pass.
+    events += [(f"s{i}", timedelta(minutes=i, seconds=s), 2000 + 2 * i + s // 30) for i in range(50) for s in (30, 0)]
     rows = batch(events)
     df = spark.createDataFrame(rows.to_pylist(), spark_schema(SCHEMA))
-    in_batch = dedup_batch(df, ["order_id"], WINDOW)
+    in_batch = dedup_batch(df, ["order_id"], WINDOW, read_twice=read_twice)
     got = sorted((r[0], r[1]) for r in in_batch.unique.select("order_id", "_offset").collect())
-    assert in_batch.long_keys > 0  # the random keys span hours: the walk ran
+    assert in_batch.long_keys == 31  # the 30 random keys and "edge" span more than the window: walked
     in_batch.release()
     reference = dedup_in_batch(rows, ["order_id"], WINDOW)
     expected = sorted(
@@ -294,6 +299,7 @@ def test_a_batch_within_one_window_keeps_the_first_event_by_time_topic_partition
             (r[0], r[1], r[2], r[3])
             for r in in_batch.unique.select("order_id", "_topic", "_partition", "_offset").collect()
         )
+        in_batch.release()
         assert got == expected, span_us
 
 
@@ -356,3 +362,20 @@ def test_delta_rs_reads_what_delta_spark_writes(spark: Any, tmp_path: Path) -> N
     assert "changeDataFeed" in (table.protocol().writer_features or [])
     # The log reader finds a batch across the checkpoint (its hint-less scan reads commits back).
     assert DeltaLog(silver).find_batch("app", 3) is not None and DeltaLog(silver).find_batch("app", 12) is None
+
+
+def test_a_batch_spanning_more_than_the_window_is_ranked_and_measured_in_one_shuffle(spark: Any) -> None:
+    """The rank of each row in its key and the key's span come from one window operator over one
+    shuffle of the batch by its key (the count of long keys then reads the cache, bench/analysis.md)."""
+    events = [("a", timedelta(0), 1), ("a", 2 * WINDOW, 2), ("b", timedelta(minutes=5), 3)]
+    df = spark.createDataFrame(batch(events).to_pylist(), spark_schema(SCHEMA))
+    ranked = _ranked_with_span(df, ["order_id"])
+    if hasattr(ranked, "_jdf"):  # an in-process session (RIVERHOUSE_TEST_ENGINE=local)
+        plan = ranked._jdf.queryExecution().executedPlan().toString()
+    else:
+        plan = ranked._explain_string(mode="simple")
+    assert plan.count("Exchange hashpartitioning") == 1, plan
+    [window] = [line for line in plan.splitlines() if line.lstrip(" +-:").startswith("Window [")]
+    assert "row_number()" in window and "max(" in window and "min(" in window, window
+    spans = {(r["order_id"], r["_rank_in_group"]): r["_span"] for r in ranked.collect()}
+    assert spans == {("a", 1): 2 * 3_600_000_000, ("a", 2): 2 * 3_600_000_000, ("b", 1): 0}

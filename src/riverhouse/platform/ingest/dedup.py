@@ -106,61 +106,94 @@ def dedup_batch(
 
     `span_micros`: the batch's own event-time span (its latest valid event time minus its
     earliest, which the bronze append observed). When it is within the window (nearly always: a
-    batch covers seconds to minutes) no key can span more; otherwise (a backlog of hours under a
-    short window, a backfill of old data) a job counts the keys whose own events span more (a
-    hash aggregate of each key's span). With no such key, each key's first event (by event
+    batch covers seconds to minutes) no key can span more, and each key's first event (by event
     time, then Kafka coordinates) is the only one kept: `first_per_key`, a window's row number.
 
-    The rare keys that do span more are walked in order by `dedup_in_batch` on their own group,
-    on an executor (a Python stage), and the others take their first event from one aggregate
-    per key (`min_by` over the ordering struct).
+    Otherwise (a backlog of hours under a short window, a backfill of old data) some key's own
+    events may span more. The rare keys that do are walked in order by `dedup_in_batch` on their
+    own group, on an executor (a Python stage); the others keep their first event. Two ways to
+    find them, by what the result's readers need (`read_twice`):
+    - read twice: the window pass that ranks each key's rows also measures each key's span
+      (`_ranked_with_span`), the rows it keeps are cached, and a job over that cache counts the
+      long keys: one shuffle of the batch;
+    - read once: a job counts the long keys first (a hash aggregate of each key's span over the
+      key and time columns), and with none the window pass is read by the append alone, uncached.
+    Each is the cheaper one for its case (bench/analysis.md).
 
     The result is cached when two jobs read it: the silver lookup's semi join and the append
-    (`read_twice`: silver has files in the batch's range), and whenever keys were walked. A batch with
-    no silver file to look up reads it once, by its append; a cache then costs a plan for the
-    cache and, under Spark Connect, two round trips to the engine (`persist`, `unpersist`):
-    small batches through the engine 1.23 -> 1.13 s median, unchanged in-process
-    (bench/analysis.md). The caller releases what was cached (`InBatch.release`). `columns`:
-    `valid`'s columns when the caller knows them (under Spark Connect, `valid.columns` asks the
-    engine to analyse the plan).
+    (`read_twice`: silver has files in the batch's range), and whenever keys were walked. A batch
+    with no silver file to look up reads it once, by its append; a cache then costs a plan for the
+    cache and, under Spark Connect, two round trips to the engine (`persist`, `unpersist`): small
+    batches through the engine 1.23 -> 1.13 s median, unchanged in-process (bench/analysis.md). The
+    caller releases what was cached (`InBatch.release`). `columns`: `valid`'s columns when the
+    caller knows them (under Spark Connect, `valid.columns` asks the engine to analyse the plan).
+    `name`: the counts' observation, which names their job in Spark's plans (the bench's stage
+    tables read it).
     """
     from pyspark import StorageLevel
-    from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
     columns = valid.columns if columns is None else columns
     micros = _micros_literal(window)
-    span = F.unix_micros(F.max("_event_time")) - F.unix_micros(F.min("_event_time"))
-    is_long = F.col("_span") > F.lit(micros)
-    long_keys = 0  # no key can span more than the whole batch does
-    if span_micros is None or span_micros > micros:
-        # A job counts the keys that span more: a hash aggregate of each key's event-time span
-        # (fixed-width buffers), which reads only the key and time columns.
-        spans = valid.groupBy(*key).agg(span.alias("_span"))
-        seen = Observation(name)
-        observe_batch(spans, seen, [F.sum(F.when(is_long, 1).otherwise(0)).alias("long")]).count()
-        long_keys = int(seen.get["long"] or 0)
-    if not long_keys:
+    within = span_micros is not None and span_micros <= micros  # no key can span more than the batch
+    if within or (not read_twice and not _count_long_keys(valid, key, micros, name)):
         # Each key's first event is all it keeps.
         unique = first_per_key(valid, key)
         if read_twice:
             unique = unique.persist(StorageLevel.MEMORY_AND_DISK)
             return InBatch(unique, 0, [unique])
         return InBatch(unique, 0)
-    per_key = valid.groupBy(*key).agg(
-        F.min_by(F.struct(*columns), F.struct(*ORDER_COLUMNS)).alias("_first"), span.alias("_span")
-    )
-    per_key = per_key.persist(StorageLevel.MEMORY_AND_DISK)
-    schema = valid.schema
+    is_long = F.col("_span") > F.lit(micros)
+    first = F.col("_rank_in_group").eqNullSafe(1)
+    kept = _ranked_with_span(valid, key).where(first | is_long).persist(StorageLevel.MEMORY_AND_DISK)
+    long_keys = _observed_long(kept.where(first), is_long, name)  # the job that builds the cache
+    if not long_keys:
+        return InBatch(kept.select(*columns), 0, [kept])
+    schema = valid.select(*columns).schema
 
     def walk(group: pa.Table) -> pa.Table:
         return dedup_in_batch(group.select(columns), key, window)
 
-    unique = per_key.where(~is_long).select(*[F.col(f"_first.{c}").alias(c) for c in columns])
-    spanning = valid.join(per_key.where(is_long).select(*key), key, "left_semi")
-    walked = spanning.groupBy(*key).applyInArrow(walk, schema)
-    unique = unique.unionByName(walked).persist(StorageLevel.MEMORY_AND_DISK)
-    return InBatch(unique, long_keys, [unique, per_key])
+    walked = kept.where(is_long).select(*columns).groupBy(*key).applyInArrow(walk, schema)
+    unique = kept.where(~is_long).select(*columns).unionByName(walked).persist(StorageLevel.MEMORY_AND_DISK)
+    return InBatch(unique, long_keys, [unique, kept])
+
+
+def _count_long_keys(valid: Any, key: list[str], micros: int, name: str) -> int:
+    """How many keys' own events span more than `micros`: one job, a hash aggregate of each key's
+    event-time span (fixed-width buffers) that reads only the key and time columns."""
+    from pyspark.sql import functions as F
+
+    time = F.unix_micros("_event_time")
+    spans = valid.groupBy(*key).agg((F.max(time) - F.min(time)).alias("_span"))
+    return _observed_long(spans, F.col("_span") > F.lit(micros), name)
+
+
+def _observed_long(rows: Any, is_long: Any, name: str) -> int:
+    """The rows of `rows` where `is_long` holds, counted by a job observed under `name`."""
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+
+    seen = Observation(name)
+    observe_batch(rows, seen, [F.sum(F.when(is_long, 1).otherwise(0)).alias("long")]).count()
+    return int(seen.get["long"] or 0)
+
+
+def _ranked_with_span(valid: Any, key: list[str]) -> Any:
+    """`valid` with each row's rank in its key (`_rank_in_group`, by event time, then Kafka
+    coordinates) and its key's event-time span in microseconds (`_span`): one window pass, one
+    shuffle by the key and one sort (both window functions share the partitioning and order)."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    order = Window.partitionBy(*key).orderBy(*ORDER_COLUMNS)
+    whole = order.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
+    micros = F.unix_micros("_event_time")
+    return valid.select(
+        "*",
+        F.row_number().over(order).alias("_rank_in_group"),
+        (F.max(micros).over(whole) - F.min(micros).over(whole)).alias("_span"),
+    )
 
 
 def first_per_key(valid: Any, key: list[str]) -> Any:
