@@ -29,6 +29,13 @@ home = sys.argv[1]
 spark = get_spark("local[1]", conf=Settings.from_env(home).spark_conf)
 
 
+def jobs_so_far(store):
+    # The status store learns of jobs from the listener bus, on a thread of its own: drain it first, or a
+    # job that just ended may be counted after the next mark.
+    spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty()
+    return store.jobsList(None).size()
+
+
 def batch_id_compilations():
     # Janino compilations and Spark jobs of a write whose rows carry the batch id, batch after batch.
     metrics = spark._jvm.org.apache.spark.metrics.source.CodegenMetrics
@@ -36,10 +43,10 @@ def batch_id_compilations():
     rows = spark.range(0, 1000).withColumn("x", F.col("id") * 2)
 
     def write(column):
-        compiled, jobs = metrics.METRIC_COMPILATION_TIME().getCount(), store.jobsList(None).size()
+        compiled, jobs = metrics.METRIC_COMPILATION_TIME().getCount(), jobs_so_far(store)
         frame = rows if column is None else rows.select("*", column.alias("_batch_id"))
         frame.where("x > 1").write.format("noop").mode("overwrite").save()
-        return metrics.METRIC_COMPILATION_TIME().getCount() - compiled, store.jobsList(None).size() - jobs
+        return metrics.METRIC_COMPILATION_TIME().getCount() - compiled, jobs_so_far(store) - jobs
 
     write(None), write(batch_id_column(1)), write(F.lit(1))  # each plan's first compilations
     found = {"none": write(None), "ours": [write(batch_id_column(b)) for b in (123456789, 987654321)]}
@@ -105,9 +112,9 @@ def delta_appends():
     spark.range(0).write.format("delta").mode("append").save(table)
     jobs = []
     for batch in range(3):
-        before = store.jobsList(None).size()
+        before = jobs_so_far(store)
         append_once(spark.range(batch * 10, batch * 10 + 10), table, "zone_test", batch)
-        jobs.append(store.jobsList(None).size() - before)
+        jobs.append(jobs_so_far(store) - before)
     zone = spark._jvm.java.util.TimeZone.getDefault().getID()
     return {"jobs": jobs, "zone": zone, "user_timezone": spark._jvm.java.lang.System.getProperty("user.timezone")}
 
