@@ -5,10 +5,11 @@ The job the Spark documentation shows, and nothing of Riverhouse's: `readStream.
 one delta-spark append per batch, `trigger(availableNow=True)`, the same `maxOffsetsPerTrigger`
 as the riverhouse_dedup pipeline, on the same topic. It drops duplicates within a batch only
 (no window, no state, no exactly-once marker): it is the floor, not an equivalent product.
-It reads Kafka with the one client setting Riverhouse changes for speed (`fetch.max.wait.ms`,
-kafka/client.py: Java's default made every task wait 0.5 s), so the ratio measures the work
-Riverhouse adds, not a client setting: with Java's default this job ran 28,000 events/s warm
-where it runs 48,000 with it (110,000 events, bench/analysis.md).
+It reads Kafka with the client settings Riverhouse changes for speed (`SPEED_OPTIONS`,
+kafka/client.py: `fetch.max.wait.ms`, with whose Java default every task waited 0.5 s, and
+`max.poll.records`, with whose default every task fetched each 1 MB of records again and again),
+so the ratio measures the work Riverhouse adds, not a client setting: with Java's default wait
+this job ran 28,000 events/s warm where it runs 48,000 with it (110,000 events, bench/analysis.md).
 
 Warm runs use the bench's own session (the same settings as riverhouse_dedup's); the cold run
 is a process of its own (`python -m riverhouse_bench.plain`) with a new JVM and the same
@@ -29,7 +30,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from riverhouse.platform.kafka.client import FETCH_MAX_WAIT_MS
+from riverhouse.platform.kafka.client import SPEED_OPTIONS
 from riverhouse_bench.common import ORDER_FIELDS, median_run, orders_spec
 from riverhouse_bench.jvm_profile import jit_cpu_s, jit_used
 from riverhouse_bench.metering import CpuMeter
@@ -82,7 +83,7 @@ def run_plain_job(spark: Any, bootstrap: str, topic: str, folder: Path, max_offs
         .option("subscribe", topic)
         .option("startingOffsets", "earliest")
         .option("maxOffsetsPerTrigger", max_offsets)
-        .option("kafka.fetch.max.wait.ms", str(FETCH_MAX_WAIT_MS))
+        .options(**SPEED_OPTIONS)
         .load()
     )
     orders = stream.select(F.from_json(F.col("value").cast("string"), plain_schema()).alias("o")).select("o.*")

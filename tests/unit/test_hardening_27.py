@@ -181,6 +181,18 @@ def test_executor_fetches_wait_briefly_unless_the_spec_says_otherwise() -> None:
     assert connector_options(parse_spec(data).kafka, "b:9092", ["orders"])["kafka.fetch.max.wait.ms"] == "250"
 
 
+def test_a_poll_takes_a_whole_fetch_unless_the_spec_says_otherwise() -> None:
+    """Spark's connector seeks and asks the broker for the partition's offsets after every poll,
+    dropping what the consumer had buffered: with Java's 500 records a poll, each 1 MB fetch was
+    fetched again after every 500 records (bench/analysis.md). A spec's own value wins."""
+    data = base()
+    options = connector_options(parse_spec(data).kafka, "b:9092", ["orders"])
+    assert options["kafka.max.poll.records"] == "10000"
+    assert "kafka.max.partition.fetch.bytes" not in options  # the bytes a poll holds stay Java's 1 MB
+    data["kafka"]["config"] = {"max.poll.records": 500}
+    assert connector_options(parse_spec(data).kafka, "b:9092", ["orders"])["kafka.max.poll.records"] == "500"
+
+
 # ----------------------------------------------------------------- item 3: secrets are bound to pipelines
 def sasl(password: str, username: str = "svc") -> dict[str, str]:
     return {"protocol": "SASL_SSL", "mechanism": "PLAIN", "username": username, "password": password}

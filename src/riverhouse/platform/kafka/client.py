@@ -113,19 +113,25 @@ def librdkafka_config(kafka: Any, bootstrap: str) -> dict[str, Any]:
     return config
 
 
-# Milliseconds the broker may hold an executor's fetch when no new record is there (see below).
-FETCH_MAX_WAIT_MS = 10
+# The Java client settings Riverhouse changes for speed (a spec's `kafka.config` may set others):
+# - fetch.max.wait.ms: the broker holds a fetch that finds no new record for up to this (Java's
+#   default 500): each Spark task of a batch paid that once after reading its range, 2 s of a
+#   7,000-record batch over 8 partitions on 2 cores. Executors only fetch ranges the driver has
+#   already seen in Kafka, so a short wait costs no idle polling.
+# - max.poll.records: Spark's connector seeks before every poll and, after it, asks the broker for
+#   the partition's first and last offsets (two ListOffsets requests, and the seeks drop what the
+#   consumer had buffered). With Java's default of 500 records a poll, a task read each 1 MB fetch
+#   in pieces of 500 and fetched it again after each piece. 10,000 takes a typical fetch in one
+#   poll: a Spark read of 550,010 bench records 1.74 -> 1.44 JVM CPU s, the broker's CPU
+#   0.35 -> 0.15 s, 1.16 -> 0.86 s wall (bench/analysis.md). The records a poll holds stay bounded by the fetch's size
+#   (max.partition.fetch.bytes, left at Java's 1 MB: 16 MB ran a 2 GB driver out of memory).
+SPEED_OPTIONS = {"kafka.fetch.max.wait.ms": "10", "kafka.max.poll.records": "10000"}
 
 
 def connector_options(kafka: Any, bootstrap: str, topics: list[str]) -> dict[str, str]:
     """Options for `spark.readStream.format("kafka")` from a spec's `kafka:` section."""
     options = {
-        # The broker holds a fetch that finds no new record for up to fetch.max.wait.ms (Java
-        # default 500): each Spark task of a batch paid that once after reading its range, 2 s
-        # of a 7,000-record batch over 8 partitions on 2 cores (bench/analysis.md). Executors only
-        # fetch ranges the driver has already seen in Kafka, so a short wait costs no idle
-        # polling. The spec's `kafka.config` may set another value.
-        "kafka.fetch.max.wait.ms": str(FETCH_MAX_WAIT_MS),
+        **SPEED_OPTIONS,  # the spec's `kafka.config` may set other values
         # The spec's allowed settings for the Java client next: Riverhouse's own below win.
         **{f"kafka.{k}": java_value(v) for k, v in for_client(kafka.resolved_config(), JAVA).items()},
         "kafka.bootstrap.servers": bootstrap,
