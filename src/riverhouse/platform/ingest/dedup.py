@@ -136,8 +136,8 @@ def dedup_batch(
     columns = valid.columns if columns is None else columns
     micros = _micros_literal(window)
     within = span_micros is not None and span_micros <= micros  # no key can span more than the batch
-    long_keys = 0 if within or read_twice else _count_long_keys(valid, key, micros, name)
-    if within or (not read_twice and not long_keys):
+    counted = None if within or read_twice else _count_long_keys(valid, key, micros, name)
+    if within or counted == 0:
         # Each key's first event is all it keeps.
         unique = first_per_key(valid, key)
         if read_twice:
@@ -147,10 +147,10 @@ def dedup_batch(
     is_long = F.col("_span") > F.lit(micros)
     first = F.col("_rank_in_group").eqNullSafe(1)
     kept = _ranked_with_span(valid, key).where(first | is_long).persist(StorageLevel.MEMORY_AND_DISK)
-    if not long_keys:  # not counted yet: the job that counts them over the cache builds it
-        long_keys = _observed_long(kept.where(first), is_long, name)
-        if not long_keys:
-            return InBatch(kept.select(*columns), 0, [kept])
+    # Not counted yet (read twice): the job that counts them over the cache builds it.
+    long_keys = _observed_long(kept.where(first), is_long, name) if counted is None else counted
+    if not long_keys:
+        return InBatch(kept.select(*columns), 0, [kept])
     schema = valid.select(*columns).schema
 
     def walk(group: pa.Table) -> pa.Table:

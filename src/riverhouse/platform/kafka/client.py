@@ -123,8 +123,9 @@ def librdkafka_config(kafka: Any, bootstrap: str) -> dict[str, Any]:
 #   consumer had buffered). With Java's default of 500 records a poll, a task read each 1 MB fetch
 #   in pieces of 500 and fetched it again after each piece. 10,000 takes a typical fetch in one
 #   poll: a Spark read of 550,010 bench records 1.74 -> 1.44 JVM CPU s, the broker's CPU
-#   0.35 -> 0.15 s, 1.16 -> 0.86 s wall (bench/analysis.md). The records a poll holds stay bounded by the fetch's size
-#   (max.partition.fetch.bytes, left at Java's 1 MB: 16 MB ran a 2 GB driver out of memory).
+#   0.35 -> 0.15 s, 1.16 -> 0.86 s wall (bench/analysis.md). The records a poll holds stay
+#   bounded by the fetch's size (max.partition.fetch.bytes, left at Java's 1 MB: 16 MB ran a
+#   2 GB driver out of memory).
 SPEED_OPTIONS = {"kafka.fetch.max.wait.ms": "10", "kafka.max.poll.records": "10000"}
 
 
