@@ -49,7 +49,7 @@ def _jars(profile: str) -> list[Path]:
 def _missing(what: str) -> JarsMissingError:
     return JarsMissingError(
         f"the {what} jars are not in {jars_root()}: run `make jars` in the Riverhouse checkout "
-        "(needs Maven and Java 17+), or set RIVERHOUSE_JARS to a folder holding spark/ and broker/ "
+        "(needs Maven and Java 17+), or set RIVERHOUSE_JARS to a folder holding spark/, broker/ and registry/ "
         "made from jvm/pom.xml"
     )
 
