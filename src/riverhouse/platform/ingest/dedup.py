@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from riverhouse.platform.state.delta_log import DeltaLog, files_overlapping
+from riverhouse.platform.state.delta_log import DeltaLog, Overlap, overlapping
 from riverhouse.platform.state.delta_spark import (
     Appended,
     ProgressHint,
@@ -33,6 +33,10 @@ from riverhouse.platform.state.delta_spark import (
 
 ORDER_COLUMNS = ["_event_time", "_topic", "_partition", "_offset"]
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# Silver's rows in a batch's range, per valid row of the batch, up to which the lookup is a sort-merge
+# anti join (`not_in_silver`). Measured on 484,000 batch rows (bench/analysis.md): 440,000 stored rows
+# 1.35 -> 0.95 s, 1,040,000 1.39 -> 1.30 s, 2,440,000 1.97 -> 2.81 s (the merge sorts every stored row).
+MERGE_JOIN_MAX_STORED_PER_ROW = 2
 
 
 def _micros(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
@@ -87,6 +91,8 @@ class InBatch:
     unique: Any
     long_keys: int
     cached: list[Any] = field(default_factory=list)
+    # `unique` is the window pass's output as it is: hash-partitioned by the key and sorted by it.
+    by_key: bool = True
 
     def release(self) -> None:
         for frame in self.cached:
@@ -158,7 +164,7 @@ def dedup_batch(
 
     walked = kept.where(is_long).select(*columns).groupBy(*key).applyInArrow(walk, schema)
     unique = kept.where(~is_long).select(*columns).unionByName(walked).persist(StorageLevel.MEMORY_AND_DISK)
-    return InBatch(unique, long_keys, [unique, kept])
+    return InBatch(unique, long_keys, [unique, kept], by_key=False)
 
 
 def _count_long_keys(valid: Any, key: list[str], micros: int, name: str) -> int:
@@ -233,28 +239,45 @@ def time_bounds(lo_micros: int, hi_micros: int, window: timedelta) -> tuple[date
 
 def silver_files(
     silver_path: str, bounds: tuple[datetime, datetime], key_range: tuple[str, Any, Any] | None = None
-) -> list[str]:
-    """The silver files that can hold a duplicate of the batch's rows: those whose days and
-    `_event_time` statistics overlap `bounds` and whose key statistics overlap the batch's
-    `key_range` (the lowest and highest of its first key column, `state/tables.key_range_column`),
-    chosen from the Delta log (`delta_log.files_overlapping`: what Delta's planner would choose,
-    without rebuilding the snapshot after every commit)."""
+) -> Overlap:
+    """The silver files that can hold a duplicate of the batch's rows, and the rows they hold:
+    those whose days and `_event_time` statistics overlap `bounds` and whose key statistics overlap
+    the batch's `key_range` (the lowest and highest of its first key column,
+    `state/tables.key_range_column`), chosen from the Delta log (`delta_log.overlapping`: what
+    Delta's planner would choose, without rebuilding the snapshot after every commit)."""
     lo, hi = bounds
-    return files_overlapping(silver_path, "_event_time", lo, hi, "_event_date", key_range=key_range)
+    return overlapping(silver_path, "_event_time", lo, hi, "_event_date", key_range=key_range)
+
+
+def merge_join(stored_rows: int | None, batch_rows: int | None, by_key: bool) -> bool:
+    """Is silver's lookup a sort-merge anti join (`not_in_silver`)? When the batch's rows are the window
+    pass's output (`by_key`: already partitioned and sorted by the key, so only silver's side is
+    shuffled and sorted) and silver's rows in range are known and at most
+    `MERGE_JOIN_MAX_STORED_PER_ROW` per batch row. Else the broadcast joins, whose cost per stored
+    row is a hash probe."""
+    if not by_key or stored_rows is None or batch_rows is None:
+        return False
+    return stored_rows <= MERGE_JOIN_MAX_STORED_PER_ROW * batch_rows
 
 
 def not_in_silver(
-    spark: Any, silver_path: str, unique: Any, key: list[str], window: timedelta, files: list[str]
+    spark: Any, silver_path: str, unique: Any, key: list[str], window: timedelta, files: list[str], merge: bool = False
 ) -> Any:
     """The batch's rows (`unique`, with its columns) that no silver row duplicates: same key, event
     times within `window`.
 
     Silver is read only where a duplicate can be: `files` (`silver_files`), read by Spark as
     Parquet, key and event-time columns only, with their types from the table's log (no round
-    trip to the engine). The batch is the build side of both joins, so memory follows the batch, not
-    the window: first the silver rows that match a batch row (a broadcast of the batch's keys),
-    then the batch rows that match none of those (a broadcast of the matches, at most a batch's
-    worth of keys).
+    trip to the engine). Two plans, by sizes (`merge_join`); neither holds the window in memory:
+    - `merge`: one sort-merge anti join. The batch's side is the window pass's cache, whose
+      partitioning and order by the key Spark reuses: only silver's rows are shuffled and sorted
+      (spilling when they must), no row reaches the driver, and the append's job is the only one;
+    - else two broadcast joins, the batch the build side of both, so memory follows the batch: the
+      silver rows that match a batch row (a broadcast of the batch's keys), then the batch rows
+      that match none of those (a broadcast of the matches, at most a batch's worth of keys). A
+      stored row costs a hash probe there, against a shuffle and a sort in the merge, so this plan
+      is the one when silver's range holds many more rows than the batch (a live stream's small
+      batches under a long window).
     """
     from pyspark.sql import functions as F
     from pyspark.sql.types import StructField, StructType
@@ -272,12 +295,14 @@ def not_in_silver(
         .select(*[F.col(k).alias(f"_s_{k}") for k in key], F.unix_micros("_event_time").alias("_s_t"))
     )
     # Same key as a silver row and an event time within the window of it. The batch's side keeps its
-    # own column names (silver's are `_s_` ones), so both joins read this one condition, and the
+    # own column names (silver's are `_s_` ones), so every join reads this one condition, and the
     # anti join keeps `unique`'s columns as they are: no renamed copy to build and drop (in-process,
     # each DataFrame step is a py4j round trip in which Spark analyses the plan so far).
     within = F.abs(F.unix_micros("_event_time") - F.col("_s_t")) <= F.lit(micros)
     for k in key:
         within = (F.col(k) == F.col(f"_s_{k}")) & within
+    if merge:
+        return unique.join(stored.hint("merge"), within, "left_anti")
     matched = stored.join(F.broadcast(unique.select(*key, "_event_time")), within, "left_semi")
     return unique.join(F.broadcast(matched), within, "left_anti")
 
@@ -294,19 +319,23 @@ def insert_new(
     hint: ProgressHint | None = None,
     key_range: tuple[str, Any, Any] | None = None,
     columns: list[str] | None = None,
+    valid_rows: int | None = None,
 ) -> Appended:
     """Dedup the batch in Spark, leave out what silver already holds, append the rest once per batch id.
 
     `key_range`: (column, lowest, highest) of the batch's valid rows, when known (`silver_files`).
-    `columns`: `valid`'s columns, when known (else asked of Spark)."""
+    `columns`: `valid`'s columns, when known (else asked of Spark). `valid_rows`: how many rows
+    `valid` has, when known (bronze's append observed it): it chooses the lookup's plan."""
     lo, hi = bounds  # the batch's own span, widened by the window on both sides
     span = int((hi - lo - 2 * window) / timedelta(microseconds=1))
     columns = valid.columns if columns is None else columns
-    files = silver_files(silver_path, bounds, key_range)
+    stored = silver_files(silver_path, bounds, key_range)
     name = observation_name("rh_dedup", silver_path)
-    in_batch = dedup_batch(valid, key, window, name, span, columns, read_twice=bool(files))
+    in_batch = dedup_batch(valid, key, window, name, span, columns, read_twice=bool(stored.paths))
     try:
-        fresh = not_in_silver(valid.sparkSession, silver_path, in_batch.unique, key, window, files)
+        merge = merge_join(stored.records, valid_rows, in_batch.by_key)
+        spark = valid.sparkSession
+        fresh = not_in_silver(spark, silver_path, in_batch.unique, key, window, stored.paths, merge)
         # One file per day and batch (a batch is bounded by maxOffsetsPerTrigger): fewer files for
         # the next batches' lookups and for compaction.
         fresh = fresh.coalesce(1)

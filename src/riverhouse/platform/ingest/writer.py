@@ -274,6 +274,7 @@ class BatchWriter:
                 hint,
                 key_range,
                 columns=self.silver_columns,  # known: no round trip to the engine for them
+                valid_rows=metrics.valid,
             )
         metrics.silver_version = silver.version
         if silver.replayed:

@@ -304,6 +304,15 @@ def _stat_time(value: Any) -> datetime | None:
 _FILE_INDEX: dict[str, Any] = {}
 
 
+@dataclass(frozen=True)
+class Overlap:
+    """The data files `overlapping` chose, and the rows they hold by the log's statistics
+    (`numRecords`; None when a chosen file has none)."""
+
+    paths: list[str]
+    records: int | None
+
+
 def files_overlapping(
     table_path: str,
     column: str,
@@ -313,6 +322,19 @@ def files_overlapping(
     version: int | None = None,
     key_range: tuple[str, Any, Any] | None = None,
 ) -> list[str]:
+    """The paths of `overlapping`'s files."""
+    return overlapping(table_path, column, lo, hi, date_column, version, key_range).paths
+
+
+def overlapping(
+    table_path: str,
+    column: str,
+    lo: Any,
+    hi: Any | None,
+    date_column: str,
+    version: int | None = None,
+    key_range: tuple[str, Any, Any] | None = None,
+) -> Overlap:
     """Data files of the table (at `version`, default its latest) whose `column` statistics overlap [lo, hi].
 
     `hi` None: no upper bound. `key_range` (column, lowest, highest): also only the files whose
@@ -334,20 +356,29 @@ def files_overlapping(
     table = _table_at(table_path, version)
     adds = pa.table(table.get_add_actions(flatten=True))  # delta-rs hands out arro3 tables
     if adds.num_rows == 0:
-        return []
+        return Overlap([], 0)
     day = adds.column(f"partition.{date_column}")
     keep = pc.greater_equal(day, lo.date())
     if hi is not None:
         keep = pc.and_(keep, pc.less_equal(day, hi.date()))
     for name, lowest, highest in [(column, lo, hi), *([key_range] if key_range is not None else [])]:
         if f"min.{name}" in adds.column_names:
-            keep = pc.and_(keep, _overlapping(adds, name, lowest, highest))
-    chosen = adds.filter(keep).column("path").to_pylist()
+            keep = pc.and_(keep, _stats_overlap(adds, name, lowest, highest))
+    chosen = adds.filter(keep)
     root = table.table_uri.rstrip("/")
-    return [path if "://" in path else f"{root}/{path}" for path in chosen]
+    paths = [path if "://" in path else f"{root}/{path}" for path in chosen.column("path").to_pylist()]
+    return Overlap(paths, records_of(chosen))
 
 
-def _overlapping(adds: Any, name: str, lowest: Any, highest: Any | None) -> Any:
+def records_of(adds: Any) -> int | None:
+    """The rows of a table of add actions by their `num_records` statistics; None when one has none."""
+    if "num_records" not in adds.column_names:
+        return None if adds.num_rows else 0
+    counts = adds.column("num_records")
+    return None if counts.null_count else sum(counts.to_pylist())
+
+
+def _stats_overlap(adds: Any, name: str, lowest: Any, highest: Any | None) -> Any:
     """Which add actions' min/max statistics of `name` overlap [lowest, highest] (`highest` None: no
     upper bound); a file without them is kept. string_view statistics are compared as strings
     (pyarrow cannot compare string_view with a Python value)."""
