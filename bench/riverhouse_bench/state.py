@@ -182,7 +182,7 @@ def _growing_keys_step(spark: Any, path: str, stored: int, batch_rows: int, batc
     """One batch of keys that grow with time (10% duplicates of the newest `stored` keys, the rest
     above them), with its key range as the stream's batches pass it: the files the lookup reads."""
     from riverhouse.platform.ingest.dedup import insert_new
-    from riverhouse.platform.state.delta_log import files_overlapping
+    from riverhouse.platform.state.delta_log import overlapping
 
     src, window, bounds = _step_settings()
     repeats = max(1, batch_rows // 10)
@@ -190,8 +190,8 @@ def _growing_keys_step(spark: Any, path: str, stored: int, batch_rows: int, batc
     batch = _silver_rows(spark, ids, batch_id=batch_id, offset_base=2 * stored)
     key_range = ("order_id", f"o-{stored - repeats:010d}", f"o-{stored + batch_rows - repeats - 1:010d}")
     lo, hi = bounds
-    every = files_overlapping(path, "_event_time", lo, hi, "_event_date")
-    read = files_overlapping(path, "_event_time", lo, hi, "_event_date", key_range=key_range)
+    every = overlapping(path, "_event_time", lo, hi, "_event_date").paths
+    read = overlapping(path, "_event_time", lo, hi, "_event_date", key_range=key_range).paths
     started = time.monotonic()
     outcome = insert_new(path, batch, src.dedup_key, window, bounds, "bench-state", batch_id, key_range=key_range)
     return {

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pytest
 
 from riverhouse.platform.ingest.dedup import _ranked_with_span, dedup_batch, dedup_in_batch, insert_new
-from riverhouse.platform.state.delta_log import MARK_APP, MARK_BATCH, DeltaLog, files_overlapping
+from riverhouse.platform.state.delta_log import MARK_APP, MARK_BATCH, DeltaLog, overlapping
 from riverhouse.platform.state.delta_spark import Appended
 from riverhouse.platform.state.tables import (
     SILVER_PROPERTIES,
@@ -155,9 +155,9 @@ def test_only_silver_rows_within_the_batchs_window_are_read(spark: Any, silver: 
     assert ("d5", 98) not in silver_ids(spark, silver) and {("x", 99), ("d0", 97)} <= set(silver_ids(spark, silver))
     # Only the files whose day and event-time statistics overlap the batch's window are read.
     day5 = T0 + timedelta(days=5)
-    files = files_overlapping(silver, "_event_time", day5 - WINDOW, day5 + WINDOW, "_event_date")
+    files = overlapping(silver, "_event_time", day5 - WINDOW, day5 + WINDOW, "_event_date").paths
     assert files and all("_event_date=2026-01-06" in f for f in files), files
-    assert files_overlapping(silver, "_event_time", T0 + timedelta(days=9), T0 + timedelta(days=9), "_event_date") == []
+    assert overlapping(silver, "_event_time", T0 + timedelta(days=9), T0 + timedelta(days=9), "_event_date").paths == []
 
 
 def test_only_silver_files_within_the_batchs_key_range_are_read(spark: Any, silver: str) -> None:
@@ -168,9 +168,9 @@ def test_only_silver_files_within_the_batchs_key_range_are_read(spark: Any, silv
         write(spark, silver, [(k, timedelta(minutes=i), 10 * batch_id + i) for i, k in enumerate(keys)], batch_id)
 
     def chosen(lowest: str, highest: str) -> list[str]:
-        files = files_overlapping(
+        files = overlapping(
             silver, "_event_time", T0 - WINDOW, T0 + WINDOW, "_event_date", key_range=("order_id", lowest, highest)
-        )
+        ).paths
         return sorted(r[0] for r in spark.read.parquet(*files).select("order_id").collect()) if files else []
 
     assert chosen("a0", "z") == ["a1", "a2", "m1", "m2", long + "a", long + "z"]
@@ -214,9 +214,9 @@ def test_an_integer_keys_range_narrows_the_files_too(spark: Any, tmp_path: Path)
         )
 
     def chosen(lowest: int, highest: int) -> list[int]:
-        files = files_overlapping(
+        files = overlapping(
             path, "_event_time", T0 - WINDOW, T0 + WINDOW, "_event_date", key_range=("k", lowest, highest)
-        )
+        ).paths
         return sorted({r[0] // 100 for r in spark.read.parquet(*files).select("k").collect()}) if files else []
 
     assert chosen(5, 105) == [0, 1]

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from riverhouse.platform.spec import PipelineSpec
-from riverhouse.platform.state.delta_log import DeltaLog, files_overlapping
+from riverhouse.platform.state.delta_log import DeltaLog, overlapping
 from riverhouse.platform.state.settings import Settings
 from riverhouse.platform.state.tables import open_table
 
@@ -41,7 +41,7 @@ def duplicate_keys_within_window(
 
     Only rows that a duplicate of the checked `spans` (what the step wrote: a stream run's
     files, a rebuild's window) can be are read: the spans widened by `window`. The files are
-    chosen from the Delta log (`delta_log.files_overlapping`: date partitions, then the time
+    chosen from the Delta log (`delta_log.overlapping`: date partitions, then the time
     column's statistics) and read by Spark as Parquet, as the ingest's silver lookup does: a
     Delta read rebuilds the table's snapshot first ("Filtering files for query", a Spark job of
     0.4-1.3 s per check). Returns (number of offending rows, a sample of at most `limit`); only
@@ -56,7 +56,7 @@ def duplicate_keys_within_window(
     log = DeltaLog(path)
     if not ranges or not log.exists():
         return 0, []
-    files = sorted({f for lo, hi in ranges for f in files_overlapping(path, time_column, lo, hi, date_column)})
+    files = sorted({f for lo, hi in ranges for f in overlapping(path, time_column, lo, hi, date_column).paths})
     if not files:
         return 0, []
     t = F.col(time_column)

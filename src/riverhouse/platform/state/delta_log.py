@@ -313,19 +313,6 @@ class Overlap:
     records: int | None
 
 
-def files_overlapping(
-    table_path: str,
-    column: str,
-    lo: Any,
-    hi: Any | None,
-    date_column: str,
-    version: int | None = None,
-    key_range: tuple[str, Any, Any] | None = None,
-) -> list[str]:
-    """The paths of `overlapping`'s files."""
-    return overlapping(table_path, column, lo, hi, date_column, version, key_range).paths
-
-
 def overlapping(
     table_path: str,
     column: str,
@@ -396,9 +383,9 @@ def _stats_overlap(adds: Any, name: str, lowest: Any, highest: Any | None) -> An
 
 
 def table_root(table_path: str) -> str:
-    """The table's folder as the URI its data files are named under (files_overlapping's paths).
+    """The table's folder as the URI its data files are named under (`overlapping`'s paths).
 
-    From the state files_overlapping keeps (no second look at the log); loaded if there is none."""
+    From the state `overlapping` keeps (no second look at the log); loaded if there is none."""
     table = _FILE_INDEX.get(table_path) or _table_at(table_path, None)
     return table.table_uri.rstrip("/")
 
