@@ -91,6 +91,14 @@ def test_both_plans_append_the_rows_the_rule_gives(
         return real(spark, path, unique, key, window, files, merge)
 
     monkeypatch.setattr(dedup, "not_in_silver", spy)
+    builds: list[str] = []  # the caches computed by a job of their own before the lookup
+    real_build = dedup._build
+
+    def build(cached: Any, name: str) -> None:
+        builds.append(name)
+        real_build(cached, name)
+
+    monkeypatch.setattr(dedup, "_build", build)
     results = []
     for name, rows in [("merge", len(events)), ("broadcast", None)]:
         silver = new_silver(spark, tmp_path / name)
@@ -102,6 +110,9 @@ def test_both_plans_append_the_rows_the_rule_gives(
         assert len(after) < len(before) + len(events)  # the seed gives duplicates to leave out
         results.append(after)
     assert plans == [True, False]
+    # The batch spans less than the window: no count of long keys computed its cache, so the merge's
+    # batch got a job of its own for it (else the append's one task computes it); the broadcast's did not.
+    assert len(builds) == 1
     assert results[0] == results[1]
 
 
